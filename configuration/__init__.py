@@ -1,0 +1,3 @@
+from .configuration_vaswani import PRESETS, VaswaniConfig, write_remote_code
+
+__all__ = ["PRESETS", "VaswaniConfig", "write_remote_code"]

@@ -1,0 +1,164 @@
+"""Configuration of the Transformer of "Attention Is All You Need" (Vaswani et al., 2017).
+
+The field names are the ones the `transformers` seq2seq models share (BART, Marian), so that tools written for
+them (Trainer, pipelines, generation) find what they look for. The defaults are the paper's base model
+(Table 3, row "base"); `VaswaniConfig.from_preset` gives the other rows and two small sizes for CPUs.
+"""
+
+from pathlib import Path
+
+from transformers import PreTrainedConfig
+from transformers.activations import ACT2FN
+
+# Table 3 of the paper, rows "base" and "big", plus two sizes that train on a CPU. "big" uses the
+# dropout of the English-German big model (0.3); the English-French big model used 0.1 (section 6.1).
+PRESETS = {
+    "tiny": dict(d_model=64, encoder_layers=2, decoder_layers=2, encoder_ffn_dim=256, decoder_ffn_dim=256,
+                 encoder_attention_heads=4, decoder_attention_heads=4, dropout=0.1),
+    "small": dict(d_model=256, encoder_layers=3, decoder_layers=3, encoder_ffn_dim=1024, decoder_ffn_dim=1024,
+                  encoder_attention_heads=4, decoder_attention_heads=4, dropout=0.1),
+    "base": dict(d_model=512, encoder_layers=6, decoder_layers=6, encoder_ffn_dim=2048, decoder_ffn_dim=2048,
+                 encoder_attention_heads=8, decoder_attention_heads=8, dropout=0.1),
+    "big": dict(d_model=1024, encoder_layers=6, decoder_layers=6, encoder_ffn_dim=4096, decoder_ffn_dim=4096,
+                encoder_attention_heads=16, decoder_attention_heads=16, dropout=0.3),
+}
+
+# A saved folder or Hub repo holds the code beside the weights, flat, as `trust_remote_code=True` expects.
+AUTO_MAP = {
+    "AutoConfig": "configuration_vaswani.VaswaniConfig",
+    "AutoModel": "modeling_vaswani.VaswaniModel",
+    "AutoModelForSeq2SeqLM": "modeling_vaswani.VaswaniForConditionalGeneration",
+}
+
+
+class VaswaniConfig(PreTrainedConfig):
+    r"""Hyperparameters of the encoder-decoder Transformer (section 3, Table 3).
+
+    Args:
+        vocab_size: size of the one vocabulary shared by source and target (section 5.1).
+        d_model: width of every sublayer output and of the embeddings.
+        encoder_layers, decoder_layers: N, the number of identical layers in each stack (section 3.1).
+        encoder_attention_heads, decoder_attention_heads: h, the number of attention heads (section 3.2.2).
+        encoder_ffn_dim, decoder_ffn_dim: d_ff, the inner width of the feed-forward networks (section 3.3).
+        dropout: P_drop, applied to every sublayer output and to the embedding sums (section 5.4).
+        attention_dropout: dropout on the attention weights; 0 in the paper.
+        activation_dropout: dropout after the feed-forward activation; 0 in the paper.
+        activation_function: the feed-forward nonlinearity; "relu" in the paper (section 3.3).
+        max_position_embeddings: the longest sequence accepted. The positional encoding is computed, not
+            learned (section 3.5), so this can be raised after training without new weights.
+        tie_word_embeddings: one matrix for the encoder input, the decoder input and the pre-softmax
+            projection (section 3.4).
+        pad_token_id, bos_token_id, eos_token_id, decoder_start_token_id: special ids of the tokenizer;
+            the decoder input is the target shifted right behind `decoder_start_token_id`.
+
+    Examples:
+
+    ```python
+    >>> from vaswani import VaswaniConfig
+    >>> config = VaswaniConfig.from_preset("base", vocab_size=37000)
+    >>> config.d_model, config.encoder_layers, config.encoder_attention_heads
+    (512, 6, 8)
+    ```
+    """
+
+    model_type = "vaswani"
+    keys_to_ignore_at_inference = ["past_key_values"]
+    attribute_map = {
+        "hidden_size": "d_model",
+        "num_attention_heads": "encoder_attention_heads",
+        "num_hidden_layers": "encoder_layers",
+    }
+
+    vocab_size: int = 37000
+    d_model: int = 512
+    encoder_layers: int = 6
+    decoder_layers: int = 6
+    encoder_attention_heads: int = 8
+    decoder_attention_heads: int = 8
+    encoder_ffn_dim: int = 2048
+    decoder_ffn_dim: int = 2048
+    dropout: float | int = 0.1
+    attention_dropout: float | int = 0.0
+    activation_dropout: float | int = 0.0
+    activation_function: str = "relu"
+    max_position_embeddings: int = 1024
+    pad_token_id: int | None = 0
+    bos_token_id: int | None = 1
+    eos_token_id: int | list[int] | None = 2
+    decoder_start_token_id: int | None = 1
+    tie_word_embeddings: bool = True
+    use_cache: bool = True
+    is_encoder_decoder: bool = True
+
+    def __post_init__(self, **kwargs):
+        self._check_values()
+        super().__post_init__(**kwargs)
+
+    def _check_values(self):
+        """Refuse values no model can be built from, naming the field."""
+        for heads_field in ("encoder_attention_heads", "decoder_attention_heads"):
+            heads = getattr(self, heads_field)
+            if heads <= 0 or self.d_model % heads != 0:
+                raise ValueError(f"d_model ({self.d_model}) must be divisible by {heads_field} ({heads}).")
+        for size_field in ("vocab_size", "d_model", "encoder_layers", "decoder_layers", "encoder_ffn_dim",
+                           "decoder_ffn_dim", "max_position_embeddings"):
+            if getattr(self, size_field) <= 0:
+                raise ValueError(f"{size_field} must be positive, got {getattr(self, size_field)}.")
+        for rate_field in ("dropout", "attention_dropout", "activation_dropout"):
+            rate = getattr(self, rate_field)
+            if not 0.0 <= rate < 1.0:
+                raise ValueError(f"{rate_field} must be in [0, 1), got {rate}.")
+        if self.activation_function not in ACT2FN:
+            raise ValueError(
+                f"activation_function {self.activation_function!r} is unknown; "
+                f"the paper uses 'relu' (known: {', '.join(sorted(ACT2FN))})."
+            )
+        for id_field in ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id"):
+            ids = getattr(self, id_field)
+            for token_id in ids if isinstance(ids, list) else [ids]:
+                if token_id is not None and not 0 <= token_id < self.vocab_size:
+                    raise ValueError(
+                        f"{id_field} ({token_id}) does not fit in the vocabulary: vocab_size is {self.vocab_size}."
+                    )
+
+    @classmethod
+    def from_preset(cls, name: str, **overrides) -> "VaswaniConfig":
+        """A configuration for one of the sizes in `PRESETS`, with any field overridden."""
+        if name not in PRESETS:
+            raise ValueError(f"Unknown preset {name!r}; choose one of {sorted(PRESETS)}.")
+        return cls(**{**PRESETS[name], **overrides})
+
+    def save_pretrained(self, save_directory, **kwargs):
+        """Save `config.json` together with the model's code, so the folder loads with `trust_remote_code=True`.
+
+        This runs inside the model's `save_pretrained` and `push_to_hub`, so the code travels with every saved model.
+        """
+        self.auto_map = dict(AUTO_MAP)
+        super().save_pretrained(save_directory, **kwargs)
+        write_remote_code(save_directory)
+
+
+# The installed package keeps configuration and modeling in two subpackages, while the library's remote-code
+# loader only follows imports between files of one folder; so the one import between them becomes a sibling import.
+PACKAGE_CONFIG_IMPORT = "from ..configuration.configuration_vaswani import"
+FLAT_CONFIG_IMPORT = "from .configuration_vaswani import"
+
+
+def write_remote_code(folder) -> None:
+    """Write `configuration_vaswani.py` and `modeling_vaswani.py` into `folder`, flat, ready to load remotely."""
+    here = Path(__file__).resolve().parent
+    modeling_file = here / "modeling_vaswani.py"  # a saved or downloaded folder: the files already sit together
+    if not modeling_file.exists():
+        modeling_file = here.parent / "modeling" / "modeling_vaswani.py"
+    modeling_code = modeling_file.read_text(encoding="utf-8")
+    if modeling_code.count(PACKAGE_CONFIG_IMPORT) + modeling_code.count(FLAT_CONFIG_IMPORT) != 1:
+        raise RuntimeError(f"{modeling_file} must import VaswaniConfig exactly once, with {PACKAGE_CONFIG_IMPORT!r}.")
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "modeling_vaswani.py").write_text(
+        modeling_code.replace(PACKAGE_CONFIG_IMPORT, FLAT_CONFIG_IMPORT), encoding="utf-8"
+    )
+    (folder / "configuration_vaswani.py").write_text(Path(__file__).read_text(encoding="utf-8"), encoding="utf-8")
+
+
+__all__ = ["PRESETS", "VaswaniConfig", "write_remote_code"]

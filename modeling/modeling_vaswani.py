@@ -1,0 +1,584 @@
+"""The Transformer of "Attention Is All You Need" (Vaswani et al., 2017) as a `transformers` model.
+
+Read top to bottom, the classes follow the paper: positional encoding (3.5), embeddings (3.4), scaled dot-product and
+multi-head attention (3.2), the position-wise feed-forward network (3.3), "Add & Norm" residual connections (3.1, 5.4),
+the encoder and decoder stacks (3.1), and the two models users load.
+"""
+
+import math
+from collections.abc import Callable
+
+import torch
+from torch import nn
+from transformers import GenerationConfig, GenerationMixin, PreTrainedModel
+from transformers import initialization as init
+from transformers.activations import ACT2FN
+from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
+from transformers.loss.loss_utils import ForMaskedLMLoss
+from transformers.masking_utils import create_bidirectional_mask, create_causal_mask
+from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.modeling_outputs import (
+    BaseModelOutput,
+    BaseModelOutputWithPastAndCrossAttentions,
+    Seq2SeqLMOutput,
+    Seq2SeqModelOutput,
+)
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+from transformers.processing_utils import Unpack
+from transformers.utils import TransformersKwargs, can_return_tuple, is_torchdynamo_compiling
+from transformers.utils.generic import merge_with_config_defaults
+from transformers.utils.output_capturing import OutputRecorder, capture_outputs
+
+from ..configuration.configuration_vaswani import VaswaniConfig
+
+# Section 6.1: "We set the maximum output length during inference to input length + 50".
+EXTRA_OUTPUT_TOKENS = 50
+
+
+def shift_tokens_right(labels: torch.Tensor, pad_token_id: int, decoder_start_token_id: int) -> torch.Tensor:
+    """The decoder input: the target shifted one position right behind the start token (section 3, "auto-regressive")."""
+    shifted = labels.new_full(labels.shape, decoder_start_token_id)
+    shifted[:, 1:] = labels[:, :-1]
+    return shifted.masked_fill(shifted == -100, pad_token_id)
+
+
+def check_attention_mask(attention_mask: torch.Tensor | None, expected_shape: tuple[int, int], name: str) -> None:
+    """A 2D padding mask must cover every key position of every sequence; a wrong shape would broadcast silently."""
+    if attention_mask is not None and attention_mask.dim() == 2 and tuple(attention_mask.shape) != expected_shape:
+        raise ValueError(
+            f"{name} has shape {tuple(attention_mask.shape)}, but the sequences it masks have shape {expected_shape} "
+            "(batch size, sequence length)."
+        )
+
+
+class VaswaniSinusoidalPositionalEncoding(nn.Module):
+    """Section 3.5: PE(pos, 2i) = sin(pos / 10000^(2i/d_model)), PE(pos, 2i+1) = cos(pos / 10000^(2i/d_model)).
+
+    Computed on the fly: it holds no weights, nothing of it is saved, and any length up to
+    `max_position_embeddings` works whatever length the model was trained on.
+    """
+
+    def __init__(self, config: VaswaniConfig):
+        super().__init__()
+        self.d_model = config.d_model
+        self.max_positions = config.max_position_embeddings
+
+    @torch.no_grad()
+    def forward(self, position_ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        if not is_torchdynamo_compiling() and position_ids.numel() and int(position_ids.max()) >= self.max_positions:
+            raise ValueError(
+                f"Sequence of {int(position_ids.max()) + 1} positions is longer than max_position_embeddings "
+                f"({self.max_positions}); raise config.max_position_embeddings (no retraining needed) or truncate."
+            )
+        two_i = torch.arange(0, self.d_model, 2, device=position_ids.device, dtype=torch.float32)
+        angles = position_ids.float()[..., None] / torch.pow(10000.0, two_i / self.d_model)
+        # Interleave so that even dimensions hold the sines and odd dimensions the cosines, as in the formula.
+        return torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(-2).to(dtype)
+
+
+class VaswaniScaledEmbedding(nn.Embedding):
+    """Section 3.4: learned token embeddings, shared by both stacks, "multiplied by sqrt(d_model)"."""
+
+    def __init__(self, config: VaswaniConfig):
+        super().__init__(config.vocab_size, config.d_model)
+        self.scale = math.sqrt(config.d_model)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if not is_torchdynamo_compiling() and input_ids.numel():
+            smallest, largest = int(input_ids.min()), int(input_ids.max())
+            if smallest < 0 or largest >= self.num_embeddings:
+                raise ValueError(
+                    f"Token ids must be in [0, {self.num_embeddings}) (vocab_size), got ids from {smallest} to "
+                    f"{largest}. Do the tokenizer and the model share the vocabulary?"
+                )
+        return super().forward(input_ids) * self.scale
+
+
+def eager_attention_forward(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float,
+    dropout: float = 0.0,
+    **kwargs: Unpack[TransformersKwargs],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Section 3.2.1, scaled dot-product attention: softmax(Q K^T / sqrt(d_k)) V, with masked positions at -inf."""
+    attn_weights = torch.matmul(query, key.transpose(2, 3)) * scaling
+    if attention_mask is not None:
+        attn_weights = attn_weights + attention_mask
+    attn_weights = nn.functional.softmax(attn_weights, dim=-1, dtype=torch.float32).to(query.dtype)
+    attn_weights = nn.functional.dropout(attn_weights, p=dropout, training=module.training)
+    attn_output = torch.matmul(attn_weights, value).transpose(1, 2).contiguous()
+    return attn_output, attn_weights
+
+
+class VaswaniAttention(nn.Module):
+    """Section 3.2.2, multi-head attention: Concat(head_1..head_h) W^O, head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V).
+
+    The projections carry no bias, as in the paper's equations. Used three ways (section 3.2.3): encoder
+    self-attention, masked decoder self-attention (`is_causal`) and encoder-decoder attention (`is_cross_attention`).
+    """
+
+    def __init__(self, config: VaswaniConfig, num_heads: int, layer_idx: int, is_causal: bool = False,
+                 is_cross_attention: bool = False):
+        super().__init__()
+        self.config = config
+        self.head_dim = config.d_model // num_heads
+        self.scaling = self.head_dim**-0.5
+        self.dropout = config.attention_dropout
+        self.layer_idx = layer_idx
+        self.is_causal = is_causal
+        self.is_cross_attention = is_cross_attention
+        self.q_proj = nn.Linear(config.d_model, config.d_model, bias=False)
+        self.k_proj = nn.Linear(config.d_model, config.d_model, bias=False)
+        self.v_proj = nn.Linear(config.d_model, config.d_model, bias=False)
+        self.out_proj = nn.Linear(config.d_model, config.d_model, bias=False)
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        key_value_states: torch.Tensor | None = None,
+        past_key_values: EncoderDecoderCache | None = None,
+        **kwargs: Unpack[TransformersKwargs],
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        input_shape = hidden_states.shape[:-1]
+        query_states = self.q_proj(hidden_states).view(*input_shape, -1, self.head_dim).transpose(1, 2)
+
+        cache = None
+        if past_key_values is not None:
+            cache = past_key_values.cross_attention_cache if self.is_cross_attention else past_key_values.self_attention_cache
+        if self.is_cross_attention and cache is not None and past_key_values.is_updated.get(self.layer_idx):
+            # The encoder output does not change while decoding: its keys and values were projected once.
+            key_states, value_states = cache.layers[self.layer_idx].keys, cache.layers[self.layer_idx].values
+        else:
+            source = key_value_states if self.is_cross_attention else hidden_states
+            kv_shape = (*source.shape[:-1], -1, self.head_dim)
+            key_states = self.k_proj(source).view(kv_shape).transpose(1, 2)
+            value_states = self.v_proj(source).view(kv_shape).transpose(1, 2)
+            if cache is not None:
+                key_states, value_states = cache.update(key_states, value_states, self.layer_idx)
+                if self.is_cross_attention:
+                    past_key_values.is_updated[self.layer_idx] = True
+
+        attention_interface: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
+            self.config._attn_implementation, eager_attention_forward
+        )
+        attn_output, attn_weights = attention_interface(
+            self,
+            query_states,
+            key_states,
+            value_states,
+            attention_mask,
+            dropout=self.dropout if self.training else 0.0,
+            scaling=self.scaling,
+            **kwargs,
+        )
+        attn_output = self.out_proj(attn_output.reshape(*input_shape, -1).contiguous())
+        return attn_output, attn_weights
+
+
+class VaswaniFeedForward(nn.Module):
+    """Section 3.3, position-wise feed-forward network: FFN(x) = max(0, x W_1 + b_1) W_2 + b_2."""
+
+    def __init__(self, config: VaswaniConfig, ffn_dim: int):
+        super().__init__()
+        self.fc1 = nn.Linear(config.d_model, ffn_dim)
+        self.fc2 = nn.Linear(ffn_dim, config.d_model)
+        self.activation_fn = ACT2FN[config.activation_function]
+        self.activation_dropout = config.activation_dropout
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        hidden_states = self.activation_fn(self.fc1(hidden_states))
+        hidden_states = nn.functional.dropout(hidden_states, p=self.activation_dropout, training=self.training)
+        return self.fc2(hidden_states)
+
+
+class VaswaniAddAndNorm(nn.LayerNorm):
+    """Sections 3.1 and 5.4, "Add & Norm": LayerNorm(x + Dropout(Sublayer(x))), the post-norm residual connection."""
+
+    def __init__(self, config: VaswaniConfig):
+        super().__init__(config.d_model)
+        self.dropout = config.dropout
+
+    def forward(self, residual: torch.Tensor, sublayer_output: torch.Tensor) -> torch.Tensor:
+        sublayer_output = nn.functional.dropout(sublayer_output, p=self.dropout, training=self.training)
+        return super().forward(residual + sublayer_output)
+
+
+class VaswaniEncoderLayer(GradientCheckpointingLayer):
+    """Section 3.1, one encoder layer: self-attention, then the feed-forward network, each followed by Add & Norm."""
+
+    def __init__(self, config: VaswaniConfig, layer_idx: int):
+        super().__init__()
+        self.self_attn = VaswaniAttention(config, config.encoder_attention_heads, layer_idx)
+        self.self_attn_layer_norm = VaswaniAddAndNorm(config)
+        self.feed_forward = VaswaniFeedForward(config, config.encoder_ffn_dim)
+        self.final_layer_norm = VaswaniAddAndNorm(config)
+
+    def forward(
+        self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None, **kwargs: Unpack[TransformersKwargs]
+    ) -> torch.Tensor:
+        attn_output, _ = self.self_attn(hidden_states, attention_mask=attention_mask, **kwargs)
+        hidden_states = self.self_attn_layer_norm(hidden_states, attn_output)
+        return self.final_layer_norm(hidden_states, self.feed_forward(hidden_states))
+
+
+class VaswaniDecoderLayer(GradientCheckpointingLayer):
+    """Section 3.1, one decoder layer: masked self-attention, encoder-decoder attention, feed-forward; Add & Norm after each."""
+
+    def __init__(self, config: VaswaniConfig, layer_idx: int):
+        super().__init__()
+        self.self_attn = VaswaniAttention(config, config.decoder_attention_heads, layer_idx, is_causal=True)
+        self.self_attn_layer_norm = VaswaniAddAndNorm(config)
+        self.encoder_attn = VaswaniAttention(config, config.decoder_attention_heads, layer_idx, is_cross_attention=True)
+        self.encoder_attn_layer_norm = VaswaniAddAndNorm(config)
+        self.feed_forward = VaswaniFeedForward(config, config.decoder_ffn_dim)
+        self.final_layer_norm = VaswaniAddAndNorm(config)
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        encoder_hidden_states: torch.Tensor,
+        encoder_attention_mask: torch.Tensor | None = None,
+        past_key_values: EncoderDecoderCache | None = None,
+        **kwargs: Unpack[TransformersKwargs],
+    ) -> torch.Tensor:
+        attn_output, _ = self.self_attn(
+            hidden_states, attention_mask=attention_mask, past_key_values=past_key_values, **kwargs
+        )
+        hidden_states = self.self_attn_layer_norm(hidden_states, attn_output)
+        attn_output, _ = self.encoder_attn(
+            hidden_states,
+            attention_mask=encoder_attention_mask,
+            key_value_states=encoder_hidden_states,
+            past_key_values=past_key_values,
+            **kwargs,
+        )
+        hidden_states = self.encoder_attn_layer_norm(hidden_states, attn_output)
+        return self.final_layer_norm(hidden_states, self.feed_forward(hidden_states))
+
+
+class VaswaniPreTrainedModel(PreTrainedModel):
+    """Weight initialisation and the `transformers` capabilities shared by every Vaswani model."""
+
+    config: VaswaniConfig
+    base_model_prefix = "model"
+    supports_gradient_checkpointing = True
+    _no_split_modules = ["VaswaniEncoderLayer", "VaswaniDecoderLayer"]
+    _skip_keys_device_placement = ["past_key_values"]
+    _supports_flash_attn = True
+    _supports_sdpa = True
+    _supports_flex_attn = True
+    _can_compile_fullgraph = True
+
+    @torch.no_grad()
+    def _init_weights(self, module: nn.Module) -> None:
+        # The paper does not state its initialisation; this is its reference implementation's (tensor2tensor):
+        # Glorot-uniform projections, and embeddings with std d_model^-0.5, so that the sqrt(d_model)-scaled
+        # embeddings enter the stacks with unit variance and the tied output projection starts with small logits.
+        if isinstance(module, nn.Linear):
+            init.xavier_uniform_(module.weight)
+            if module.bias is not None:
+                init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            init.normal_(module.weight, mean=0.0, std=self.config.d_model**-0.5)
+        elif isinstance(module, nn.LayerNorm):
+            init.ones_(module.weight)
+            init.zeros_(module.bias)
+
+
+class VaswaniEncoder(VaswaniPreTrainedModel):
+    """Section 3.1, the encoder: embeddings plus positional encoding, then a stack of N encoder layers."""
+
+    _can_record_outputs = {"hidden_states": VaswaniEncoderLayer, "attentions": VaswaniAttention}
+
+    def __init__(self, config: VaswaniConfig):
+        super().__init__(config)
+        self.embed_tokens = VaswaniScaledEmbedding(config)
+        self.embed_positions = VaswaniSinusoidalPositionalEncoding(config)
+        self.dropout = config.dropout
+        self.layers = nn.ModuleList([VaswaniEncoderLayer(config, i) for i in range(config.encoder_layers)])
+        self.post_init()
+
+    @merge_with_config_defaults
+    @capture_outputs
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        **kwargs: Unpack[TransformersKwargs],
+    ) -> BaseModelOutput:
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("Pass exactly one of input_ids or inputs_embeds to the encoder.")
+        if inputs_embeds is None:
+            if input_ids.dim() != 2 or 0 in input_ids.shape:
+                raise ValueError(f"input_ids must be a non-empty (batch, length) tensor, got shape {tuple(input_ids.shape)}.")
+            inputs_embeds = self.embed_tokens(input_ids)
+        batch_size, length = inputs_embeds.shape[:2]
+        check_attention_mask(attention_mask, (batch_size, length), "attention_mask")
+
+        positions = self.embed_positions(torch.arange(length, device=inputs_embeds.device), inputs_embeds.dtype)
+        hidden_states = nn.functional.dropout(inputs_embeds + positions, p=self.dropout, training=self.training)
+        attention_mask = create_bidirectional_mask(
+            config=self.config, inputs_embeds=inputs_embeds, attention_mask=attention_mask
+        )
+        for layer in self.layers:
+            hidden_states = layer(hidden_states, attention_mask, **kwargs)
+        return BaseModelOutput(last_hidden_state=hidden_states)
+
+
+class VaswaniDecoder(VaswaniPreTrainedModel):
+    """Section 3.1, the decoder: embeddings plus positional encoding, then N layers that also attend to the encoder."""
+
+    _can_record_outputs = {
+        "hidden_states": VaswaniDecoderLayer,
+        "attentions": OutputRecorder(VaswaniAttention, index=1, layer_name="self_attn"),
+        "cross_attentions": OutputRecorder(VaswaniAttention, index=1, layer_name="encoder_attn"),
+    }
+
+    def __init__(self, config: VaswaniConfig):
+        super().__init__(config)
+        self.embed_tokens = VaswaniScaledEmbedding(config)
+        self.embed_positions = VaswaniSinusoidalPositionalEncoding(config)
+        self.dropout = config.dropout
+        self.layers = nn.ModuleList([VaswaniDecoderLayer(config, i) for i in range(config.decoder_layers)])
+        self.post_init()
+
+    @merge_with_config_defaults
+    @capture_outputs
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        encoder_hidden_states: torch.Tensor | None = None,
+        encoder_attention_mask: torch.Tensor | None = None,
+        past_key_values: EncoderDecoderCache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        use_cache: bool | None = None,
+        **kwargs: Unpack[TransformersKwargs],
+    ) -> BaseModelOutputWithPastAndCrossAttentions:
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("Pass exactly one of decoder_input_ids or decoder_inputs_embeds to the decoder.")
+        if encoder_hidden_states is None:
+            raise ValueError("The decoder attends to the encoder: pass encoder_hidden_states.")
+        if inputs_embeds is None:
+            if input_ids.dim() != 2 or 0 in input_ids.shape:
+                raise ValueError(
+                    f"decoder_input_ids must be a non-empty (batch, length) tensor, got shape {tuple(input_ids.shape)}."
+                )
+            inputs_embeds = self.embed_tokens(input_ids)
+        if use_cache and past_key_values is None:
+            past_key_values = EncoderDecoderCache(DynamicCache(), DynamicCache())
+        batch_size, length = inputs_embeds.shape[:2]
+        past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
+        check_attention_mask(attention_mask, (batch_size, past_length + length), "decoder_attention_mask")
+        check_attention_mask(encoder_attention_mask, tuple(encoder_hidden_states.shape[:2]), "attention_mask")
+
+        position_ids = torch.arange(past_length, past_length + length, device=inputs_embeds.device)
+        positions = self.embed_positions(position_ids, inputs_embeds.dtype)
+        hidden_states = nn.functional.dropout(inputs_embeds + positions, p=self.dropout, training=self.training)
+        causal_mask = create_causal_mask(
+            config=self.config,
+            inputs_embeds=inputs_embeds,
+            attention_mask=attention_mask,
+            past_key_values=past_key_values.self_attention_cache if past_key_values is not None else None,
+            position_ids=position_ids[None],
+        )
+        encoder_attention_mask = create_bidirectional_mask(
+            config=self.config,
+            inputs_embeds=inputs_embeds,
+            attention_mask=encoder_attention_mask,
+            encoder_hidden_states=encoder_hidden_states,
+        )
+        for layer in self.layers:
+            hidden_states = layer(
+                hidden_states,
+                causal_mask,
+                encoder_hidden_states,  # positional, so that gradient checkpointing sees it
+                encoder_attention_mask=encoder_attention_mask,
+                past_key_values=past_key_values,
+                **kwargs,
+            )
+        return BaseModelOutputWithPastAndCrossAttentions(last_hidden_state=hidden_states, past_key_values=past_key_values)
+
+
+class VaswaniModel(VaswaniPreTrainedModel):
+    """Section 3 and Figure 1: the encoder-decoder, without the output projection; returns the decoder's states."""
+
+    _tied_weights_keys = {
+        "encoder.embed_tokens.weight": "shared.weight",
+        "decoder.embed_tokens.weight": "shared.weight",
+    }
+
+    def __init__(self, config: VaswaniConfig):
+        super().__init__(config)
+        self.shared = VaswaniScaledEmbedding(config)
+        self.encoder = VaswaniEncoder(config)
+        self.decoder = VaswaniDecoder(config)
+        self.post_init()
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.shared
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        self.shared = self.encoder.embed_tokens = self.decoder.embed_tokens = value
+
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        decoder_input_ids: torch.LongTensor | None = None,
+        decoder_attention_mask: torch.Tensor | None = None,
+        encoder_outputs: tuple[torch.Tensor] | BaseModelOutput | None = None,
+        past_key_values: Cache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        decoder_inputs_embeds: torch.Tensor | None = None,
+        use_cache: bool | None = None,
+        **kwargs: Unpack[TransformersKwargs],
+    ) -> Seq2SeqModelOutput:
+        r"""
+        decoder_input_ids: the target shifted right behind `config.decoder_start_token_id`; built from `labels` by
+            `VaswaniForConditionalGeneration`. With `past_key_values`, only the new positions.
+        decoder_attention_mask: 2D padding mask of the decoder input; the causal mask is always applied on top.
+        """
+        if encoder_outputs is None:
+            encoder_outputs = self.encoder(
+                input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds, **kwargs
+            )
+        elif not isinstance(encoder_outputs, BaseModelOutput):
+            encoder_outputs = BaseModelOutput(
+                last_hidden_state=encoder_outputs[0],
+                hidden_states=encoder_outputs[1] if len(encoder_outputs) > 1 else None,
+                attentions=encoder_outputs[2] if len(encoder_outputs) > 2 else None,
+            )
+        decoder_outputs = self.decoder(
+            input_ids=decoder_input_ids,
+            attention_mask=decoder_attention_mask,
+            encoder_hidden_states=encoder_outputs.last_hidden_state,
+            encoder_attention_mask=attention_mask,
+            past_key_values=past_key_values,
+            inputs_embeds=decoder_inputs_embeds,
+            use_cache=use_cache,
+            **kwargs,
+        )
+        return Seq2SeqModelOutput(
+            last_hidden_state=decoder_outputs.last_hidden_state,
+            past_key_values=decoder_outputs.past_key_values,
+            decoder_hidden_states=decoder_outputs.hidden_states,
+            decoder_attentions=decoder_outputs.attentions,
+            cross_attentions=decoder_outputs.cross_attentions,
+            encoder_last_hidden_state=encoder_outputs.last_hidden_state,
+            encoder_hidden_states=encoder_outputs.hidden_states,
+            encoder_attentions=encoder_outputs.attentions,
+        )
+
+
+class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
+    """Section 3.4: the encoder-decoder with the pre-softmax linear projection, tied to the embeddings; translates."""
+
+    _tied_weights_keys = {
+        "lm_head.weight": "model.shared.weight",
+        "model.encoder.embed_tokens.weight": "model.shared.weight",
+        "model.decoder.embed_tokens.weight": "model.shared.weight",
+    }
+
+    def __init__(self, config: VaswaniConfig):
+        super().__init__(config)
+        self.model = VaswaniModel(config)
+        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        self.post_init()
+        # Section 6.1: beam search with a beam size of 4 and length penalty alpha = 0.6.
+        self.generation_config = GenerationConfig(
+            num_beams=4,
+            length_penalty=0.6,
+            bos_token_id=config.bos_token_id,
+            eos_token_id=config.eos_token_id,
+            pad_token_id=config.pad_token_id,
+            decoder_start_token_id=config.decoder_start_token_id,
+        )
+
+    def get_encoder(self) -> VaswaniEncoder:
+        return self.model.encoder
+
+    def get_decoder(self) -> VaswaniDecoder:
+        return self.model.decoder
+
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        decoder_input_ids: torch.LongTensor | None = None,
+        decoder_attention_mask: torch.Tensor | None = None,
+        encoder_outputs: tuple[torch.Tensor] | BaseModelOutput | None = None,
+        past_key_values: Cache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        decoder_inputs_embeds: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        **kwargs: Unpack[TransformersKwargs],
+    ) -> Seq2SeqLMOutput:
+        r"""
+        labels: target token ids, -100 where no loss is wanted (padding). The loss is the mean cross-entropy over
+            the labelled tokens, or their sum divided by `num_items_in_batch` when Trainer passes it (gradient
+            accumulation). Label smoothing belongs to the training recipe (Trainer's `label_smoothing_factor`).
+        """
+        if labels is not None:
+            use_cache = False
+            if decoder_input_ids is None and decoder_inputs_embeds is None:
+                decoder_input_ids = self.prepare_decoder_input_ids_from_labels(labels)
+        outputs: Seq2SeqModelOutput = self.model(
+            input_ids,
+            attention_mask=attention_mask,
+            decoder_input_ids=decoder_input_ids,
+            decoder_attention_mask=decoder_attention_mask,
+            encoder_outputs=encoder_outputs,
+            past_key_values=past_key_values,
+            inputs_embeds=inputs_embeds,
+            decoder_inputs_embeds=decoder_inputs_embeds,
+            use_cache=use_cache,
+            **kwargs,
+        )
+        logits = self.lm_head(outputs.last_hidden_state)
+        loss = None
+        if labels is not None:
+            loss = ForMaskedLMLoss(logits, labels, self.config.vocab_size, **kwargs)
+        return Seq2SeqLMOutput(
+            loss=loss,
+            logits=logits,
+            past_key_values=outputs.past_key_values,
+            decoder_hidden_states=outputs.decoder_hidden_states,
+            decoder_attentions=outputs.decoder_attentions,
+            cross_attentions=outputs.cross_attentions,
+            encoder_last_hidden_state=outputs.encoder_last_hidden_state,
+            encoder_hidden_states=outputs.encoder_hidden_states,
+            encoder_attentions=outputs.encoder_attentions,
+        )
+
+    def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
+        return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
+
+    def generate(self, inputs: torch.Tensor | None = None, generation_config: GenerationConfig | None = None, **kwargs):
+        """`GenerationMixin.generate`, with the paper's length limit (section 6.1) when no other is given anywhere:
+        at most the source length + 50 new tokens."""
+        config = generation_config if generation_config is not None else self.generation_config
+        limits = (kwargs.get("max_length"), kwargs.get("max_new_tokens"), config.max_length, config.max_new_tokens)
+        source = inputs if inputs is not None else kwargs.get("input_ids", kwargs.get("inputs_embeds"))
+        if all(limit is None for limit in limits) and source is not None:
+            kwargs["max_new_tokens"] = min(source.shape[1] + EXTRA_OUTPUT_TOKENS, self.config.max_position_embeddings - 1)
+        return super().generate(inputs, generation_config=generation_config, **kwargs)
+
+
+__all__ = [
+    "VaswaniEncoder",
+    "VaswaniDecoder",
+    "VaswaniForConditionalGeneration",
+    "VaswaniModel",
+    "VaswaniPreTrainedModel",
+]
