@@ -70,8 +70,10 @@ class VaswaniSinusoidalPositionalEncoding(nn.Module):
                 f"Sequence of {int(position_ids.max()) + 1} positions is longer than max_position_embeddings "
                 f"({self.max_positions}); raise config.max_position_embeddings (no retraining needed) or truncate."
             )
-        two_i = torch.arange(0, self.d_model, 2, device=position_ids.device, dtype=torch.float32)
-        angles = position_ids.float()[..., None] / torch.pow(10000.0, two_i / self.d_model)
+        # float32 at least: half precision cannot even represent positions beyond 2048 exactly.
+        compute_dtype = torch.promote_types(dtype, torch.float32)
+        two_i = torch.arange(0, self.d_model, 2, device=position_ids.device, dtype=compute_dtype)
+        angles = position_ids.to(compute_dtype)[..., None] / torch.pow(10000.0, two_i / self.d_model)
         # Interleave so that even dimensions hold the sines and odd dimensions the cosines, as in the formula.
         return torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(-2).to(dtype)
 

@@ -1,0 +1,122 @@
+"""Saving and loading: safetensors, the Auto classes, and remote code on a machine without this package."""
+
+import json
+import subprocess
+import sys
+import textwrap
+import zipfile
+
+import torch
+from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
+
+import vaswani
+from vaswani import VaswaniConfig, VaswaniForConditionalGeneration, VaswaniModel
+
+from conftest import REPO_ROOT
+
+
+def test_round_trip_gives_identical_logits(tiny_model, source_batch, tmp_path):
+    input_ids, attention_mask = source_batch
+    tiny_model.save_pretrained(tmp_path)
+    assert (tmp_path / "model.safetensors").exists()
+    assert not list(tmp_path.glob("*.bin"))
+    loaded = AutoModelForSeq2SeqLM.from_pretrained(tmp_path).eval()
+    assert isinstance(loaded, VaswaniForConditionalGeneration)
+    with torch.no_grad():
+        inputs = dict(input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=input_ids[:, :5])
+        assert torch.equal(tiny_model(**inputs).logits, loaded(**inputs).logits)
+
+
+def test_auto_classes_resolve(tiny_config, tmp_path):
+    assert isinstance(AutoModel.from_config(tiny_config), VaswaniModel)
+    assert isinstance(AutoModelForSeq2SeqLM.from_config(tiny_config), VaswaniForConditionalGeneration)
+    VaswaniForConditionalGeneration(tiny_config).save_pretrained(tmp_path)
+    assert isinstance(AutoConfig.from_pretrained(tmp_path), VaswaniConfig)
+    bare = AutoModel.from_pretrained(tmp_path)  # the bare encoder-decoder out of a full checkpoint
+    assert isinstance(bare, VaswaniModel)
+
+
+def test_saved_folder_carries_the_code_and_auto_map(tiny_model, tmp_path):
+    tiny_model.save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert config["auto_map"] == {
+        "AutoConfig": "configuration_vaswani.VaswaniConfig",
+        "AutoModel": "modeling_vaswani.VaswaniModel",
+        "AutoModelForSeq2SeqLM": "modeling_vaswani.VaswaniForConditionalGeneration",
+    }
+    modeling = (tmp_path / "modeling_vaswani.py").read_text()
+    assert "from .configuration_vaswani import VaswaniConfig" in modeling
+    assert "from ..configuration" not in modeling
+    package_configuration = REPO_ROOT / "configuration" / "configuration_vaswani.py"
+    assert (tmp_path / "configuration_vaswani.py").read_text() == package_configuration.read_text()
+
+
+REMOTE_LOAD = textwrap.dedent(
+    """
+    import sys
+    sys.modules["vaswani"] = None  # this process must not find the package
+    import torch
+    from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
+
+    folder, inputs_file = sys.argv[1], sys.argv[2]
+    inputs = torch.load(inputs_file)
+    model = AutoModelForSeq2SeqLM.from_pretrained(folder, trust_remote_code=True).eval()
+    assert type(model).__module__.startswith("transformers_modules"), type(model).__module__
+    assert type(AutoConfig.from_pretrained(folder, trust_remote_code=True)).__name__ == "VaswaniConfig"
+    assert type(AutoModel.from_pretrained(folder, trust_remote_code=True)).__name__ == "VaswaniModel"
+    with torch.no_grad():
+        logits = model(**inputs).logits
+    generated = model.generate(inputs["input_ids"], attention_mask=inputs["attention_mask"], max_new_tokens=8)
+    torch.save({"logits": logits, "generated": generated}, inputs_file + ".out")
+    """
+)
+
+
+def test_fresh_process_without_the_package_loads_with_remote_code(tiny_model, source_batch, tmp_path):
+    input_ids, attention_mask = source_batch
+    folder = tmp_path / "model"
+    tiny_model.save_pretrained(folder)
+    inputs = dict(input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=input_ids[:, :5])
+    torch.save(inputs, tmp_path / "inputs.pt")
+    env = {"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf_home"), "PATH": "/usr/bin:/bin"}
+    subprocess.run(
+        [sys.executable, "-c", REMOTE_LOAD, str(folder), str(tmp_path / "inputs.pt")],
+        cwd=tmp_path, env=env, check=True,
+    )
+    remote = torch.load(tmp_path / "inputs.pt.out")
+    with torch.no_grad():
+        assert torch.equal(remote["logits"], tiny_model(**inputs).logits)
+    assert torch.equal(remote["generated"], tiny_model.generate(input_ids, attention_mask=attention_mask, max_new_tokens=8))
+
+
+def test_remote_loaded_model_saves_a_folder_that_loads_again(tiny_model, tmp_path):
+    tiny_model.save_pretrained(tmp_path / "first")
+    remote = AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "first", trust_remote_code=True)
+    remote.save_pretrained(tmp_path / "second")
+    for name in ("modeling_vaswani.py", "configuration_vaswani.py"):
+        assert (tmp_path / "second" / name).read_text() == (tmp_path / "first" / name).read_text()
+
+
+def test_wheel_installs_the_vaswani_package(tmp_path):
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path), "."],
+        cwd=REPO_ROOT, check=True,
+    )
+    (wheel,) = tmp_path.glob("vaswani-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    assert {
+        "vaswani/__init__.py",
+        "vaswani/configuration/__init__.py",
+        "vaswani/configuration/configuration_vaswani.py",
+        "vaswani/modeling/__init__.py",
+        "vaswani/modeling/modeling_vaswani.py",
+    } <= names
+    assert not any(name.startswith(("vaswani/tests", "vaswani/scripts", "tests/", "scripts/")) for name in names)
+    target = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), str(wheel)],
+                   check=True)
+    check = "import vaswani, sys; assert vaswani.__file__.startswith(sys.argv[1]), vaswani.__file__; print(vaswani.__version__)"
+    out = subprocess.run([sys.executable, "-S", "-c", f"import sys; sys.path[:0] = [sys.argv[1], *{sys.path[1:]!r}]; {check}",
+                          str(target)], capture_output=True, text=True, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == vaswani.__version__
