@@ -1,0 +1,325 @@
+"""Speed and memory of vaswani next to its peers, measured side by side on the same machine.
+
+    python scripts/benchmark.py [--device cpu|cuda] [--preset tiny|small|base|big] [--dtype float32|bfloat16|float16]
+
+Rows: vaswani; `transformers`' MarianMTModel configured to the same sizes (post-norm, sinusoidal positions, ReLU,
+tied embeddings, its final-logits bias left at zero); CTranslate2 (generation only: float32 and int8 on the CPU,
+float16 and int8_float16 on CUDA). Columns:
+- training step (forward + backward + Adam step) in tokens/s (source + target tokens) at a fixed token-count batch,
+  and peak memory (CUDA: peak allocated; CPU: the process's peak resident memory above its size after imports);
+- greedy and beam-4 generation of a batch of random sentences in sentences/s and generated tokens/s, with the output
+  length forced equal for every implementation (random weights would otherwise stop at different lengths);
+- the ratio to Marian.
+Then two sweeps of the training step, over sequence length at a fixed batch of tokens and over the batch of tokens
+at a fixed length, to show how time and memory grow. Each figure is the median of --repeats timed repetitions after
+--warmup untimed ones, with the spread (min to max); on CUDA each repetition is synchronised.
+Every measurement runs in a fresh process, so that memory figures do not leak from one implementation to the next.
+Results are printed and written as JSON and Markdown to --output_dir.
+"""
+
+import argparse
+import json
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+SPECIAL_IDS = dict(pad_token_id=0, bos_token_id=1, eos_token_id=2, decoder_start_token_id=1)
+VOCAB_SIZE = 32000
+
+
+def peak_rss_bytes() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports kilobytes
+
+
+def build_model(implementation: str, preset: str, max_positions: int):
+    from transformers import MarianConfig, MarianMTModel
+
+    from vaswani import VaswaniConfig, VaswaniForConditionalGeneration
+
+    config = VaswaniConfig.from_preset(preset, vocab_size=VOCAB_SIZE, max_position_embeddings=max_positions,
+                                       **SPECIAL_IDS)
+    if implementation == "vaswani":
+        return VaswaniForConditionalGeneration(config)
+    marian = MarianConfig(
+        vocab_size=VOCAB_SIZE,
+        d_model=config.d_model,
+        encoder_layers=config.encoder_layers,
+        decoder_layers=config.decoder_layers,
+        encoder_attention_heads=config.encoder_attention_heads,
+        decoder_attention_heads=config.decoder_attention_heads,
+        encoder_ffn_dim=config.encoder_ffn_dim,
+        decoder_ffn_dim=config.decoder_ffn_dim,
+        activation_function="relu",
+        dropout=config.dropout,
+        max_position_embeddings=max_positions,
+        scale_embedding=True,
+        share_encoder_decoder_embeddings=True,
+        tie_word_embeddings=True,
+        forced_eos_token_id=None,
+        **SPECIAL_IDS,
+    )
+    return MarianMTModel(marian)
+
+
+class Timer:
+    """Wall-clock repetitions, synchronised with the device so that queued GPU work is counted."""
+
+    def __init__(self, device: torch.device):
+        self.device, self.times = device, []
+
+    def __enter__(self):
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+        self.start = time.perf_counter()
+
+    def __exit__(self, *exc):
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+        self.times.append(time.perf_counter() - self.start)
+
+
+def random_ids(batch: int, length: int, device) -> torch.Tensor:
+    ids = torch.randint(4, VOCAB_SIZE, (batch, length), device=device)
+    ids[:, -1] = SPECIAL_IDS["eos_token_id"]
+    return ids
+
+
+def measure_training(model, args, length: int, batch_tokens: int) -> dict:
+    device = torch.device(args.device)
+    model.to(device=device, dtype=getattr(torch, args.dtype)).train()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
+    batch = max(1, batch_tokens // length)
+    source, target = random_ids(batch, length, device), random_ids(batch, length, device)
+    timer = Timer(device)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    for step in range(args.warmup + args.repeats):
+        if step == args.warmup:
+            timer.times.clear()
+        with timer:
+            optimizer.zero_grad(set_to_none=True)
+            model(input_ids=source, attention_mask=torch.ones_like(source), labels=target).loss.backward()
+            optimizer.step()
+    tokens = source.numel() + target.numel()
+    peak = torch.cuda.max_memory_allocated() if device.type == "cuda" else peak_rss_bytes() - args.baseline_rss
+    return dict(times=timer.times[-args.repeats:], tokens=tokens, batch=batch, length=length, peak_memory=peak)
+
+
+def measure_generation(model, args, num_beams: int) -> dict:
+    device = torch.device(args.device)
+    model.to(device=device, dtype=getattr(torch, args.dtype)).eval()
+    source = random_ids(args.gen_batch, args.gen_source_length, device)
+    timer = Timer(device)
+    for step in range(args.warmup + args.repeats):
+        with torch.inference_mode(), timer:
+            output = model.generate(
+                source,
+                attention_mask=torch.ones_like(source),
+                num_beams=num_beams,
+                length_penalty=0.6,
+                min_new_tokens=args.gen_length,
+                max_new_tokens=args.gen_length,
+            )
+    assert output.shape == (args.gen_batch, args.gen_length + 1), output.shape
+    return dict(times=timer.times[-args.repeats:], sentences=args.gen_batch, tokens=args.gen_batch * args.gen_length)
+
+
+def measure_ctranslate2(args, quantization: str, num_beams: int) -> dict:
+    import tempfile
+
+    import ctranslate2
+
+    from export_ctranslate2 import export, translate_ids, vocabulary
+
+    model = build_model("vaswani", args.preset, args.max_positions).eval()
+    with tempfile.TemporaryDirectory() as folder:
+        export(model, folder, quantization=quantization)
+        translator = ctranslate2.Translator(folder, device=args.device, intra_threads=torch.get_num_threads())
+        tokens = vocabulary(model)
+        source = random_ids(args.gen_batch, args.gen_source_length, "cpu").tolist()
+        timer = Timer(torch.device(args.device))
+        for _ in range(args.warmup + args.repeats):
+            with timer:
+                output = translate_ids(translator, tokens, source, beam_size=num_beams, length=args.gen_length)
+        assert all(len(ids) == args.gen_length for ids in output), [len(ids) for ids in output]
+    return dict(times=timer.times[-args.repeats:], sentences=args.gen_batch, tokens=args.gen_batch * args.gen_length)
+
+
+def worker(args) -> dict:
+    """One fresh process: one implementation's measurements (or one sweep point)."""
+    args.baseline_rss = peak_rss_bytes()
+    torch.manual_seed(0)
+    if args.implementation.startswith("ctranslate2"):
+        quantization = args.implementation.split(":")[1]
+        return {f"generate_beam{beams}": measure_ctranslate2(args, quantization, beams) for beams in (1, 4)}
+    model = build_model(args.implementation, args.preset, args.max_positions)
+    if args.sweep_point:
+        length, batch_tokens = args.sweep_point
+        return {"train": measure_training(model, args, length, batch_tokens)}
+    results = {f"generate_beam{beams}": measure_generation(model, args, beams) for beams in (1, 4)}
+    results["train"] = measure_training(model, args, args.train_length, args.batch_tokens)  # last: it sets the peak
+    return results
+
+
+def run_worker(args, implementation: str, sweep_point=None) -> dict:
+    command = [sys.executable, __file__, "--worker", implementation, *args.forwarded]
+    if sweep_point:
+        command += ["--sweep_point", *map(str, sweep_point)]
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"{implementation} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def summarise(times: list[float], amount: float) -> dict:
+    rates = [amount / t for t in times]
+    return dict(median=statistics.median(rates), low=min(rates), high=max(rates))
+
+
+def fmt_rate(stat: dict | None) -> str:
+    if stat is None:
+        return "n/a"
+    return f"{stat['median']:,.0f} ({stat['low']:,.0f}-{stat['high']:,.0f})"
+
+
+def fmt_ratio(ours: dict | None, theirs: dict | None) -> str:
+    return f"{ours['median'] / theirs['median']:.2f}x" if ours and theirs else "n/a"
+
+
+def main_table(results: dict) -> tuple[list[dict], str]:
+    rows = []
+    for name, result in results.items():
+        row = {"implementation": name}
+        if "train" in result:
+            row["train_tokens_per_s"] = summarise(result["train"]["times"], result["train"]["tokens"])
+            row["train_peak_memory_mib"] = result["train"]["peak_memory"] / 2**20
+        for beams in (1, 4):
+            gen = result[f"generate_beam{beams}"]
+            row[f"beam{beams}_sentences_per_s"] = summarise(gen["times"], gen["sentences"])
+            row[f"beam{beams}_tokens_per_s"] = summarise(gen["times"], gen["tokens"])
+        rows.append(row)
+    reference = next(row for row in rows if row["implementation"] == "marian")
+    lines = [
+        "| implementation | train tokens/s | train peak MiB | greedy sent/s | greedy tok/s | beam-4 sent/s | beam-4 tok/s "
+        "| train vs Marian | greedy vs Marian | beam-4 vs Marian |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        memory = f"{row['train_peak_memory_mib']:,.0f}" if "train_peak_memory_mib" in row else "n/a"
+        lines.append(
+            f"| {row['implementation']} | {fmt_rate(row.get('train_tokens_per_s'))} | {memory} "
+            f"| {fmt_rate(row['beam1_sentences_per_s'])} | {fmt_rate(row['beam1_tokens_per_s'])} "
+            f"| {fmt_rate(row['beam4_sentences_per_s'])} | {fmt_rate(row['beam4_tokens_per_s'])} "
+            f"| {fmt_ratio(row.get('train_tokens_per_s'), reference.get('train_tokens_per_s'))} "
+            f"| {fmt_ratio(row['beam1_sentences_per_s'], reference['beam1_sentences_per_s'])} "
+            f"| {fmt_ratio(row['beam4_sentences_per_s'], reference['beam4_sentences_per_s'])} |"
+        )
+    return rows, "\n".join(lines)
+
+
+def sweep_table(title: str, points: list[dict]) -> str:
+    lines = [f"{title}", "", "| implementation | length | batch (sentences) | ms/step (min-max) | peak MiB |",
+             "|---|---|---|---|---|"]
+    for point in points:
+        times_ms = [t * 1000 for t in point["times"]]
+        lines.append(
+            f"| {point['implementation']} | {point['length']} | {point['batch']} "
+            f"| {statistics.median(times_ms):,.1f} ({min(times_ms):,.1f}-{max(times_ms):,.1f}) "
+            f"| {point['peak_memory'] / 2**20:,.0f} |"
+        )
+    return "\n".join(lines)
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--preset", default="small", choices=["tiny", "small", "base", "big"])
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    parser.add_argument("--batch_tokens", type=int, default=4096, help="source tokens per training step (target alike)")
+    parser.add_argument("--train_length", type=int, default=32, help="sentence length of the training batch")
+    parser.add_argument("--gen_batch", type=int, default=16, help="sentences per generate() call")
+    parser.add_argument("--gen_source_length", type=int, default=24)
+    parser.add_argument("--gen_length", type=int, default=24, help="forced number of generated tokens")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--sweep_lengths", type=int, nargs="*", default=[32, 64, 128, 256, 512, 1024])
+    parser.add_argument("--sweep_batch_tokens", type=int, nargs="*", default=[1024, 2048, 4096, 8192])
+    parser.add_argument("--no_ctranslate2", action="store_true", help="leave out the CTranslate2 rows")
+    parser.add_argument("--output_dir", default="docs/benchmarks")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    parser.add_argument("--sweep_point", type=int, nargs=2, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    args.max_positions = max([*args.sweep_lengths, args.train_length, args.gen_source_length + args.gen_length]) + 1
+    forwarded = []
+    for name in ("device", "preset", "dtype", "batch_tokens", "train_length", "gen_batch", "gen_source_length",
+                 "gen_length", "repeats", "warmup"):
+        forwarded += [f"--{name}", str(getattr(args, name))]
+    forwarded += ["--sweep_lengths", *map(str, args.sweep_lengths)]
+    args.forwarded = forwarded
+    return args
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    if args.worker:
+        args.implementation = args.worker
+        print(json.dumps(worker(args)))
+        return {}
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda asked for, but torch sees no CUDA device.")
+    from tqdm import tqdm
+
+    implementations = ["vaswani", "marian"]
+    if not args.no_ctranslate2:
+        quantizations = ["float32", "int8"] if args.device == "cpu" else ["float16", "int8_float16"]
+        implementations += [f"ctranslate2:{q}" for q in quantizations]
+    sweep = [("length", impl, (length, args.batch_tokens))
+             for impl in ("vaswani", "marian") for length in args.sweep_lengths]
+    sweep += [("batch_tokens", impl, (args.train_length, tokens))
+              for impl in ("vaswani", "marian") for tokens in args.sweep_batch_tokens]
+
+    results, sweep_points = {}, []
+    with tqdm(total=len(implementations) + len(sweep), desc="benchmark", unit="run") as progress:
+        for implementation in implementations:
+            progress.set_postfix_str(implementation)
+            results[implementation] = run_worker(args, implementation)
+            progress.update()
+        for axis, implementation, point in sweep:
+            progress.set_postfix_str(f"{implementation} {point}")
+            sweep_points.append({"implementation": implementation, "sweep_axis": axis,
+                                 **run_worker(args, implementation, point)["train"]})
+            progress.update()
+
+    rows, table = main_table(results)
+    device_name = torch.cuda.get_device_name() if args.device == "cuda" else f"CPU, {torch.get_num_threads()} threads"
+    header = (f"## {args.preset} preset, {args.dtype}, {device_name}\n\n"
+              f"torch {torch.__version__}; training batch {args.batch_tokens} source + {args.batch_tokens} target "
+              f"tokens of length {args.train_length}; generation of {args.gen_batch} sentences of "
+              f"{args.gen_source_length} tokens into exactly {args.gen_length} tokens; median (min-max) of "
+              f"{args.repeats} repetitions after {args.warmup} warm-up.\n")
+    by_length = [p for p in sweep_points if p["sweep_axis"] == "length"]
+    by_tokens = [p for p in sweep_points if p["sweep_axis"] == "batch_tokens"]
+    markdown = "\n".join([
+        header, table, "",
+        sweep_table(f"### Training step against sequence length ({args.batch_tokens} source tokens a batch)", by_length),
+        "", sweep_table(f"### Training step against batch tokens (length {args.train_length})", by_tokens), "",
+    ])
+    print(markdown)
+    output_dir = Path(args.output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    stem = f"{args.device}_{args.preset}_{args.dtype}"
+    report = {"settings": {k: v for k, v in vars(args).items() if k not in ("forwarded",)}, "device": device_name,
+              "torch": torch.__version__, "rows": rows, "raw": results, "sweep": sweep_points}
+    (output_dir / f"{stem}.json").write_text(json.dumps(report, indent=2))
+    (output_dir / f"{stem}.md").write_text(markdown)
+    print(f"Written {output_dir / stem}.json and .md")
+    return report
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,38 @@
+"""The benchmark script runs end to end on the tiny preset (it is checked to work, not timed)."""
+
+import json
+
+import pytest
+
+import benchmark
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    output_dir = tmp_path_factory.mktemp("benchmarks")
+    benchmark.main([
+        "--preset", "tiny", "--repeats", "1", "--warmup", "0", "--batch_tokens", "128", "--train_length", "16",
+        "--gen_batch", "2", "--gen_source_length", "6", "--gen_length", "5",
+        "--sweep_lengths", "32", "--sweep_batch_tokens", "256", "--output_dir", str(output_dir),
+    ])
+    return output_dir
+
+
+def test_benchmark_writes_one_row_per_implementation(report):
+    data = json.loads((report / "cpu_tiny_float32.json").read_text())
+    names = [row["implementation"] for row in data["rows"]]
+    assert names == ["vaswani", "marian", "ctranslate2:float32", "ctranslate2:int8"]
+    for row in data["rows"]:
+        assert row["beam1_sentences_per_s"]["median"] > 0 and row["beam4_tokens_per_s"]["median"] > 0
+    trained = [row for row in data["rows"] if "train_tokens_per_s" in row]
+    assert [row["implementation"] for row in trained] == ["vaswani", "marian"]
+    assert all(row["train_peak_memory_mib"] > 0 for row in trained)
+
+
+def test_benchmark_sweeps_length_and_batch_tokens(report):
+    data = json.loads((report / "cpu_tiny_float32.json").read_text())
+    by_axis = {(p["sweep_axis"], p["implementation"]): p for p in data["sweep"]}
+    assert by_axis[("length", "vaswani")]["length"] == 32 and by_axis[("length", "vaswani")]["batch"] == 4
+    assert by_axis[("batch_tokens", "marian")]["batch"] == 16
+    markdown = (report / "cpu_tiny_float32.md").read_text()
+    assert "| vaswani |" in markdown and "vs Marian" in markdown and "against sequence length" in markdown
