@@ -277,6 +277,31 @@ class VaswaniPreTrainedModel(PreTrainedModel):
     _supports_flex_attn = True
     _can_compile_fullgraph = True
 
+    @classmethod
+    def from_pretrained(cls, *args, **kwargs):
+        """`PreTrainedModel.from_pretrained`, but a checkpoint that does not fill the model exactly is an error.
+
+        The library only warns and initialises the missing tensors at random, which turns a checkpoint of another
+        architecture into a model that silently translates garbage. Pass `output_loading_info=True` to get the
+        library's behaviour and the report instead.
+        """
+        if kwargs.get("output_loading_info"):
+            return super().from_pretrained(*args, **kwargs)
+        model, info = super().from_pretrained(*args, output_loading_info=True, **kwargs)
+        problems = {kind: sorted(info[kind]) for kind in ("missing_keys", "unexpected_keys") if info[kind]}
+        if problems:
+            details = "; ".join(
+                f"{kind.replace('_', ' ')} ({len(keys)}): {', '.join(keys[:6])}{', ...' if len(keys) > 6 else ''}"
+                for kind, keys in problems.items()
+            )
+            raise ValueError(
+                f"The checkpoint {args[0] if args else kwargs.get('pretrained_model_name_or_path')!r} does not match "
+                f"{cls.__name__} ({model.config.model_type}, d_model={model.config.d_model}, "
+                f"{model.config.encoder_layers}+{model.config.decoder_layers} layers): {details}. "
+                "Is it a checkpoint of another architecture or size?"
+            )
+        return model
+
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
         # The paper does not state its initialisation; this is its reference implementation's (tensor2tensor):

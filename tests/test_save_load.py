@@ -6,6 +6,7 @@ import sys
 import textwrap
 import zipfile
 
+import pytest
 import torch
 from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
 
@@ -120,3 +121,22 @@ def test_wheel_installs_the_vaswani_package(tmp_path):
                           str(target)], capture_output=True, text=True, cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == vaswani.__version__
+
+
+def test_checkpoint_of_another_architecture_is_refused_naming_tensors(tmp_path):
+    from transformers import MarianConfig, MarianMTModel
+
+    marian = MarianConfig(vocab_size=100, d_model=64, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
+                          decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64, pad_token_id=0,
+                          decoder_start_token_id=0)
+    MarianMTModel(marian).save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match=r"missing keys \(8\): model\.decoder\.layers\.0\.feed_forward\.fc1\.bias"):
+        VaswaniForConditionalGeneration.from_pretrained(tmp_path)
+
+
+def test_checkpoint_of_another_size_is_refused(tiny_model, tmp_path):
+    tiny_model.save_pretrained(tmp_path)
+    with pytest.raises(RuntimeError, match="ignore_mismatched_sizes"):
+        VaswaniForConditionalGeneration.from_pretrained(tmp_path, vocab_size=120)
+    with pytest.raises(ValueError, match=r"missing keys .*layers\.2\."):
+        VaswaniForConditionalGeneration.from_pretrained(tmp_path, encoder_layers=3)

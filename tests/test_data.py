@@ -1,0 +1,248 @@
+"""Tests for scripts/prepare_data.py: OSIS cleaning, filtering, chapter-level splits, --files, HF datasets."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import datasets
+import pytest
+
+SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+if str(SCRIPTS) not in sys.path:
+    sys.path.insert(0, str(SCRIPTS))
+
+import prepare_data  # noqa: E402
+
+BOOKS = ("Gen", "Ps", "Matt", "Rev")
+
+
+def verse_text(book, chapter, verse):
+    return (f"In {book} chapter {chapter} verse {verse} the word was spoken.",
+            f"En {book} capítulo {chapter} versículo {verse} la palabra fue dicha.")
+
+
+def make_records():
+    """160 chapters of made-up verses, with a few bad pairs planted in known places."""
+    records = []
+    for book in BOOKS:
+        for chapter in range(1, 41):
+            for verse in range(1, 6 + chapter % 7):
+                en, es = verse_text(book, chapter, verse)
+                records.append([book, chapter, verse, en, es])
+
+    def plant(book, chapter, verse, en=None, es=None):
+        record = next(r for r in records if r[:3] == [book, chapter, verse])
+        record[3] = record[3] if en is None else en
+        record[4] = record[4] if es is None else es
+
+    plant("Gen", 3, 2, en="")                    # one side missing: Gen 3 and Gen 4 are mismatched
+    plant("Ps", 10, 1, en="", es="")             # both sides missing: just an empty pair
+    plant("Ps", 11, 1, es="x" * 1001)            # too long
+    plant("Matt", 5, 1, es="Sí.")                # one length-ratio failure: only this pair goes
+    plant("Matt", 6, 1, es="Sí.")                # two length-ratio failures: Matt 6 is mismatched
+    plant("Matt", 6, 2, es="No.")
+    plant("Rev", 1, 1, en="Bad\x00byte")         # control character
+    plant("Rev", 1, 2, es="caf\ufffd")           # replacement character from a bad decode
+    return [tuple(r) for r in records]
+
+
+def chapter_size(book, chapter):
+    return len(range(1, 6 + chapter % 7))
+
+
+def test_bible_examples_counts_dropped_pairs_by_reason():
+    records = make_records()
+    examples, dropped = prepare_data.bible_examples(records, max_chars=1000, max_ratio=2.0)
+
+    mismatched = chapter_size("Gen", 3) - 1 + chapter_size("Gen", 4) + chapter_size("Matt", 6) - 2
+    assert dropped == {"empty": 2, "too_long": 1, "length_ratio": 3, "invalid_text": 2,
+                       "versification_mismatch": mismatched}
+    assert len(examples) + sum(dropped.values()) == len(records)
+    groups = {e["group"] for e in examples}
+    assert not groups & {"Gen 3", "Gen 4", "Matt 6"}
+    assert {"Gen 2", "Gen 5", "Matt 5", "Matt 7"} <= groups
+    first = examples[0]
+    assert first == {"id": "Gen.1.1", "group": "Gen 1",
+                     "translation": dict(zip(("en", "es"), verse_text("Gen", 1, 1)))}
+
+
+def test_bible_splits_keep_whole_chapters_apart():
+    examples, _ = prepare_data.bible_examples(make_records())
+    splits = prepare_data.split_examples(examples, seed=0, valid_fraction=0.15, test_fraction=0.15)
+
+    assert sum(len(rows) for rows in splits.values()) == len(examples)
+    assert all(splits[name] for name in prepare_data.SPLITS)
+    chapters = {name: {e["group"] for e in rows} for name, rows in splits.items()}
+    ids = {name: {e["id"] for e in rows} for name, rows in splits.items()}
+    for a, b in (("train", "validation"), ("train", "test"), ("validation", "test")):
+        assert not chapters[a] & chapters[b]
+        assert not ids[a] & ids[b]
+    # Every verse of a chapter lands together: a test chapter is complete in test.
+    for example in examples:
+        split = prepare_data.assign_split(example["group"], 0, 0.15, 0.15)
+        assert example in splits[split]
+
+
+def test_splits_are_deterministic_and_salted_by_seed():
+    def run(seed):
+        examples, dropped = prepare_data.bible_examples(make_records())
+        splits = prepare_data.split_examples(examples, seed=seed, valid_fraction=0.15, test_fraction=0.15)
+        return {name: [e["id"] for e in rows] for name, rows in splits.items()}, dropped
+
+    assert run(0) == run(0)
+    assert run(0)[0]["test"] != run(1)[0]["test"]
+
+
+def test_assign_split_is_a_stable_hash_with_the_requested_fractions():
+    # Pinned values: the split must not change across machines or Python versions
+    # (Python's own hash() of a str changes from one process to the next).
+    held_out = {c: split for c in range(1, 51) if (split := prepare_data.assign_split(f"Gen {c}")) != "train"}
+    assert held_out == {18: "validation", 26: "test", 33: "test", 34: "validation", 45: "test"}
+
+    groups = [f"group {i}" for i in range(20000)]
+    assigned = [prepare_data.assign_split(g, seed=0, valid_fraction=0.1, test_fraction=0.2) for g in groups]
+    assert assigned.count("test") / len(groups) == pytest.approx(0.2, abs=0.01)
+    assert assigned.count("validation") / len(groups) == pytest.approx(0.1, abs=0.01)
+
+
+def test_clean_osis_strips_markup_notes_and_headings():
+    raw = (
+        '<title type="section">The Creation</title>'
+        '<div type="x-milestone" subType="x-preverse" sID="pv1"/>'
+        '<title canonical="true" type="psalm">A Psalm.</title> <lg sID="g1"/><l level="1" sID="g2"/>'
+        '<w lemma="strong:H1">In</w> <w lemma="strong:H2">the</w> beginning, '
+        '<w lemma="strong:H3">God</w><note placement="foot"><reference type="annotateRef">1:1 </reference>'
+        'The word <rdg type="alternate">Elohim</rdg>.</note><w lemma="strong:H4">created</w>'
+        '<l eID="g2"/><l sID="g3"/>the <transChange type="added">whole</transChange> earth '
+        '<note placement="foot">a note before a question mark</note> <q who="x">?</q> &amp; '
+        '<speaker>Beloved</speaker> cafe\u0301   done.  <chapter eID="Gen.1"/><div type="glossary"/> Glossary text'
+    )
+    assert prepare_data.clean_osis(raw) == (
+        "A Psalm. In the beginning, God created the whole earth? & café done.")
+
+
+def test_bible_records_join_the_two_modules_verse_by_verse():
+    en = {("Gen", 1, 1): "In the beginning.", ("Gen", 1, 2): "Void.", ("Tob", 1, 1): "Tobit."}
+    es = {("Gen", 1, 1): "En el principio.", ("Gen", 1, 3): "Luz."}
+    assert list(prepare_data.bible_records(en, es)) == [
+        ("Gen", 1, 1, "In the beginning.", "En el principio."),
+        ("Gen", 1, 2, "Void.", ""),
+        ("Gen", 1, 3, "", "Luz."),
+    ]
+
+
+def test_parallel_files_count_undecodable_and_empty_lines(tmp_path):
+    (tmp_path / "b.en").write_bytes(b"Good morning.\r\n\xff\xfe broken\n\nThank you very much.")
+    (tmp_path / "b.es").write_text("Buenos d\u00edas.\nRoto.\nVac\u00edo.\nMuchas gracias.\n", encoding="utf-8")
+    pairs = prepare_data.read_parallel_files(tmp_path / "b.en", tmp_path / "b.es")
+    assert [p[0] for p in pairs] == ["line.1", "line.2", "line.3", "line.4"]
+    examples, dropped = prepare_data.parallel_examples(pairs, "en", "es")
+    assert dropped == {"invalid_text": 1, "empty": 1}
+    assert [e["translation"] for e in examples] == [
+        {"en": "Good morning.", "es": "Buenos días."},
+        {"en": "Thank you very much.", "es": "Muchas gracias."},
+    ]
+
+
+def write_corpus(folder, n=60):
+    source = [f"The {i} red houses are  near the river." for i in range(n)]
+    target = [f"Las {i} casas rojas están cerca del río." for i in range(n)]
+    source[7] = ""
+    (folder / "train.en").write_text("\n".join(source) + "\n", encoding="utf-8")
+    (folder / "train.es").write_text("\n".join(target) + "\n", encoding="utf-8")
+    return source, target
+
+
+def run_script(*args):
+    return subprocess.run([sys.executable, str(SCRIPTS / "prepare_data.py"), *map(str, args)],
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_script_with_files_writes_a_loadable_dataset_dict(tmp_path):
+    write_corpus(tmp_path)
+    out = tmp_path / "data"
+    result = run_script("--output_dir", out, "--files", tmp_path / "train.en", tmp_path / "train.es",
+                        "--valid_fraction", "0.2", "--test_fraction", "0.2")
+    assert result.returncode == 0, result.stderr
+    assert "kept 59 pairs" in result.stdout and "empty" in result.stdout
+
+    dataset = datasets.load_from_disk(str(out))
+    assert set(dataset) == {"train", "validation", "test"}
+    assert sum(len(split) for split in dataset.values()) == 59
+    assert all(len(split) > 0 for split in dataset.values())
+    rows = [row for split in dataset.values() for row in split]
+    assert set(rows[0]) == {"id", "translation"}
+    by_id = {row["id"]: row["translation"] for row in rows}
+    assert "line.8" not in by_id
+    assert by_id["line.1"] == {"en": "The 0 red houses are near the river.",
+                               "es": "Las 0 casas rojas están cerca del río."}
+
+
+def test_script_reports_mismatched_files_clearly(tmp_path):
+    (tmp_path / "x.en").write_text("one\ntwo\nthree\n", encoding="utf-8")
+    (tmp_path / "x.es").write_text("uno\ndos\n", encoding="utf-8")
+    # main() exits with the message (no traceback) rather than raising ValueError.
+    with pytest.raises(SystemExit, match=r"^error: --files .*x\.en has 3 lines and .*x\.es has 2 lines"):
+        prepare_data.main(["--output_dir", str(tmp_path / "out"), "--files",
+                           str(tmp_path / "x.en"), str(tmp_path / "x.es")])
+    assert not (tmp_path / "out").exists()
+
+
+def translation_dataset(pairs, languages=("en", "es")):
+    features = datasets.Features({"translation": datasets.Translation(languages=list(languages))})
+    return datasets.Dataset.from_list(
+        [{"translation": dict(zip(languages, pair))} for pair in pairs], features=features)
+
+
+def sentence_pairs(n, offset=0):
+    return [(f"Sentence number {i} is here.", f"La oración número {i} está aquí.") for i in range(offset, offset + n)]
+
+
+def test_hf_dataset_without_validation_or_test_gets_them_carved_from_train():
+    dataset = datasets.DatasetDict({"train": translation_dataset(sentence_pairs(200))})
+    splits, dropped = prepare_data.hf_splits(dataset, "en", "es", valid_fraction=0.1, test_fraction=0.1)
+    assert not dropped
+    assert sum(len(rows) for rows in splits.values()) == 200
+    assert all(splits[name] for name in prepare_data.SPLITS)
+    again, _ = prepare_data.hf_splits(dataset, "en", "es", valid_fraction=0.1, test_fraction=0.1)
+    assert again == splits
+
+
+def test_hf_dataset_keeps_its_own_test_split():
+    test_pairs = sentence_pairs(5, offset=1000)
+    dataset = datasets.DatasetDict({"train": translation_dataset(sentence_pairs(200)),
+                                    "test": translation_dataset(test_pairs)})
+    splits, _ = prepare_data.hf_splits(dataset, "en", "es", valid_fraction=0.1, test_fraction=0.1)
+    assert [(e["translation"]["en"], e["translation"]["es"]) for e in splits["test"]] == test_pairs
+    assert [e["id"] for e in splits["test"]] == [f"test.{i}" for i in range(5)]
+    assert len(splits["train"]) + len(splits["validation"]) == 200
+    assert splits["validation"]
+
+
+def test_hf_dataset_errors_name_the_missing_language_or_column():
+    german = datasets.DatasetDict({"train": translation_dataset([("Hallo.", "Hello.")], ("de", "en"))})
+    with pytest.raises(ValueError, match=r"languages \['de', 'en'\], not \['es'\]"):
+        prepare_data.hf_splits(german, "en", "es", name="wmt_toy")
+    plain = datasets.DatasetDict({"train": datasets.Dataset.from_dict({"en": ["Hi."], "es": ["Hola."]})})
+    with pytest.raises(ValueError, match=r"columns \['en', 'es'\]; expected a 'translation' column"):
+        prepare_data.hf_splits(plain, "en", "es")
+
+
+def test_to_dataset_dict_uses_the_translation_layout():
+    examples, _ = prepare_data.parallel_examples(
+        [("line.1", "Hola.", "Hello."), ("line.2", "Adiós.", "Bye."), ("line.3", "Sí.", "Yes.")], "es", "en")
+    splits = {"train": examples[:2], "validation": examples[2:], "test": examples[2:]}
+    dataset = prepare_data.to_dataset_dict(splits, "es", "en")
+    assert dataset["train"].column_names == ["id", "translation"]
+    assert dataset["train"].features["translation"] == datasets.Translation(languages=["es", "en"])
+    assert dataset["train"][1] == {"id": "line.2", "translation": {"es": "Adiós.", "en": "Bye."}}
+    assert len(dataset["test"]) == 1
+
+
+def test_too_small_a_corpus_is_an_error_not_an_empty_split(tmp_path):
+    (tmp_path / "s.en").write_text("Hello.\nBye.\n", encoding="utf-8")
+    (tmp_path / "s.es").write_text("Hola.\nAdiós.\n", encoding="utf-8")
+    with pytest.raises(SystemExit, match="split would be empty"):
+        prepare_data.main(["--output_dir", str(tmp_path / "out"), "--files", str(tmp_path / "s.en"),
+                           str(tmp_path / "s.es")])
+    assert not (tmp_path / "out").exists()
