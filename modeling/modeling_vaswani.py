@@ -399,7 +399,7 @@ class VaswaniDecoder(VaswaniPreTrainedModel):
                     f"decoder_input_ids must be a non-empty (batch, length) tensor, got shape {tuple(input_ids.shape)}."
                 )
             inputs_embeds = self.embed_tokens(input_ids)
-        if use_cache and past_key_values is None:
+        if use_cache and past_key_values is None and not self.training:  # training never reuses keys and values
             past_key_values = EncoderDecoderCache(DynamicCache(), DynamicCache())
         batch_size, length = inputs_embeds.shape[:2]
         past_length = past_key_values.get_seq_length() if past_key_values is not None else 0

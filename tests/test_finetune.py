@@ -1,0 +1,254 @@
+"""scripts/finetune.py: Seq2SeqTrainer fine-tuning of a saved model on a new pair set.
+
+Everything runs on the CPU with a tiny model, a word-level tokenizer and a few dozen made-up English-Spanish pairs.
+"""
+
+import json
+import shutil
+
+import datasets
+import pytest
+import torch
+from safetensors.torch import load_file
+from tokenizers import Tokenizer, models, pre_tokenizers, processors
+from transformers import AutoTokenizer, GenerationConfig, PreTrainedTokenizerFast
+from transformers.trainer_pt_utils import LabelSmoother
+
+import finetune
+from vaswani import VaswaniConfig, VaswaniForConditionalGeneration
+
+SPECIAL_TOKENS = ["<pad>", "<s>", "</s>", "<unk>"]  # ids 0-3, the model's defaults
+NOUNS = {"cat": "gato", "dog": "perro", "boy": "niño", "bird": "pájaro", "horse": "caballo", "man": "hombre"}
+VERBS = {"eats": "come", "runs": "corre", "sleeps": "duerme", "sings": "canta", "jumps": "salta", "reads": "lee"}
+# 36 pairs of 5 and 6 words: long enough for 4-grams, so that BLEU can be above zero.
+PAIRS = [{"en": f"the {noun} {verb} every day", "es": f"el {noun_es} {verb_es} todos los días"}
+         for noun, noun_es in NOUNS.items() for verb, verb_es in VERBS.items()]
+WORDS = sorted({word for pair in PAIRS for sentence in pair.values() for word in sentence.split()})
+
+
+def word_tokenizer(special_tokens=SPECIAL_TOKENS, extra_words=()):
+    """A fast tokenizer with one token per word that ends every sequence in </s>, like scripts/train_tokenizer.py's."""
+    vocab = {token: i for i, token in enumerate([*special_tokens, *WORDS, *extra_words])}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="$A </s>", special_tokens=[("</s>", vocab["</s>"])]
+    )
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token="<pad>", bos_token="<s>", eos_token="</s>",
+                                   unk_token="<unk>")
+
+
+def save_model(folder, tokenizer, seed=0, vocab_size=None, dropout=0.1):
+    """A 'pretrained' tiny model (random weights) saved with its tokenizer, as finetune.py --model expects."""
+    torch.manual_seed(seed)
+    config = VaswaniConfig.from_preset("tiny", vocab_size=vocab_size or len(tokenizer), dropout=dropout,
+                                       max_position_embeddings=64)
+    VaswaniForConditionalGeneration(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def save_pairs(folder, pairs):
+    """The layout of scripts/prepare_data.py: a DatasetDict with a `translation` column; here validation = train."""
+    split = datasets.Dataset.from_dict({"translation": pairs})
+    datasets.DatasetDict(train=split, validation=split).save_to_disk(folder)
+    return folder
+
+
+def run_finetune(model, dataset_dir, output_dir, *flags):
+    """finetune.main with the flags every test wants: CPU, no reporting, greedy and short evaluation translations."""
+    return finetune.main([
+        "--model", str(model), "--dataset_dir", str(dataset_dir), "--output_dir", str(output_dir),
+        "--use_cpu", "--report_to", "none", "--num_beams", "1", "--generation_max_length", "12",
+        "--eval_strategy", "no", "--save_strategy", "no", "--logging_steps", "1", "--warmup_steps", "0",
+        *flags,
+    ])
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory):
+    """A tokenizer, a tiny pretrained model and the pair set, saved once for the module."""
+    root = tmp_path_factory.mktemp("finetune")
+    tokenizer = word_tokenizer()
+    return {
+        "root": root,
+        "tokenizer": tokenizer,
+        "model": save_model(root / "pretrained", tokenizer),
+        "data": save_pairs(root / "data", PAIRS),
+    }
+
+
+def test_finetuning_lowers_eval_loss_and_raises_bleu(workspace, tmp_path):
+    output_dir = tmp_path / "finetuned"
+    metrics = run_finetune(workspace["model"], workspace["data"], output_dir, "--eval_on_start", "--max_steps", "30",
+                           "--learning_rate", "5e-3", "--per_device_train_batch_size", "8")
+
+    state = json.loads((output_dir / "trainer_state.json").read_text())
+    before = next(entry for entry in state["log_history"] if "eval_bleu" in entry)  # --eval_on_start, step 0
+    after = json.loads((output_dir / "eval_results.json").read_text())
+    assert before["step"] == 0 and state["global_step"] == 30
+    assert after == pytest.approx(metrics)
+    assert after["eval_loss"] < 0.7 * before["eval_loss"], (before, after)
+    assert after["eval_bleu"] > before["eval_bleu"] + 10, (before, after)
+
+    # The saved model and tokenizer reload and translate; the evaluation did not leave the library's default
+    # max_length=20 in the generation config (the model's own limit is source length + 50).
+    tokenizer = AutoTokenizer.from_pretrained(output_dir)
+    reloaded = VaswaniForConditionalGeneration.from_pretrained(output_dir).eval()
+    source = tokenizer(["the dog sings every day"], return_tensors="pt")
+    assert reloaded.generate(**source, num_beams=1).shape[0] == 1
+    saved = GenerationConfig.from_pretrained(output_dir)
+    pretrained = GenerationConfig.from_pretrained(workspace["model"])
+    assert (saved.max_length, saved.num_beams) == (pretrained.max_length, 4), "evaluation changed the generation config"
+
+
+def final_weights(folder):
+    return load_file(folder / "model.safetensors")
+
+
+def test_resumed_run_ends_with_the_weights_of_an_uninterrupted_run(workspace, tmp_path):
+    flags = ("--max_steps", "6", "--save_strategy", "steps", "--save_steps", "3", "--learning_rate", "1e-3",
+             "--per_device_train_batch_size", "4", "--max_eval_samples", "4", "--gradient_checkpointing")
+    uninterrupted = tmp_path / "uninterrupted"
+    run_finetune(workspace["model"], workspace["data"], uninterrupted, *flags)
+
+    # The interrupted run: its output folder holds only what existed at step 3. It is resumed from a model with
+    # other weights, so that it can only end where the uninterrupted run did by continuing from the checkpoint.
+    interrupted = tmp_path / "interrupted"
+    shutil.copytree(uninterrupted / "checkpoint-3", interrupted / "checkpoint-3")
+    other_start = save_model(tmp_path / "other_start", workspace["tokenizer"], seed=1)
+    run_finetune(other_start, workspace["data"], interrupted, *flags, "--resume_from_checkpoint")
+
+    state = json.loads((interrupted / "trainer_state.json").read_text())
+    assert json.loads((interrupted / "checkpoint-3" / "trainer_state.json").read_text())["global_step"] == 3
+    assert state["global_step"] == 6 and (interrupted / "checkpoint-6").is_dir()
+    reference_log = json.loads((uninterrupted / "trainer_state.json").read_text())["log_history"]
+    losses = {entry["step"]: entry["loss"] for entry in state["log_history"] if "loss" in entry}
+    reference_losses = {entry["step"]: entry["loss"] for entry in reference_log if "loss" in entry}
+    assert sorted(losses) == [1, 2, 3, 4, 5, 6]
+    assert losses == pytest.approx(reference_losses, rel=1e-5)  # steps 4-6 saw the same batches and dropout
+
+    expected, resumed = final_weights(uninterrupted), final_weights(interrupted)
+    started_from = final_weights(other_start)
+    assert resumed.keys() == expected.keys()
+    for name in expected:
+        torch.testing.assert_close(resumed[name], expected[name], rtol=1e-5, atol=1e-6, msg=name)
+    assert any(not torch.allclose(started_from[name], expected[name]) for name in expected)
+
+
+def seq2seq_example(generator, source_length, target_length):
+    """Random ids (not special) ending in </s>: (source ids, label ids)."""
+    source = torch.randint(4, 100, (source_length,), generator=generator)
+    labels = torch.randint(4, 100, (target_length,), generator=generator)
+    source[-1] = labels[-1] = 2
+    return source, labels
+
+
+def pad_batch(examples):
+    """Right-pad sources with <pad> (masked) and labels with -100, as DataCollatorForSeq2Seq does."""
+    source_length = max(len(source) for source, _ in examples)
+    target_length = max(len(labels) for _, labels in examples)
+    input_ids = torch.zeros(len(examples), source_length, dtype=torch.long)
+    labels = torch.full((len(examples), target_length), -100)
+    for row, (source, target) in enumerate(examples):
+        input_ids[row, :len(source)] = source
+        labels[row, :len(target)] = target
+    return {"input_ids": input_ids, "attention_mask": (input_ids != 0).long(), "labels": labels}
+
+
+def model_loss(model, batch, num_items_in_batch=None):
+    """The model's own loss, called the way Trainer calls it."""
+    if num_items_in_batch is None:
+        return model(**batch).loss
+    return model(**batch, num_items_in_batch=num_items_in_batch).loss
+
+
+def smoothed_loss(model, batch, num_items_in_batch=None):
+    """Trainer's label smoothing (finetune.py's default, epsilon 0.1): the model gets no labels, only the decoder
+    input that the collator builds from them."""
+    labels = batch["labels"]
+    outputs = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                    decoder_input_ids=model.prepare_decoder_input_ids_from_labels(labels))
+    return LabelSmoother(epsilon=0.1)(outputs, labels, num_items_in_batch=num_items_in_batch)
+
+
+def gradients(model, losses):
+    model.zero_grad()
+    for loss in losses:
+        loss.backward()
+    return {name: parameter.grad.clone() for name, parameter in model.named_parameters()}
+
+
+@pytest.mark.parametrize("loss_fn", [model_loss, smoothed_loss], ids=["model_loss", "label_smoothing"])
+def test_gradient_accumulation_matches_one_double_batch(tiny_model, loss_fn):
+    model = tiny_model.train()  # dropout 0 in tiny_config, so training mode is deterministic
+    generator = torch.Generator().manual_seed(0)
+    micro_batches = [
+        [seq2seq_example(generator, 5, 2), seq2seq_example(generator, 4, 3)],
+        [seq2seq_example(generator, 7, 6), seq2seq_example(generator, 3, 7)],
+    ]
+    padded = [pad_batch(examples) for examples in micro_batches]
+    # What Trainer passes: the labelled tokens of all micro-batches of the optimizer step.
+    counts = [int(batch["labels"].ne(-100).sum()) for batch in padded]
+    assert counts == [5, 13]  # unequal, so that the normalisation matters
+    num_items_in_batch = torch.tensor(sum(counts))
+
+    double_batch = gradients(model, [loss_fn(model, pad_batch(micro_batches[0] + micro_batches[1]))])
+    accumulated = gradients(model, [loss_fn(model, batch, num_items_in_batch) for batch in padded])
+    mean_of_means = gradients(model, [loss_fn(model, batch) / len(padded) for batch in padded])
+
+    assert double_batch.keys() == accumulated.keys()
+    for name in double_batch:
+        torch.testing.assert_close(accumulated[name], double_batch[name], rtol=1e-5, atol=1e-5, msg=name)
+    largest_error = max((mean_of_means[name] - double_batch[name]).abs().max() for name in double_batch)
+    assert largest_error > 1e-3, "the naive average should differ: the test would not see a wrong normalisation"
+
+
+def test_trainer_step_with_accumulation_equals_one_double_batch_step(workspace, tmp_path):
+    """finetune.py's trainer, one SGD step: 2 accumulated micro-batches of 4 pairs against one batch of 8."""
+    # 37 labelled tokens in all, an odd number: however the 8 pairs are split, the two halves differ.
+    pairs = [{"en": pair["en"], "es": " ".join(pair["es"].split()[:words])}
+             for pair, words in zip(PAIRS, [1, 1, 2, 3, 4, 5, 6, 7])]
+    train = datasets.Dataset.from_dict({"translation": pairs})
+    model_dir = save_model(tmp_path / "no_dropout", workspace["tokenizer"], dropout=0.0)
+
+    def one_step(batch_size, accumulation):
+        args = finetune.parse_args([
+            "--model", str(model_dir), "--dataset_dir", "unused", "--output_dir", str(tmp_path / f"ga{accumulation}"),
+            "--use_cpu", "--report_to", "none", "--save_strategy", "no", "--eval_strategy", "no",
+            "--optim", "sgd", "--learning_rate", "1.0", "--max_grad_norm", "0", "--max_steps", "1",
+            "--per_device_train_batch_size", str(batch_size), "--gradient_accumulation_steps", str(accumulation),
+        ])
+        model = VaswaniForConditionalGeneration.from_pretrained(model_dir)
+        trainer = finetune.build_trainer(args, model, workspace["tokenizer"], train, train)
+        trainer.train()
+        return {name: parameter.detach().clone() for name, parameter in model.named_parameters()}
+
+    start = dict(VaswaniForConditionalGeneration.from_pretrained(model_dir).named_parameters())
+    accumulated, double_batch = one_step(4, 2), one_step(8, 1)
+    assert any(not torch.allclose(double_batch[name], start[name]) for name in start)  # the step changed weights
+    for name in double_batch:
+        torch.testing.assert_close(accumulated[name], double_batch[name], rtol=1e-5, atol=1e-5, msg=name)
+
+
+def test_missing_target_language_is_named(workspace, tmp_path):
+    data = save_pairs(tmp_path / "en_fr", [{"en": "the cat", "fr": "le chat"}] * 4)
+    with pytest.raises(SystemExit, match=r"target language column 'es'.*\['en', 'fr'\]"):
+        run_finetune(workspace["model"], data, tmp_path / "out")
+
+
+@pytest.mark.parametrize(
+    ("tokenizer", "vocab_size", "message"),
+    [
+        (word_tokenizer(extra_words=("extra",)), len(WORDS) + 4,
+         rf"tokenizer has {len(WORDS) + 5} tokens but the model's vocabulary has only {len(WORDS) + 4}"),
+        (word_tokenizer(special_tokens=["<s>", "<pad>", "</s>", "<unk>"]), None,
+         r"pad token id differs: the tokenizer's is 1 \('<pad>'\), the model's config.pad_token_id is 0"),
+    ],
+    ids=["tokenizer_bigger_than_model", "pad_id_differs"],
+)
+def test_tokenizer_that_disagrees_with_the_model_is_refused(workspace, tmp_path, tokenizer, vocab_size, message):
+    model_dir = save_model(tmp_path / "model", word_tokenizer(), vocab_size=vocab_size)
+    tokenizer.save_pretrained(tmp_path / "tokenizer")
+    with pytest.raises(SystemExit, match=message):
+        run_finetune(model_dir, workspace["data"], tmp_path / "out", "--tokenizer", str(tmp_path / "tokenizer"))
