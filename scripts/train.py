@@ -1,0 +1,829 @@
+"""Train the Transformer with the recipe of "Attention Is All You Need", section 5, through Hugging Face Accelerate.
+
+Read top to bottom, this file follows the paper:
+  5.1  data: sentence pairs batched by approximate length, each batch holding a set number of tokens
+       rather than a set number of sentences;
+  5.2  hardware and schedule: one optimizer step per batch, `--max_steps` of them (base: 100k, big: 300k);
+  5.3  optimizer: Adam(beta1=0.9, beta2=0.98, eps=1e-9) with the warmup-then-inverse-square-root learning rate;
+  5.4  regularisation: dropout (from the preset) and label smoothing 0.1;
+  6.1  the last checkpoints are averaged into the final model, which is scored with BLEU (scripts/evaluate.py).
+
+One process:
+  python scripts/train.py --dataset_dir DIR --tokenizer TOK --preset small --output_dir OUT --max_steps 1000
+Several processes or machines (data parallel; see configs/README.md):
+  accelerate launch [--config_file configs/multi_gpu.yaml] scripts/train.py --dataset_dir DIR ... --output_dir OUT
+Continue a stopped run where it stopped (step, optimizer, schedule, data position, random states):
+  python scripts/train.py ... --output_dir OUT --resume
+
+OUT receives: checkpoints/step_XXXXXXX (accelerate save_state, the last --keep_checkpoints of them), logs/
+(TensorBoard), train_log.jsonl, and at the end the averaged model (config.json, model.safetensors,
+generation_config.json, the tokenizer), training_curves.png, lr_schedule.png and training_summary.json.
+"""
+
+import argparse
+import hashlib
+import json
+import logging
+import math
+import os
+import platform
+import re
+import shlex
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from accelerate import Accelerator
+from accelerate.utils import DistributedType, ProjectConfiguration, gather_object, set_seed
+from accelerate.utils import save as accelerate_save
+from safetensors.torch import load_file
+from tqdm.auto import tqdm
+from transformers import AutoTokenizer
+
+from vaswani import PRESETS, VaswaniConfig, VaswaniForConditionalGeneration
+from vaswani.modeling.modeling_vaswani import shift_tokens_right
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from evaluate import corpus_bleu, translate  # noqa: E402  (scripts/evaluate.py: one way to decode and to score)
+
+# accelerate warns at every save that it leaves out the tied copies of the shared embedding (section 3.4); that is
+# intended, and load_weights_into() checks that nothing else is missing.
+logging.getLogger("accelerate.utils.other").setLevel(logging.ERROR)
+
+CHECKPOINT_NAME = re.compile(r"^step_(\d{7})$")
+TRAIN_STATE_FILE = "train_state.json"  # written last into a checkpoint: its presence marks the checkpoint complete
+
+
+def fail(message):
+    """Stop with a message that says what is wrong and what to do, before any time is spent training."""
+    raise SystemExit(f"train.py: error: {message}")
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Command line. The defaults are the paper's base model on 8 GPUs (Table 3, sections 5.1-5.4); configs/README.md
+# and the README give the flags for a small run on a CPU.
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    data = parser.add_argument_group("data (section 5.1)")
+    data.add_argument("--dataset_dir", required=True, help="DatasetDict saved by scripts/prepare_data.py")
+    data.add_argument("--tokenizer", required=True, help="tokenizer folder saved by scripts/train_tokenizer.py")
+    data.add_argument("--source_lang", default="en")
+    data.add_argument("--target_lang", default="es")
+    data.add_argument("--max_source_length", type=int, default=256, help="longest source, in tokens with </s>")
+    data.add_argument("--max_target_length", type=int, default=256, help="longest target, in tokens with </s>")
+    data.add_argument("--long_pairs", choices=["filter", "truncate"], default="filter",
+                      help="what to do with training pairs longer than the maximum lengths")
+    data.add_argument("--batch_tokens", type=int, default=6250,
+                      help="padded source+target tokens per batch and process (paper: 25000+25000 over 8 GPUs)")
+    data.add_argument("--grad_accum", type=int, default=1,
+                      help="batches accumulated into one optimizer step, to reach the paper's tokens per step")
+
+    model = parser.add_argument_group("model (Table 3)")
+    model.add_argument("--preset", choices=sorted(PRESETS), default="base")
+    model.add_argument("--dropout", type=float, default=None, help="P_drop (section 5.4); default: the preset's")
+    model.add_argument("--attention_dropout", type=float, default=None, help="default: the config's (0)")
+
+    optim = parser.add_argument_group("optimizer and schedule (sections 5.2, 5.3)")
+    optim.add_argument("--max_steps", type=int, default=100_000, help="optimizer steps (base: 100k, big: 300k)")
+    optim.add_argument("--lr_schedule", choices=["paper", "short"], default="paper",
+                       help="paper: d_model^-0.5 * min(step^-0.5, step * warmup^-1.5); short: the same shape "
+                            "scaled to peak at --peak_lr, for runs of a few hundred steps")
+    optim.add_argument("--warmup_steps", type=int, default=4000)
+    optim.add_argument("--lr_scale", type=float, default=1.0, help="multiplies the paper schedule")
+    optim.add_argument("--peak_lr", type=float, default=1e-3, help="peak of the short schedule")
+    optim.add_argument("--adam_beta1", type=float, default=0.9)
+    optim.add_argument("--adam_beta2", type=float, default=0.98)
+    optim.add_argument("--adam_eps", type=float, default=1e-9)
+    optim.add_argument("--label_smoothing", type=float, default=0.1, help="epsilon_ls (section 5.4)")
+    optim.add_argument("--max_grad_norm", type=float, default=0.0, help="clip gradients to this norm; 0: off, "
+                                                                         "as in the paper")
+    optim.add_argument("--seed", type=int, default=0)
+
+    hardware = parser.add_argument_group("hardware")
+    hardware.add_argument("--mixed_precision", choices=["no", "bf16", "fp16"], default=None,
+                          help="default: what `accelerate launch` / the accelerate config says (else no)")
+    hardware.add_argument("--cpu", action="store_true", help="train on the CPU even if a GPU is present")
+
+    output = parser.add_argument_group("checkpoints and output (section 6.1)")
+    output.add_argument("--output_dir", required=True)
+    output.add_argument("--save_every", type=int, default=1000, help="steps between checkpoints")
+    output.add_argument("--keep_checkpoints", type=int, default=5, help="how many recent checkpoints to keep")
+    output.add_argument("--average_last", type=int, default=5,
+                        help="average the last K checkpoints into the final model (paper: 5 base, 20 big); 1: none")
+    output.add_argument("--resume", nargs="?", const="latest", default=None,
+                        help="continue from the latest complete checkpoint in OUTPUT_DIR (or from this folder)")
+    output.add_argument("--stop_after", type=int, default=None,
+                        help="checkpoint and exit after this step, as if killed there (for testing --resume)")
+
+    evaluation = parser.add_argument_group("validation")
+    evaluation.add_argument("--eval_every", type=int, default=1000, help="steps between validations; 0: only at "
+                                                                          "the end")
+    evaluation.add_argument("--eval_bleu_samples", type=int, default=500,
+                            help="BLEU on the first N validation pairs; 0: no BLEU")
+    evaluation.add_argument("--eval_num_beams", type=int, default=1, help="1: greedy decoding; 4: the paper's beam")
+    evaluation.add_argument("--eval_length_penalty", type=float, default=0.6)
+    evaluation.add_argument("--eval_batch_size", type=int, default=64, help="sentences per generate() call")
+    evaluation.add_argument("--log_every", type=int, default=50, help="steps between training-loss log lines")
+    evaluation.add_argument("--report_to", choices=["tensorboard", "none"], default="tensorboard")
+    args = parser.parse_args(argv)
+
+    for name in ("batch_tokens", "grad_accum", "max_steps", "warmup_steps", "save_every", "keep_checkpoints",
+                 "average_last", "log_every", "eval_num_beams", "eval_batch_size", "max_source_length",
+                 "max_target_length"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be at least 1")
+    if not 0.0 <= args.label_smoothing < 1.0:
+        parser.error("--label_smoothing must be in [0, 1)")
+    return args
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Section 5.1, training data: pairs tokenized with the shared vocabulary, batched by approximate length so that
+# each batch holds about --batch_tokens tokens.
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def load_translation_dataset(args):
+    """The DatasetDict with train and validation splits whose `translation` column holds both languages."""
+    from datasets import DatasetDict, load_from_disk
+
+    path = Path(args.dataset_dir)
+    if not path.is_dir():
+        fail(f"--dataset_dir {path} does not exist; create it with scripts/prepare_data.py --output_dir {path}.")
+    try:
+        dataset = load_from_disk(str(path))
+    except Exception as error:  # datasets raises FileNotFoundError or its own errors for a foreign folder
+        fail(f"--dataset_dir {path} is not a dataset saved with save_to_disk ({error}).")
+    if not isinstance(dataset, DatasetDict):
+        fail(f"--dataset_dir {path} holds a single Dataset; expected a DatasetDict with train and validation splits.")
+    for split in ("train", "validation"):
+        if split not in dataset:
+            fail(f"--dataset_dir {path} has no {split!r} split (it has {sorted(dataset)}).")
+        if "translation" not in dataset[split].column_names:
+            fail(f"the {split} split has no 'translation' column (columns: {dataset[split].column_names}).")
+        if len(dataset[split]) == 0:
+            fail(f"the {split} split of {path} is empty.")
+        languages = sorted(dataset[split][0]["translation"])
+        for lang in (args.source_lang, args.target_lang):
+            if lang not in languages:
+                fail(f"language {lang!r} is not in the {split} split's translation column (it has {languages}); "
+                     "set --source_lang/--target_lang.")
+    return dataset
+
+
+def load_and_check_tokenizer(path):
+    """The shared source-target tokenizer; it must define <pad>, <s>, </s> and end every sequence with </s>."""
+    if not Path(path).exists():
+        fail(f"--tokenizer {path} does not exist; create it with scripts/train_tokenizer.py --output_dir {path}.")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    except Exception as error:
+        fail(f"cannot load a tokenizer from --tokenizer {path} ({error}).")
+    for name in ("pad_token_id", "bos_token_id", "eos_token_id"):
+        if getattr(tokenizer, name) is None:
+            fail(f"the tokenizer in {path} has no {name.replace('_id', '')}; the model needs <pad>, <s> (the decoder "
+                 "start) and </s>.")
+    sample = tokenizer(["a"], text_target=["a"])
+    if sample["labels"][0][-1] != tokenizer.eos_token_id or sample["input_ids"][0][-1] != tokenizer.eos_token_id:
+        fail(f"the tokenizer in {path} does not end sequences with </s> (id {tokenizer.eos_token_id}); without it "
+             "the model never learns to stop. Give it a post-processor that appends </s>.")
+    return tokenizer
+
+
+def check_config_matches_tokenizer(config, tokenizer, where):
+    """The embedding matrix and the special ids must be the tokenizer's, or every id means something else."""
+    problems = []
+    if config.vocab_size != len(tokenizer):
+        problems.append(f"vocab_size is {config.vocab_size} but the tokenizer has {len(tokenizer)} tokens")
+    for field, token_id in (("pad_token_id", tokenizer.pad_token_id), ("bos_token_id", tokenizer.bos_token_id),
+                            ("eos_token_id", tokenizer.eos_token_id),
+                            ("decoder_start_token_id", tokenizer.bos_token_id)):
+        if getattr(config, field) != token_id:
+            problems.append(f"{field} is {getattr(config, field)} but the tokenizer's is {token_id}")
+    if problems:
+        fail(f"the tokenizer does not match the model configuration of {where}: " + "; ".join(problems) + ".")
+
+
+@dataclass
+class EncodedSplit:
+    """Token ids of one split, each sequence ending in </s>; `sources`/`references` keep the raw text."""
+
+    source_ids: list
+    target_ids: list
+    sources: list
+    references: list
+    dropped: int = 0
+    truncated: int = 0
+
+
+def encode_split(rows, tokenizer, args, enforce_lengths=True):
+    pairs = rows["translation"]
+    sources = [pair[args.source_lang] for pair in pairs]
+    references = [pair[args.target_lang] for pair in pairs]
+    source_ids, target_ids = [], []
+    for start in range(0, len(sources), 10_000):
+        encoded = tokenizer(sources[start:start + 10_000], text_target=references[start:start + 10_000])
+        source_ids += encoded["input_ids"]
+        target_ids += encoded["labels"]
+    split = EncodedSplit([], [], sources, references)
+    eos = tokenizer.eos_token_id
+    for src, tgt in zip(source_ids, target_ids):
+        too_long = len(src) > args.max_source_length or len(tgt) > args.max_target_length
+        if too_long and enforce_lengths and args.long_pairs == "filter":
+            split.dropped += 1
+            continue
+        if too_long:  # keep the beginning and the final </s>
+            split.truncated += 1
+            src = src if len(src) <= args.max_source_length else src[:args.max_source_length - 1] + [eos]
+            tgt = tgt if len(tgt) <= args.max_target_length else tgt[:args.max_target_length - 1] + [eos]
+        split.source_ids.append(src)
+        split.target_ids.append(tgt)
+    return split
+
+
+def make_batches(source_lengths, target_lengths, batch_tokens, seed, epoch, shuffle=True):
+    """Section 5.1: "Sentence pairs were batched together by approximate sequence length."
+
+    Pairs are sorted by (source length, target length), ties broken at random, and cut into runs whose padded size,
+    sentences * (longest source + longest target), stays within `batch_tokens`. The batches are then shuffled. The
+    result depends only on (seed, epoch), so every process computes the same list and a resumed run the same order.
+    """
+    source_lengths, target_lengths = np.asarray(source_lengths), np.asarray(target_lengths)
+    rng = np.random.default_rng([seed, epoch])
+    order = rng.permutation(len(source_lengths)) if shuffle else np.arange(len(source_lengths))
+    order = order[np.lexsort((target_lengths[order], source_lengths[order]))]  # stable: ties keep the random order
+    batches, current, longest_source, longest_target = [], [], 0, 0
+    for index in order:
+        new_source = max(longest_source, source_lengths[index])
+        new_target = max(longest_target, target_lengths[index])
+        if current and (len(current) + 1) * (new_source + new_target) > batch_tokens:
+            batches.append(np.array(current))
+            current, new_source, new_target = [], source_lengths[index], target_lengths[index]
+        current.append(index)
+        longest_source, longest_target = new_source, new_target
+    if current:
+        batches.append(np.array(current))
+    if shuffle:
+        rng.shuffle(batches)
+    return batches
+
+
+def batches_for_process(batches, process_index, num_processes, grad_accum):
+    """This process's share of an epoch: every num_processes-th batch, the same count on every process.
+
+    The epoch is cut to a multiple of num_processes * grad_accum batches, so that all processes take the same number
+    of optimizer steps (a process waiting for a gradient exchange that never comes would hang DDP).
+    """
+    usable = len(batches) // (num_processes * grad_accum) * (num_processes * grad_accum)
+    return batches[process_index:usable:num_processes]
+
+
+def collate(indices, split, pad_id, decoder_start_id):
+    """A padded batch: source ids and mask, target labels (-100 on padding), and the decoder input (section 3)."""
+    sources = [split.source_ids[i] for i in indices]
+    targets = [split.target_ids[i] for i in indices]
+    input_ids = torch.full((len(indices), max(map(len, sources))), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros_like(input_ids)
+    labels = torch.full((len(indices), max(map(len, targets))), -100, dtype=torch.long)
+    for row, (source, target) in enumerate(zip(sources, targets)):
+        input_ids[row, :len(source)] = torch.tensor(source)
+        attention_mask[row, :len(source)] = 1
+        labels[row, :len(target)] = torch.tensor(target)
+    decoder_input_ids = shift_tokens_right(labels, pad_id, decoder_start_id)
+    return {"input_ids": input_ids, "attention_mask": attention_mask, "decoder_input_ids": decoder_input_ids,
+            "labels": labels}
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Section 5.3, the learning rate, and section 5.4, the label-smoothed loss.
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def lr_at(step, schedule="paper", d_model=512, warmup_steps=4000, lr_scale=1.0, peak_lr=1e-3):
+    """Learning rate of optimizer step `step` (counted from 1).
+
+    "paper", equation 3: lrate = d_model^-0.5 * min(step^-0.5, step * warmup_steps^-1.5), times `lr_scale`:
+    linear warmup, then decay proportional to the inverse square root of the step. It peaks at
+    (d_model * warmup_steps)^-0.5, 7e-4 for the base model with 4000 warmup steps.
+    "short": the same shape scaled to peak at `peak_lr`, for runs whose warmup is a few hundred steps, where the
+    paper's formula would peak far higher (5e-3 at d_model=256 with 150 warmup steps) and a small model stalls.
+    """
+    step = max(step, 1)
+    if schedule == "paper":
+        return lr_scale * d_model**-0.5 * min(step**-0.5, step * warmup_steps**-1.5)
+    if schedule == "short":
+        return peak_lr * min(step / warmup_steps, (warmup_steps / step) ** 0.5)
+    raise ValueError(f"unknown learning-rate schedule {schedule!r}")
+
+
+def smoothed_cross_entropy_sum(logits, labels, label_smoothing):
+    """Section 5.4: cross-entropy against targets smoothed with epsilon_ls, summed over the labelled tokens.
+
+    Summed, not averaged, so that the caller can divide by the target tokens of the whole optimizer step (all
+    accumulated batches on all processes): every token weighs the same however the step was cut into batches.
+    """
+    return F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=-100,
+                           label_smoothing=label_smoothing, reduction="sum")
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Checkpoints and section 6.1's checkpoint averaging.
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def list_checkpoints(checkpoint_root):
+    """Complete checkpoints (those holding train_state.json), oldest first."""
+    root = Path(checkpoint_root)
+    if not root.is_dir():
+        return []
+    found = [path for path in root.iterdir()
+             if CHECKPOINT_NAME.match(path.name) and (path / TRAIN_STATE_FILE).is_file()]
+    return sorted(found, key=lambda path: int(CHECKPOINT_NAME.match(path.name).group(1)))
+
+
+def save_checkpoint(accelerator, model, config, checkpoint_root, train_state, keep):
+    """accelerate save_state (weights, optimizer, schedule, random states of every process) plus our train state.
+
+    Written into a temporary folder and renamed into place, so a run killed mid-save leaves no folder that --resume
+    could mistake for a checkpoint; train_state.json is written last as the completeness mark.
+    """
+    final = Path(checkpoint_root) / f"step_{train_state['step']:07d}"
+    temporary = Path(checkpoint_root) / f"tmp_{final.name}"
+    if accelerator.is_main_process:
+        shutil.rmtree(temporary, ignore_errors=True)
+        temporary.mkdir(parents=True)
+    accelerator.wait_for_everyone()
+    accelerator.save_state(str(temporary))
+    if accelerator.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED):
+        # These save sharded or engine-specific files; averaging reads one plain safetensors file, gathered here.
+        accelerate_save(accelerator.get_state_dict(model), temporary / "model.safetensors", safe_serialization=True)
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        config.to_json_file(temporary / "config.json")
+        (temporary / TRAIN_STATE_FILE).write_text(json.dumps(train_state, indent=2))
+        if final.exists():  # a rerun that reached the same step again
+            shutil.rmtree(final)
+        os.replace(temporary, final)
+        for old in list_checkpoints(checkpoint_root)[:-keep]:
+            shutil.rmtree(old)
+    accelerator.wait_for_everyone()
+    return final
+
+
+def load_checkpoint_weights(path):
+    """The model weights of a checkpoint folder (or a .safetensors file), with DDP's "module." prefixes removed."""
+    path = Path(path)
+    file = path / "model.safetensors" if path.is_dir() else path
+    if not file.is_file():
+        raise FileNotFoundError(f"no model.safetensors in checkpoint {path}")
+    return {key.removeprefix("module."): tensor for key, tensor in load_file(str(file)).items()}
+
+
+def average_checkpoints(paths):
+    """Section 6.1: the element-wise mean of the weights of several checkpoints ("we used a single model obtained by
+    averaging the last 5 checkpoints"). Accumulated in float64, returned in each tensor's own dtype."""
+    paths = list(paths)
+    if not paths:
+        raise ValueError("average_checkpoints needs at least one checkpoint")
+    total = None
+    for path in paths:
+        weights = load_checkpoint_weights(path)
+        if total is None:
+            dtypes = {key: tensor.dtype for key, tensor in weights.items()}
+            total = {key: tensor.to(torch.float64) for key, tensor in weights.items()}
+            continue
+        if weights.keys() != total.keys():
+            raise ValueError(f"checkpoint {path} holds different tensors than {paths[0]}: "
+                             f"{sorted(weights.keys() ^ total.keys())[:5]}")
+        for key, tensor in weights.items():
+            if tensor.shape != total[key].shape:
+                raise ValueError(f"{key} has shape {tuple(tensor.shape)} in {path} but {tuple(total[key].shape)} "
+                                 f"in {paths[0]}")
+            total[key] += tensor.to(torch.float64)
+    return {key: (tensor / len(paths)).to(dtypes[key]) for key, tensor in total.items()}
+
+
+def load_weights_into(model, state_dict):
+    """Load a saved state dict; only the weights tied to the shared embedding may be absent from it (section 3.4)."""
+    missing, unexpected = model.load_state_dict(state_dict, strict=False)
+    tied = set(getattr(model, "_tied_weights_keys", None) or {})
+    if unexpected or set(missing) - tied:
+        raise ValueError(f"checkpoint does not fit the model: missing {sorted(set(missing) - tied)}, "
+                         f"unexpected {sorted(unexpected)}")
+    model.tie_weights()
+    return model
+
+
+def weights_checksum(model):
+    """A SHA-256 of all weights, to show that every process ends with the same model."""
+    digest = hashlib.sha256()
+    for key, tensor in sorted(model.state_dict().items()):
+        digest.update(key.encode())
+        digest.update(tensor.detach().float().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Validation: cross-entropy per target token (no smoothing) on the whole validation split, and BLEU of the first
+# --eval_bleu_samples pairs, both shared out over the processes.
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+@torch.no_grad()
+def validate(accelerator, model, tokenizer, valid, valid_batches, args):
+    was_training = model.training
+    model.eval()
+    rank, world = accelerator.process_index, accelerator.num_processes
+    totals = torch.zeros(2, dtype=torch.float64, device=accelerator.device)  # loss sum, target tokens
+    for indices in valid_batches[rank::world]:
+        batch = {k: v.to(accelerator.device) for k, v in collate(indices, valid, tokenizer.pad_token_id,
+                                                                  tokenizer.bos_token_id).items()}
+        with accelerator.autocast():
+            logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                           decoder_input_ids=batch["decoder_input_ids"]).logits
+        totals[0] += smoothed_cross_entropy_sum(logits, batch["labels"], 0.0).double()
+        totals[1] += batch["labels"].ne(-100).sum()
+    totals = accelerator.reduce(totals, reduction="sum")
+    result = {"val_loss": (totals[0] / totals[1]).item()}
+    result["val_ppl"] = math.exp(min(result["val_loss"], 50.0))
+
+    count = min(args.eval_bleu_samples, len(valid.sources))
+    if count:
+        share = math.ceil(count / world)
+        mine = list(range(rank * share, min((rank + 1) * share, count)))
+        with accelerator.autocast():
+            hypotheses = translate(model, tokenizer, [valid.sources[i] for i in mine], batch_size=args.eval_batch_size,
+                                   num_beams=args.eval_num_beams, length_penalty=args.eval_length_penalty,
+                                   max_source_length=args.max_source_length)
+        hypotheses = gather_object(hypotheses)  # in process order, so in the order of the pairs
+        score, signature = corpus_bleu(hypotheses, valid.references[:count])
+        result.update(bleu=score.score, bleu_signature=signature, example=hypotheses[0])
+    model.train(was_training)
+    return result
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Logs and plots a person can read without TensorBoard.
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def read_jsonl(path):
+    path = Path(path)
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def append_jsonl(path, record):
+    with open(path, "a") as file:
+        file.write(json.dumps(record) + "\n")
+
+
+def write_plots(output_dir, args, d_model):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    records = read_jsonl(output_dir / "train_log.jsonl")
+    train = [r for r in records if "loss" in r]
+    evals = [r for r in records if "val_loss" in r and not r.get("final")]
+    fig, (loss_axis, bleu_axis) = plt.subplots(1, 2, figsize=(12, 4.5))
+    loss_axis.plot([r["step"] for r in train], [r["loss"] for r in train], label="train loss (label-smoothed)")
+    loss_axis.plot([r["step"] for r in train], [r["nll"] for r in train], label="train cross-entropy")
+    loss_axis.plot([r["step"] for r in evals], [r["val_loss"] for r in evals], "o-", label="validation cross-entropy")
+    loss_axis.set(xlabel="step", ylabel="nats per target token", title="Loss")
+    loss_axis.legend()
+    loss_axis.grid(alpha=0.3)
+    bleu_points = [r for r in evals if "bleu" in r]
+    bleu_axis.plot([r["step"] for r in bleu_points], [r["bleu"] for r in bleu_points], "o-", color="tab:green")
+    for final in (r for r in records if r.get("final")):  # the averaged model, section 6.1
+        loss_axis.plot(final["step"], final["val_loss"], "*", markersize=12, color="tab:red",
+                       label="averaged model, validation")
+        loss_axis.legend()
+        if "bleu" in final:
+            bleu_axis.plot(final["step"], final["bleu"], "*", markersize=12, color="tab:red", label="averaged model")
+            bleu_axis.legend()
+    bleu_axis.set(xlabel="step", ylabel="BLEU", title=f"Validation BLEU (first {args.eval_bleu_samples} pairs)")
+    bleu_axis.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(output_dir / "training_curves.png", dpi=120)
+    plt.close(fig)
+
+    steps = np.unique(np.linspace(1, args.max_steps, min(args.max_steps, 2000)).astype(int))
+    fig, axis = plt.subplots(figsize=(7, 4))
+    axis.plot(steps, [lr_at(s, args.lr_schedule, d_model, args.warmup_steps, args.lr_scale, args.peak_lr)
+                      for s in steps], label=f"{args.lr_schedule} schedule")
+    axis.plot([r["step"] for r in train], [r["lr"] for r in train], ".", markersize=3, label="logged")
+    axis.axvline(args.warmup_steps, color="gray", linestyle=":", label=f"warmup_steps = {args.warmup_steps}")
+    axis.set(xlabel="step", ylabel="learning rate", title="Learning rate (section 5.3)")
+    axis.legend()
+    axis.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(output_dir / "lr_schedule.png", dpi=120)
+    plt.close(fig)
+
+
+def hardware_description(accelerator):
+    device = accelerator.device
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+    else:
+        name = platform.processor() or platform.machine()
+    return {"device": str(device), "device_name": name, "num_processes": accelerator.num_processes,
+            "distributed_type": str(accelerator.distributed_type).split(".")[-1],
+            "mixed_precision": accelerator.mixed_precision, "torch_threads": torch.get_num_threads(),
+            "cpu_count": os.cpu_count()}
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The run.
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    wall_start = time.time()
+    output_dir = Path(args.output_dir)
+    checkpoint_root = output_dir / "checkpoints"
+    print_once = print if int(os.environ.get("RANK", "0")) == 0 else (lambda *_: None)
+
+    # --- Checks that would otherwise fail hours later; done before any process group starts. ---
+    try:
+        output_dir.mkdir(parents=True, exist_ok=True)
+        probe = output_dir / f".write_test_{os.environ.get('RANK', '0')}_{os.getpid()}"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as error:
+        fail(f"cannot write to --output_dir {output_dir} ({error}).")
+    if args.resume is None and list_checkpoints(checkpoint_root):
+        fail(f"{checkpoint_root} already holds checkpoints of an earlier run; pass --resume to continue it, or "
+             "choose another --output_dir.")
+    dataset = load_translation_dataset(args)
+    tokenizer = load_and_check_tokenizer(args.tokenizer)
+
+    # --- The model configuration: a preset of Table 3, with the tokenizer's vocabulary size and special ids. ---
+    overrides = {"vocab_size": len(tokenizer), "pad_token_id": tokenizer.pad_token_id,
+                 "bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id,
+                 "decoder_start_token_id": tokenizer.bos_token_id}
+    if args.dropout is not None:
+        overrides["dropout"] = args.dropout
+    if args.attention_dropout is not None:
+        overrides["attention_dropout"] = args.attention_dropout
+    config = VaswaniConfig.from_preset(args.preset, **overrides)
+    longest = max(args.max_source_length, args.max_target_length) + 51  # decoding runs to source length + 50
+    if longest > config.max_position_embeddings:
+        config.max_position_embeddings = longest  # sinusoidal encodings: no weights depend on this (section 3.5)
+
+    resume_from = None
+    if args.resume is not None:
+        candidates = list_checkpoints(checkpoint_root) if args.resume == "latest" else [Path(args.resume)]
+        if args.resume != "latest" and not (candidates[0] / TRAIN_STATE_FILE).is_file():
+            fail(f"--resume {args.resume} is not a complete checkpoint (no {TRAIN_STATE_FILE}).")
+        if candidates:
+            resume_from = candidates[-1]
+            saved = VaswaniConfig.from_json_file(str(resume_from / "config.json"))
+            check_config_matches_tokenizer(saved, tokenizer, f"checkpoint {resume_from}")
+            for field in ("d_model", "encoder_layers", "decoder_layers", "encoder_attention_heads",
+                          "decoder_attention_heads", "encoder_ffn_dim", "decoder_ffn_dim", "dropout",
+                          "attention_dropout"):
+                if getattr(saved, field) != getattr(config, field):
+                    fail(f"checkpoint {resume_from} was trained with {field}={getattr(saved, field)}, but this "
+                         f"command asks for {getattr(config, field)}; resume with the original --preset/--dropout.")
+            config = saved
+        else:
+            print_once(f"--resume: no checkpoint in {checkpoint_root} yet, starting from scratch.")
+    check_config_matches_tokenizer(config, tokenizer, f"preset {args.preset!r}")
+
+    # --- Data (section 5.1). ---
+    train = encode_split(dataset["train"], tokenizer, args)
+    valid = encode_split(dataset["validation"], tokenizer, args, enforce_lengths=False)
+    if not train.source_ids:
+        fail(f"no training pair fits --max_source_length {args.max_source_length} / --max_target_length "
+             f"{args.max_target_length}.")
+    train_lengths = (np.array([len(s) for s in train.source_ids]), np.array([len(t) for t in train.target_ids]))
+    valid_lengths = (np.array([len(s) for s in valid.source_ids]), np.array([len(t) for t in valid.target_ids]))
+    longest_pair = int((train_lengths[0] + train_lengths[1]).max())
+    if longest_pair > args.batch_tokens:
+        fail(f"--batch_tokens {args.batch_tokens} is smaller than the longest training pair ({longest_pair} tokens); "
+             "raise it or lower --max_source_length/--max_target_length.")
+
+    # Accelerate picks up what `accelerate launch` set: the number of processes, DDP / FSDP / DeepSpeed, precision.
+    # Without a GPU, cpu=True lets several launched processes train together over gloo.
+    accelerator = Accelerator(
+        cpu=args.cpu or not torch.accelerator.is_available(),
+        mixed_precision=args.mixed_precision,
+        gradient_accumulation_steps=args.grad_accum,
+        step_scheduler_with_optimizer=False,  # our schedule steps once per optimizer step, whatever the process count
+        log_with=None if args.report_to == "none" else args.report_to,
+        project_config=ProjectConfiguration(project_dir=str(output_dir), logging_dir=str(output_dir)),
+    )
+    main_process = accelerator.is_main_process
+    say = accelerator.print
+
+    def epoch_batches(epoch):
+        batches = make_batches(*train_lengths, args.batch_tokens, args.seed, epoch)
+        return batches_for_process(batches, accelerator.process_index, accelerator.num_processes, args.grad_accum)
+
+    steps_per_epoch = len(epoch_batches(0)) // args.grad_accum
+    if steps_per_epoch == 0:
+        fail(f"the training split makes fewer batches of --batch_tokens {args.batch_tokens} than processes x "
+             f"--grad_accum ({accelerator.num_processes} x {args.grad_accum}); lower --batch_tokens or --grad_accum.")
+    valid_batches = make_batches(*valid_lengths, args.batch_tokens, args.seed, 0, shuffle=False)
+    say(f"train: {len(train.source_ids)} pairs ({train.dropped} longer than the maximum lengths dropped, "
+        f"{train.truncated} truncated); validation: {len(valid.source_ids)} pairs")
+    say(f"batches of <= {args.batch_tokens} padded tokens x {args.grad_accum} accumulated x "
+        f"{accelerator.num_processes} processes = <= {args.batch_tokens * args.grad_accum * accelerator.num_processes}"
+        f" tokens per optimizer step (paper: ~25000 source + ~25000 target); {steps_per_epoch} steps per epoch")
+
+    # --- Model, optimizer (section 5.3) and schedule. ---
+    set_seed(args.seed)  # the same initial weights on every process
+    model = VaswaniForConditionalGeneration(config)
+    say(f"model: preset {args.preset}, {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters, "
+        f"d_model {config.d_model}, dropout {config.dropout}, vocabulary {config.vocab_size}")
+    optimizer = torch.optim.Adam(model.parameters(), lr=1.0, betas=(args.adam_beta1, args.adam_beta2),
+                                 eps=args.adam_eps)
+
+    def schedule(scheduler_step):  # LambdaLR counts from 0; the paper's step_num from 1
+        return lr_at(scheduler_step + 1, args.lr_schedule, config.d_model, args.warmup_steps, args.lr_scale,
+                     args.peak_lr)
+
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+    if accelerator.state.deepspeed_plugin is not None:  # batches are counted in tokens; DeepSpeed wants a number
+        accelerator.state.deepspeed_plugin.deepspeed_config["train_micro_batch_size_per_gpu"] = 1
+    model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+    if accelerator.gradient_accumulation_steps != args.grad_accum:
+        fail(f"the accelerate config accumulates {accelerator.gradient_accumulation_steps} batches but --grad_accum "
+             f"is {args.grad_accum}; make them agree.")
+
+    # --- Where to start: step 0, or exactly where a checkpoint left off. ---
+    state = {"step": 0, "epoch": 0, "batch_index": 0, "tokens_seen": 0, "target_tokens_seen": 0,
+             "train_seconds": 0.0}
+    log_path = output_dir / "train_log.jsonl"
+    set_seed(args.seed, device_specific=True)  # a different dropout stream on each process
+    if resume_from is not None:
+        accelerator.load_state(str(resume_from))  # weights, Adam moments, schedule, every process's RNG states
+        state.update(json.loads((resume_from / TRAIN_STATE_FILE).read_text()))
+        say(f"resumed from {resume_from}: step {state['step']}, epoch {state['epoch']}, batch {state['batch_index']}")
+    if main_process:  # drop log lines written after the checkpoint by the run that stopped
+        kept = [r for r in read_jsonl(log_path) if r["step"] <= state["step"] and not r.get("final")]
+        log_path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+        for leftover in checkpoint_root.glob("tmp_step_*"):  # half-written by a killed run
+            shutil.rmtree(leftover, ignore_errors=True)
+    if args.report_to != "none":
+        accelerator.init_trackers("logs", config={k: v for k, v in vars(args).items()
+                                                  if isinstance(v, (int, float, str, bool))})
+
+    # --- Training (sections 5.2-5.4). ---
+    step, epoch, batch_index = state["step"], state["epoch"], state["batch_index"]
+    rank_batches = epoch_batches(epoch)
+    unwrapped = accelerator.unwrap_model(model)
+    window = {"loss": 0.0, "nll": 0.0, "target_tokens": 0, "tokens": 0, "seconds": 0.0, "steps": 0}
+    run_tokens, run_seconds, last_eval = 0, 0.0, {}
+    progress = tqdm(total=args.max_steps, initial=step, disable=not main_process, desc="training", dynamic_ncols=True)
+    model.train()
+    while step < args.max_steps:
+        step_start = time.perf_counter()
+        batches = [collate(indices, train, config.pad_token_id, config.decoder_start_token_id)
+                   for indices in rank_batches[batch_index:batch_index + args.grad_accum]]
+        counts = torch.tensor([sum(int(b["labels"].ne(-100).sum()) for b in batches),
+                               sum(int(b["attention_mask"].sum()) for b in batches)], device=accelerator.device)
+        target_tokens, source_tokens = accelerator.reduce(counts, reduction="sum").tolist()
+        sums = torch.zeros(2, dtype=torch.float64, device=accelerator.device)  # smoothed loss, plain cross-entropy
+        for batch in batches:
+            batch = {k: v.to(accelerator.device) for k, v in batch.items()}
+            with accelerator.accumulate(model):
+                logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                               decoder_input_ids=batch["decoder_input_ids"]).logits
+                loss_sum = smoothed_cross_entropy_sum(logits, batch["labels"], args.label_smoothing)
+                # The step's loss is the sum over its target tokens divided by their number. DDP averages gradients
+                # over the processes and Accelerate divides by the accumulation steps: both are undone here.
+                scale = accelerator.num_processes * accelerator.gradient_accumulation_steps / target_tokens
+                accelerator.backward(loss_sum * scale)
+                sums[0] += loss_sum.detach().double()
+                sums[1] += smoothed_cross_entropy_sum(logits.detach(), batch["labels"], 0.0).double()
+        if not accelerator.sync_gradients:
+            raise RuntimeError("gradient accumulation is out of step with --grad_accum")
+        if args.max_grad_norm > 0:
+            accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
+        learning_rate = scheduler.get_last_lr()[0]
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        sums = accelerator.reduce(sums, reduction="sum")
+        seconds = time.perf_counter() - step_start
+
+        step += 1
+        batch_index += args.grad_accum
+        if batch_index + args.grad_accum > len(rank_batches):  # epoch done: a new order of new batches
+            epoch, batch_index = epoch + 1, 0
+            rank_batches = epoch_batches(epoch)
+        tokens = int(source_tokens + target_tokens)
+        state.update(step=step, epoch=epoch, batch_index=batch_index, tokens_seen=state["tokens_seen"] + tokens,
+                     target_tokens_seen=state["target_tokens_seen"] + int(target_tokens),
+                     train_seconds=state["train_seconds"] + seconds)
+        run_tokens, run_seconds = run_tokens + tokens, run_seconds + seconds
+        for key, value in (("loss", sums[0].item()), ("nll", sums[1].item()), ("target_tokens", target_tokens),
+                           ("tokens", tokens), ("seconds", seconds), ("steps", 1)):
+            window[key] += value
+        progress.update(1)
+
+        if step % args.log_every == 0 or step == args.max_steps:
+            record = {"step": step, "epoch": epoch, "loss": window["loss"] / window["target_tokens"],
+                      "nll": window["nll"] / window["target_tokens"], "lr": learning_rate,
+                      "tokens": state["tokens_seen"], "tokens_per_step": window["tokens"] / window["steps"],
+                      "tokens_per_sec": window["tokens"] / window["seconds"]}
+            progress.set_postfix(loss=f"{record['loss']:.3f}", lr=f"{learning_rate:.2e}",
+                                 tok_s=f"{record['tokens_per_sec']:.0f}")
+            accelerator.log({f"train/{k}": v for k, v in record.items() if k != "step"}, step=step)
+            if main_process:
+                append_jsonl(log_path, record)
+            window = dict.fromkeys(window, 0)
+
+        if args.eval_every and step % args.eval_every == 0:
+            last_eval = validate(accelerator, unwrapped, tokenizer, valid, valid_batches, args)
+            accelerator.log({f"valid/{k}": v for k, v in last_eval.items() if isinstance(v, float)}, step=step)
+            if main_process:
+                append_jsonl(log_path, {"step": step, **last_eval})
+                progress.write(f"step {step}: validation loss {last_eval['val_loss']:.3f}"
+                               + (f", BLEU {last_eval['bleu']:.2f}" if "bleu" in last_eval else "")
+                               + (f"; e.g. {last_eval['example'][:100]!r}" if "example" in last_eval else ""))
+
+        if step % args.save_every == 0 or step == args.max_steps or step == args.stop_after:
+            save_checkpoint(accelerator, model, config, checkpoint_root, state,
+                            max(args.keep_checkpoints, args.average_last))
+        if step == args.stop_after:
+            progress.close()
+            say(f"stopped after step {step} (--stop_after); continue with --resume")
+            accelerator.end_training()
+            return None
+    progress.close()
+
+    # --- Section 6.1: the final model averages the last checkpoints. Every process computes the same average. ---
+    trained_checksum = weights_checksum(unwrapped) if accelerator.distributed_type not in (
+        DistributedType.FSDP, DistributedType.DEEPSPEED) else None
+    averaged_paths = list_checkpoints(checkpoint_root)[-args.average_last:]
+    say(f"averaging {len(averaged_paths)} checkpoints: {', '.join(p.name for p in averaged_paths)}")
+    final_model = VaswaniForConditionalGeneration(config)
+    load_weights_into(final_model, average_checkpoints(averaged_paths))
+    final_model.to(accelerator.device).eval()
+    final_checksum = weights_checksum(final_model)
+    checksums = gather_object([{"rank": accelerator.process_index, "trained": trained_checksum,
+                                "averaged": final_checksum}])
+    final_eval = validate(accelerator, final_model, tokenizer, valid, valid_batches, args)
+    accelerator.log({f"final/{k}": v for k, v in final_eval.items() if isinstance(v, float)}, step=step)
+
+    if main_process:
+        final_model.save_pretrained(output_dir)  # config, weights, generation config (beam 4, alpha 0.6), code
+        tokenizer.save_pretrained(output_dir)
+        append_jsonl(log_path, {"step": step, "final": True, "averaged_checkpoints": len(averaged_paths),
+                                **final_eval})
+        write_plots(output_dir, args, config.d_model)
+        summary = {
+            "preset": args.preset,
+            "steps": step,
+            "epochs": round(epoch + batch_index / max(len(rank_batches), 1), 3),
+            "tokens_seen": state["tokens_seen"],
+            "target_tokens_seen": state["target_tokens_seen"],
+            "tokens_per_step": state["tokens_seen"] / max(step, 1),
+            "tokens_per_sec": run_tokens / run_seconds if run_seconds else None,
+            "train_seconds": state["train_seconds"],
+            "wall_seconds": time.time() - wall_start,
+            "final_val_loss": final_eval["val_loss"],
+            "final_val_ppl": final_eval["val_ppl"],
+            "final_val_bleu": final_eval.get("bleu"),
+            "bleu_signature": final_eval.get("bleu_signature"),
+            "bleu_samples": min(args.eval_bleu_samples, len(valid.sources)),
+            "last_periodic_eval": {k: v for k, v in last_eval.items() if k != "example"},
+            "averaged_checkpoints": [p.name for p in averaged_paths],
+            "num_parameters": sum(p.numel() for p in final_model.parameters()),
+            "train_pairs": len(train.source_ids),
+            "train_pairs_dropped": train.dropped,
+            "hardware": hardware_description(accelerator),
+            "world_size": accelerator.num_processes,
+            "weight_checksums": checksums,
+            "resumed_from": str(resume_from) if resume_from else None,
+            "command": " ".join(shlex.quote(a) for a in [sys.executable, *sys.argv]),
+            "launched_by_accelerate": "ACCELERATE_MIXED_PRECISION" in os.environ,
+            "args": vars(args),
+        }
+        (output_dir / "training_summary.json").write_text(json.dumps(summary, indent=2))
+        say(f"final model (average of {len(averaged_paths)} checkpoints) in {output_dir}: validation loss "
+            f"{final_eval['val_loss']:.3f}" + (f", BLEU {final_eval['bleu']:.2f}" if "bleu" in final_eval else "")
+            + f"; {summary['tokens_per_sec'] or 0:.0f} tokens/s")
+    accelerator.wait_for_everyone()
+    accelerator.end_training()
+    return final_model
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,392 @@
+"""scripts/train.py, evaluate.py and visualize.py end to end, on a tiny synthetic corpus, on the CPU.
+
+The corpus is a word-for-word "translation" between two 16-word vocabularies, so the tiny preset learns it in a few
+dozen steps. The scripts run as subprocesses, as a user runs them (including two DDP processes through
+`accelerate launch`); the pure functions they expose (schedule, batching, checkpoint averaging) are tested directly.
+"""
+
+import json
+import os
+import random
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from datasets import Dataset, DatasetDict
+from safetensors.torch import load_file
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
+from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, PreTrainedTokenizerFast
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+SCRIPTS = REPO_ROOT / "scripts"
+sys.path.insert(0, str(SCRIPTS))
+
+import train  # noqa: E402
+from evaluate import corpus_bleu, translate  # noqa: E402
+
+ENGLISH = "the a red blue green big small cat dog bird house tree sees eats likes has".split()
+SPANISH = "el un rojo azul verde grande pequeño gato perro pájaro casa árbol ve come quiere tiene".split()
+LEXICON = dict(zip(ENGLISH, SPANISH))
+
+
+def make_tokenizer(folder, extra_words=()):
+    """A word-level fast tokenizer with the project's special ids (<pad> 0, <s> 1, </s> 2, <unk> 3) that appends </s>."""
+    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, "<unk>": 3}
+    for word in [*ENGLISH, *SPANISH, *extra_words]:
+        vocab.setdefault(word, len(vocab))
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    backend.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", 2)])
+    backend.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", bos_token="<s>",
+                                        eos_token="</s>", unk_token="<unk>")
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def make_dataset(folder, pairs_per_split, seed=0, min_words=3, max_words=10):
+    rng = random.Random(seed)
+
+    def split(count, name):
+        english = [" ".join(rng.choices(ENGLISH, k=rng.randint(min_words, max_words))) for _ in range(count)]
+        return Dataset.from_dict({"id": [f"{name}.{i}" for i in range(count)],
+                                  "translation": [{"en": e, "es": " ".join(LEXICON[w] for w in e.split())}
+                                                  for e in english]})
+
+    DatasetDict({name: split(count, name) for name, count in pairs_per_split.items()}).save_to_disk(str(folder))
+    return folder
+
+
+def run_script(name, *arguments, launcher=(), timeout=600):
+    """Run scripts/NAME.py as a user would; fail the test with its output if it fails."""
+    command = [sys.executable, *launcher, str(SCRIPTS / f"{name}.py"), *map(str, arguments)]
+    # One thread per process: on a busy 2-core machine, two OpenMP threads spinning against other processes make
+    # the tiny model 10-30 times slower.
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    result = subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=REPO_ROOT, env=env)
+    assert result.returncode == 0, f"{' '.join(command)} failed:\n{result.stdout[-3000:]}\n{result.stderr[-5000:]}"
+    return result
+
+
+def free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def read_log(output_dir):
+    return [json.loads(line) for line in (Path(output_dir) / "train_log.jsonl").read_text().splitlines()]
+
+
+def max_difference(first, second):
+    assert first.keys() == second.keys()
+    return max((first[key].double() - second[key].double()).abs().max().item() for key in first)
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    root = tmp_path_factory.mktemp("corpus")
+    data = make_dataset(root / "data", {"train": 1200, "validation": 40, "test": 30})
+    return data, make_tokenizer(root / "tokenizer")
+
+
+# Small batches and a short schedule: the tiny preset learns the word mapping within a hundred steps.
+FAST = ["--preset", "tiny", "--lr_schedule", "short", "--peak_lr", "3e-3", "--warmup_steps", "20",
+        "--batch_tokens", "500", "--log_every", "5"]
+
+
+@pytest.fixture(scope="module")
+def trained(corpus, tmp_path_factory):
+    """One single-process run with validation, BLEU, TensorBoard and checkpoint averaging."""
+    data, tokenizer = corpus
+    output_dir = tmp_path_factory.mktemp("trained") / "out"
+    run_script("train", "--dataset_dir", data, "--tokenizer", tokenizer, "--output_dir", output_dir, *FAST,
+               "--max_steps", 200, "--save_every", 20, "--keep_checkpoints", 3, "--average_last", 3,
+               "--eval_every", 100, "--eval_bleu_samples", 20)
+    return output_dir
+
+
+# --- Section 5.3: the learning rate. ---
+
+
+@pytest.mark.parametrize("d_model,warmup", [(512, 4000), (1024, 4000), (256, 130)])
+def test_paper_schedule_is_equation_3(d_model, warmup):
+    for step in (1, 2, 10, warmup // 2, warmup - 1, warmup, warmup + 1, 3 * warmup, 100_000, 300_000):
+        expected = d_model**-0.5 * min(step**-0.5, step * warmup**-1.5)
+        assert train.lr_at(step, "paper", d_model, warmup) == pytest.approx(expected, rel=1e-12)
+        assert train.lr_at(step, "paper", d_model, warmup, lr_scale=2.0) == pytest.approx(2 * expected, rel=1e-12)
+    peak = max(train.lr_at(step, "paper", d_model, warmup) for step in range(1, 3 * warmup))
+    assert peak == pytest.approx((d_model * warmup) ** -0.5)  # reached at step == warmup
+    assert train.lr_at(4000, "paper", 512, 4000) == pytest.approx(6.988e-4, rel=1e-3)
+
+
+def test_short_schedule_peaks_at_peak_lr_then_decays_as_inverse_square_root():
+    warmup, peak = 100, 1e-3
+    assert train.lr_at(warmup, "short", 256, warmup, peak_lr=peak) == pytest.approx(peak)
+    assert train.lr_at(warmup // 2, "short", 256, warmup, peak_lr=peak) == pytest.approx(peak / 2)
+    assert train.lr_at(4 * warmup, "short", 256, warmup, peak_lr=peak) == pytest.approx(peak / 2)
+    assert max(train.lr_at(s, "short", 256, warmup, peak_lr=peak) for s in range(1, 1000)) == pytest.approx(peak)
+    with pytest.raises(ValueError):
+        train.lr_at(1, "cosine")
+
+
+# --- Section 5.1: batches by token count. ---
+
+
+def test_batches_hold_about_batch_tokens_and_cover_every_pair_once():
+    generator = torch.Generator().manual_seed(0)
+    source = torch.randint(2, 60, (3000,), generator=generator).numpy()
+    noise = torch.randint(-5, 6, (3000,), generator=generator).numpy()
+    target = (source * 1.1 + noise).clip(2).astype(int)  # translations are about as long as their sources
+    batches = train.make_batches(source, target, 1000, seed=0, epoch=0)
+    assert sorted(i for batch in batches for i in batch) == list(range(3000))
+    padded = [len(b) * (source[b].max() + target[b].max()) for b in batches]
+    assert max(padded) <= 1000
+    assert sum(padded) / len(padded) > 800  # sorting by length keeps batches full and padding low
+    real = sum(int(source[b].sum() + target[b].sum()) for b in batches)
+    assert real / sum(padded) > 0.9
+    # Deterministic given (seed, epoch); another epoch gives another order.
+    again = train.make_batches(source, target, 1000, seed=0, epoch=0)
+    assert all((a == b).all() for a, b in zip(batches, again)) and len(batches) == len(again)
+    other = train.make_batches(source, target, 1000, seed=0, epoch=1)
+    assert [list(b) for b in other] != [list(b) for b in batches]
+
+
+def test_each_process_gets_different_batches_and_the_same_number_of_steps():
+    batches = [[i] for i in range(23)]
+    shards = [train.batches_for_process(batches, rank, 3, grad_accum=2) for rank in range(3)]
+    assert [len(shard) for shard in shards] == [6, 6, 6]  # 23 batches cut to 18 = 3 processes x 2 x 3 steps
+    seen = [b[0] for shard in shards for b in shard]
+    assert len(seen) == len(set(seen)) == 18
+
+
+# --- The training script. ---
+
+
+def test_training_writes_model_logs_plots_and_summary(trained, corpus):
+    summary = json.loads((trained / "training_summary.json").read_text())
+    assert summary["steps"] == 200 and summary["preset"] == "tiny"
+    assert summary["world_size"] == 1 and summary["hardware"]["num_processes"] == 1
+    assert summary["tokens_seen"] > 200 * 300 and summary["tokens_per_sec"] > 0
+    assert summary["averaged_checkpoints"] == ["step_0000160", "step_0000180", "step_0000200"]
+    assert "nrefs:1" in summary["bleu_signature"] and summary["final_val_bleu"] is not None
+    assert "train.py" in summary["command"] and summary["wall_seconds"] > 0
+    # Only the last --keep_checkpoints are kept, each complete.
+    checkpoints = sorted(p.name for p in (trained / "checkpoints").iterdir())
+    assert checkpoints == summary["averaged_checkpoints"]
+    for name in checkpoints:
+        assert json.loads((trained / "checkpoints" / name / "train_state.json").read_text())["step"] == int(name[5:])
+    # The log a person can plot; the logged learning rate is the schedule's (step counted from 1).
+    log = read_log(trained)
+    losses = [r for r in log if "loss" in r]
+    assert [r["step"] for r in losses] == list(range(5, 201, 5))
+    assert losses[-1]["loss"] < losses[0]["loss"] - 1.0
+    for record in losses:
+        assert record["lr"] == pytest.approx(train.lr_at(record["step"], "short", 64, 20, peak_lr=3e-3))
+    evaluations = [r for r in log if "val_loss" in r and not r.get("final")]
+    assert [r["step"] for r in evaluations] == [100, 200] and all("bleu" in r for r in evaluations)
+    assert evaluations[1]["val_loss"] < evaluations[0]["val_loss"]
+    assert log[-1]["final"] and log[-1]["val_loss"] < 1.5  # far below the uniform 3.6 nats over 36 tokens
+    # Plots and TensorBoard events.
+    for png in ("training_curves.png", "lr_schedule.png"):
+        assert (trained / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert list((trained / "logs").rglob("events.out.tfevents.*"))
+    # The output folder is a model and a tokenizer the Auto classes load.
+    tokenizer = AutoTokenizer.from_pretrained(trained)
+    model = AutoModelForSeq2SeqLM.from_pretrained(trained)
+    assert model.config.vocab_size == len(tokenizer) == len(AutoTokenizer.from_pretrained(corpus[1]))
+    assert model.generation_config.num_beams == 4 and model.generation_config.length_penalty == 0.6
+
+
+def test_two_ddp_processes_train_together_and_end_identical(corpus, tmp_path):
+    data, tokenizer = corpus
+    output_dir = tmp_path / "ddp"
+    launcher = ["-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+                "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", free_port()]
+    run_script("train", "--dataset_dir", data, "--tokenizer", tokenizer, "--output_dir", output_dir, *FAST,
+               "--batch_tokens", 300, "--max_steps", 30, "--save_every", 15, "--eval_every", 0,
+               "--eval_bleu_samples", 6, "--report_to", "none", launcher=[str(a) for a in launcher])
+    summary = json.loads((output_dir / "training_summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["hardware"]["distributed_type"] == "MULTI_CPU"
+    ranks = summary["weight_checksums"]
+    assert [r["rank"] for r in ranks] == [0, 1]
+    assert ranks[0]["trained"] == ranks[1]["trained"] and ranks[0]["averaged"] == ranks[1]["averaged"]
+    assert ranks[0]["trained"] != ranks[0]["averaged"]  # the average of steps 15 and 30 is another model
+    # Each process saved its own random states; a step holds batches of both.
+    checkpoint = output_dir / "checkpoints" / "step_0000030"
+    assert (checkpoint / "random_states_0.pkl").is_file() and (checkpoint / "random_states_1.pkl").is_file()
+    losses = [r for r in read_log(output_dir) if "loss" in r]
+    assert losses[0]["tokens_per_step"] > 300  # two processes' batches of <= 300 tokens each
+    assert losses[-1]["loss"] < losses[0]["loss"] - 0.5
+
+
+def test_resumed_run_ends_exactly_like_an_uninterrupted_one(corpus, tmp_path):
+    """Dropout on, gradient accumulation, an epoch boundary after the restart: same weights to the last bit."""
+    data, tokenizer = corpus
+    # 1500-token batches, 2 per step: 6 steps per epoch, so the restart is mid-epoch and an epoch ends after it.
+    common = ["--dataset_dir", data, "--tokenizer", tokenizer, *FAST, "--batch_tokens", 1500, "--grad_accum", 2,
+              "--max_steps", 8, "--save_every", 4, "--average_last", 2, "--eval_every", 3, "--eval_bleu_samples", 4,
+              "--log_every", 2, "--report_to", "none"]
+    run_script("train", *common, "--output_dir", tmp_path / "straight")
+    run_script("train", *common, "--output_dir", tmp_path / "stopped", "--stop_after", 4)
+    stopped = tmp_path / "stopped" / "checkpoints"
+    assert sorted(p.name for p in stopped.iterdir()) == ["step_0000004"]
+    assert not (tmp_path / "stopped" / "model.safetensors").exists()  # stopped as if killed: no final model
+    # What a kill during a save would leave behind: neither may be taken for the latest checkpoint.
+    (stopped / "tmp_step_0000006").mkdir()
+    (stopped / "step_0000007").mkdir()
+    result = run_script("train", *common, "--output_dir", tmp_path / "stopped", "--resume")
+    assert "resumed from" in result.stdout and "step_0000004" in result.stdout
+    at_stop = json.loads((stopped / "step_0000004" / "train_state.json").read_text())
+    assert (at_stop["step"], at_stop["epoch"], at_stop["batch_index"]) == (4, 0, 8)
+    assert json.loads((stopped / "step_0000008" / "train_state.json").read_text())["epoch"] == 1
+    for name in ("checkpoints/step_0000008/model.safetensors", "model.safetensors"):
+        straight = load_file(str(tmp_path / "straight" / name))
+        resumed = load_file(str(tmp_path / "stopped" / name))
+        assert max_difference(straight, resumed) <= 1e-6, name
+    straight_log = [r for r in read_log(tmp_path / "straight") if "loss" in r]
+    resumed_log = [r for r in read_log(tmp_path / "stopped") if "loss" in r]
+    assert [r["step"] for r in resumed_log] == [r["step"] for r in straight_log]  # no duplicated lines
+    assert [r["loss"] for r in resumed_log] == pytest.approx([r["loss"] for r in straight_log], abs=1e-6)
+
+
+def test_model_overfits_a_handful_of_pairs(tmp_path):
+    pairs = ["the red cat sees a dog", "a big bird eats", "the small house has a green tree", "dog likes blue"]
+    records = [{"en": e, "es": " ".join(LEXICON[w] for w in e.split())} for e in pairs]
+    split = Dataset.from_dict({"id": [str(i) for i in range(4)], "translation": records})
+    DatasetDict(train=split, validation=split).save_to_disk(str(tmp_path / "data"))
+    tokenizer_dir = make_tokenizer(tmp_path / "tokenizer")
+    output_dir = tmp_path / "out"
+    run_script("train", "--dataset_dir", tmp_path / "data", "--tokenizer", tokenizer_dir, "--output_dir", output_dir,
+               "--preset", "tiny", "--dropout", 0, "--label_smoothing", 0, "--lr_schedule", "short",
+               "--peak_lr", "3e-3", "--warmup_steps", 20, "--max_steps", 200, "--batch_tokens", 200,
+               "--save_every", 200, "--average_last", 1, "--eval_every", 0, "--eval_bleu_samples", 4,
+               "--log_every", 20, "--report_to", "none")
+    final_loss = [r for r in read_log(output_dir) if "loss" in r][-1]["loss"]
+    assert final_loss < 0.05
+    model = AutoModelForSeq2SeqLM.from_pretrained(output_dir)
+    tokenizer = AutoTokenizer.from_pretrained(output_dir)
+    assert translate(model, tokenizer, pairs, num_beams=1) == [r["es"] for r in records]
+    assert json.loads((output_dir / "training_summary.json").read_text())["final_val_bleu"] == pytest.approx(100.0)
+
+
+# --- Section 6.1: checkpoint averaging. ---
+
+
+def test_averaging_identical_checkpoints_is_the_identity(trained):
+    checkpoint = trained / "checkpoints" / "step_0000200"
+    weights = train.load_checkpoint_weights(checkpoint)
+    averaged = train.average_checkpoints([checkpoint] * 3)
+    assert max_difference(weights, averaged) == 0.0
+    assert all(averaged[key].dtype == weights[key].dtype for key in weights)
+
+
+def test_averaging_is_the_elementwise_mean_and_gives_the_saved_model(trained):
+    paths = [trained / "checkpoints" / name for name in ("step_0000160", "step_0000180", "step_0000200")]
+    weights = [train.load_checkpoint_weights(path) for path in paths]
+    averaged = train.average_checkpoints(paths)
+    mean = {key: sum(w[key].double() for w in weights) / 3 for key in weights[0]}
+    assert max_difference(averaged, mean) < 1e-6
+    assert max_difference(averaged, weights[-1]) > 1e-4  # really a different model than the last checkpoint
+    # The folder written at the end holds exactly this average, loads with the Auto class and translates.
+    model = AutoModelForSeq2SeqLM.from_pretrained(trained)
+    state = model.state_dict()
+    assert max_difference({key: state[key] for key in averaged}, averaged) < 1e-6
+    assert torch.equal(model.lm_head.weight, state["model.shared.weight"])  # still tied (section 3.4)
+    tokenizer = AutoTokenizer.from_pretrained(trained)
+    translations = translate(model, tokenizer, ["the red cat", "a dog sees the tree"], num_beams=2)
+    assert len(translations) == 2 and all(isinstance(t, str) and t for t in translations)
+
+
+def test_averaging_refuses_checkpoints_of_different_models(trained, tmp_path):
+    from safetensors.torch import save_file
+
+    weights = train.load_checkpoint_weights(trained / "checkpoints" / "step_0000200")
+    save_file({key: tensor for key, tensor in weights.items() if "layers.1." not in key}, str(tmp_path / "a.safetensors"))
+    with pytest.raises(ValueError, match="different tensors"):
+        train.average_checkpoints([trained / "checkpoints" / "step_0000200", tmp_path / "a.safetensors"])
+    with pytest.raises(ValueError):
+        train.average_checkpoints([])
+
+
+# --- Errors before training starts. ---
+
+
+def test_clear_errors_before_training(corpus, trained, tmp_path):
+    data, tokenizer = corpus
+    base = ["--tokenizer", str(tokenizer), "--preset", "tiny", "--max_steps", "1"]
+
+    def error_of(*arguments):
+        with pytest.raises(SystemExit) as raised:
+            train.main([*base, *map(str, arguments)])
+        return str(raised.value)
+
+    assert "does not exist" in error_of("--dataset_dir", tmp_path / "nowhere", "--output_dir", tmp_path / "o1")
+    DatasetDict(train=Dataset.from_dict({"translation": [{"en": "a", "es": "un"}]})).save_to_disk(
+        str(tmp_path / "no_validation"))
+    assert "no 'validation' split" in error_of("--dataset_dir", tmp_path / "no_validation",
+                                                "--output_dir", tmp_path / "o2")
+    assert "language 'de'" in error_of("--dataset_dir", data, "--target_lang", "de", "--output_dir", tmp_path / "o3")
+    (tmp_path / "a_file").write_text("")
+    assert "cannot write to --output_dir" in error_of("--dataset_dir", data, "--output_dir", tmp_path / "a_file" / "x")
+    assert "already holds checkpoints" in error_of("--dataset_dir", data, "--output_dir", trained)
+    # Resuming with a tokenizer whose vocabulary is not the checkpoint's.
+    other_tokenizer = make_tokenizer(tmp_path / "bigger_tokenizer", extra_words=["perro2", "gato2"])
+    resume_dir = tmp_path / "resume"
+    (resume_dir / "checkpoints").mkdir(parents=True)
+    source = trained / "checkpoints" / "step_0000200"
+    (resume_dir / "checkpoints" / source.name).mkdir()
+    for file in ("config.json", "train_state.json"):
+        (resume_dir / "checkpoints" / source.name / file).write_text((source / file).read_text())
+    with pytest.raises(SystemExit, match="vocab_size is 36 but the tokenizer has 38"):
+        train.main(["--dataset_dir", str(data), "--tokenizer", str(other_tokenizer), "--preset", "tiny",
+                    "--output_dir", str(resume_dir), "--resume"])
+    # A tokenizer that does not end sequences with </s>.
+    backend = Tokenizer(models.WordLevel({"<pad>": 0, "<s>": 1, "</s>": 2, "<unk>": 3, "a": 4}, unk_token="<unk>"))
+    PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", bos_token="<s>", eos_token="</s>",
+                            unk_token="<unk>").save_pretrained(tmp_path / "no_eos")
+    with pytest.raises(SystemExit, match="does not end sequences with </s>"):
+        train.main(["--dataset_dir", str(data), "--tokenizer", str(tmp_path / "no_eos"), "--preset", "tiny",
+                    "--output_dir", str(tmp_path / "o4")])
+
+
+# --- scripts/evaluate.py and scripts/visualize.py. ---
+
+
+def test_corpus_bleu_is_sacrebleu():
+    score, signature = corpus_bleu(["el gato rojo ve un perro"], ["el gato rojo ve un perro"])
+    assert score.score == pytest.approx(100.0) and signature.startswith("nrefs:1|case:mixed")
+    score, _ = corpus_bleu(["el gato"], ["un perro grande come"])
+    assert score.score < 5.0
+    with pytest.raises(ValueError):
+        corpus_bleu(["a"], ["a", "b"])
+
+
+def test_evaluate_prints_bleu_with_signature_and_writes_hypotheses(trained, corpus, tmp_path):
+    output = tmp_path / "hypotheses.txt"
+    result = run_script("evaluate", "--model", trained, "--dataset_dir", corpus[0], "--split", "test",
+                        "--num_beams", 2, "--max_samples", 12, "--batch_size", 5, "--output", output)
+    assert "BLEU = " in result.stdout
+    assert "sacreBLEU signature: nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:" in result.stdout
+    assert "SRC: " in result.stdout and "HYP: " in result.stdout
+    hypotheses = output.read_text().splitlines()
+    assert len(hypotheses) == 12 and sum(bool(h) for h in hypotheses) >= 10
+    bleu = float(result.stdout.split("BLEU = ")[1].split()[0])
+    assert bleu > 10.0  # a trained model, not noise: the tiny corpus is a word-for-word mapping
+
+
+def test_visualize_writes_positional_encoding_and_attention_pngs(trained, tmp_path):
+    import matplotlib.image
+
+    result = run_script("visualize", "--model", trained, "--text", "the red cat sees a dog",
+                        "--output_dir", tmp_path / "figures", "--num_positions", 50)
+    assert "greedy translation" in result.stdout
+    names = ["positional_encoding", "attention_encoder_self", "attention_decoder_self", "attention_encoder_decoder"]
+    for name in names:
+        image = matplotlib.image.imread(tmp_path / "figures" / f"{name}.png")
+        assert image.shape[0] > 200 and image.shape[1] > 200, name
+    image = matplotlib.image.imread(tmp_path / "figures" / "attention_encoder_decoder.png")
+    assert image.shape[1] > image.shape[0]  # a grid of 2 layers x 4 heads
