@@ -3,6 +3,8 @@
 Importing this package registers `model_type="vaswani"` with `AutoConfig`, `AutoModel` and `AutoModelForSeq2SeqLM`.
 """
 
+import importlib.metadata
+
 from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
 
 from .configuration import PRESETS, VaswaniConfig
@@ -14,7 +16,7 @@ from .modeling import (
     VaswaniPreTrainedModel,
 )
 
-__version__ = "0.1.0"
+__version__ = importlib.metadata.version("vaswani")
 
 AutoConfig.register("vaswani", VaswaniConfig, exist_ok=True)
 AutoModel.register(VaswaniConfig, VaswaniModel, exist_ok=True)

@@ -1,3 +1,3 @@
-from .configuration_vaswani import PRESETS, VaswaniConfig, write_remote_code
+from .configuration_vaswani import PRESETS, VaswaniConfig, remote_code_files
 
-__all__ = ["PRESETS", "VaswaniConfig", "write_remote_code"]
+__all__ = ["PRESETS", "VaswaniConfig", "remote_code_files"]

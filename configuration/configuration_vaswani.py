@@ -5,6 +5,8 @@ them (Trainer, pipelines, generation) find what they look for. The defaults are 
 (Table 3, row "base"); `VaswaniConfig.from_preset` gives the other rows and two small sizes for CPUs.
 """
 
+import hashlib
+import importlib.metadata
 from pathlib import Path
 
 from transformers import PreTrainedConfig
@@ -132,10 +134,16 @@ class VaswaniConfig(PreTrainedConfig):
         """Save `config.json` together with the model's code, so the folder loads with `trust_remote_code=True`.
 
         This runs inside the model's `save_pretrained` and `push_to_hub`, so the code travels with every saved model.
+        The config records which code that is: the package version and the SHA-256 of the code files.
         """
+        code = remote_code_files()
         self.auto_map = dict(AUTO_MAP)
+        self.code_sha256 = hashlib.sha256("".join(code[name] for name in sorted(code)).encode()).hexdigest()
+        if __package__ and __package__.startswith("vaswani."):  # the installed package, not a downloaded copy
+            self.vaswani_version = importlib.metadata.version("vaswani")
         super().save_pretrained(save_directory, **kwargs)
-        write_remote_code(save_directory)
+        for name, text in code.items():
+            (Path(save_directory) / name).write_text(text, encoding="utf-8")
 
 
 # The installed package keeps configuration and modeling in two subpackages, while the library's remote-code
@@ -144,8 +152,8 @@ PACKAGE_CONFIG_IMPORT = "from ..configuration.configuration_vaswani import"
 FLAT_CONFIG_IMPORT = "from .configuration_vaswani import"
 
 
-def write_remote_code(folder) -> None:
-    """Write `configuration_vaswani.py` and `modeling_vaswani.py` into `folder`, flat, ready to load remotely."""
+def remote_code_files() -> dict[str, str]:
+    """The code of a saved folder, flat, ready to load remotely: {file name: text}."""
     here = Path(__file__).resolve().parent
     modeling_file = here / "modeling_vaswani.py"  # a saved or downloaded folder: the files already sit together
     if not modeling_file.exists():
@@ -153,12 +161,10 @@ def write_remote_code(folder) -> None:
     modeling_code = modeling_file.read_text(encoding="utf-8")
     if modeling_code.count(PACKAGE_CONFIG_IMPORT) + modeling_code.count(FLAT_CONFIG_IMPORT) != 1:
         raise RuntimeError(f"{modeling_file} must import VaswaniConfig exactly once, with {PACKAGE_CONFIG_IMPORT!r}.")
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "modeling_vaswani.py").write_text(
-        modeling_code.replace(PACKAGE_CONFIG_IMPORT, FLAT_CONFIG_IMPORT), encoding="utf-8"
-    )
-    (folder / "configuration_vaswani.py").write_text(Path(__file__).read_text(encoding="utf-8"), encoding="utf-8")
+    return {
+        "configuration_vaswani.py": Path(__file__).read_text(encoding="utf-8"),
+        "modeling_vaswani.py": modeling_code.replace(PACKAGE_CONFIG_IMPORT, FLAT_CONFIG_IMPORT),
+    }
 
 
-__all__ = ["PRESETS", "VaswaniConfig", "write_remote_code"]
+__all__ = ["PRESETS", "VaswaniConfig", "remote_code_files"]

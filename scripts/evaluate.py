@@ -14,6 +14,7 @@ for its periodic validation.
 """
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -145,6 +146,21 @@ def main(argv=None):
           f"(num_beams={args.num_beams}, length_penalty={args.length_penalty}); hypotheses in {output}")
     print(score)  # "BLEU = 27.30 58.1/33.0/20.9/13.6 (BP = ... ratio = ... hyp_len = ... ref_len = ...)"
     print(f"sacreBLEU signature: {signature}")
+
+    # The run's record of what was measured, per split; scripts/push_to_hub.py fills the model card from it.
+    results_file = Path(args.model) / "eval_results.json"
+    results = json.loads(results_file.read_text()) if results_file.exists() else {}
+    results[args.split] = {
+        "bleu": round(score.score, 2),
+        "signature": str(signature),
+        "sentences": len(sources),
+        "num_beams": args.num_beams,
+        "length_penalty": args.length_penalty,
+        "seconds": round(seconds, 1),
+        "sentences_per_sec": round(len(sources) / seconds, 2),
+        "device": device,
+    }
+    results_file.write_text(json.dumps(results, indent=2))
     return score
 
 
