@@ -14,6 +14,7 @@ from .modeling import (
     VaswaniForConditionalGeneration,
     VaswaniModel,
     VaswaniPreTrainedModel,
+    VaswaniTranslationPipeline,
 )
 
 __version__ = importlib.metadata.version("vaswani")
@@ -30,4 +31,5 @@ __all__ = [
     "VaswaniForConditionalGeneration",
     "VaswaniModel",
     "VaswaniPreTrainedModel",
+    "VaswaniTranslationPipeline",
 ]

@@ -31,6 +31,15 @@ AUTO_MAP = {
     "AutoModel": "modeling_vaswani.VaswaniModel",
     "AutoModelForSeq2SeqLM": "modeling_vaswani.VaswaniForConditionalGeneration",
 }
+# transformers 5 has no built-in translation pipeline; the folder brings its own (modeling/pipeline_vaswani.py).
+CUSTOM_PIPELINES = {
+    "translation": {
+        "impl": "pipeline_vaswani.VaswaniTranslationPipeline",
+        "pt": ["AutoModelForSeq2SeqLM"],
+        "default": {},
+        "type": "text",
+    }
+}
 
 
 class VaswaniConfig(PreTrainedConfig):
@@ -138,6 +147,7 @@ class VaswaniConfig(PreTrainedConfig):
         """
         code = remote_code_files()
         self.auto_map = dict(AUTO_MAP)
+        self.custom_pipelines = dict(CUSTOM_PIPELINES)
         self.code_sha256 = hashlib.sha256("".join(code[name] for name in sorted(code)).encode()).hexdigest()
         if __package__ and __package__.startswith("vaswani."):  # the installed package, not a downloaded copy
             self.vaswani_version = importlib.metadata.version("vaswani")
@@ -155,15 +165,16 @@ FLAT_CONFIG_IMPORT = "from .configuration_vaswani import"
 def remote_code_files() -> dict[str, str]:
     """The code of a saved folder, flat, ready to load remotely: {file name: text}."""
     here = Path(__file__).resolve().parent
-    modeling_file = here / "modeling_vaswani.py"  # a saved or downloaded folder: the files already sit together
-    if not modeling_file.exists():
-        modeling_file = here.parent / "modeling" / "modeling_vaswani.py"
+    # In a saved or downloaded folder the files already sit together; in the package they sit in modeling/.
+    modeling_dir = here if (here / "modeling_vaswani.py").exists() else here.parent / "modeling"
+    modeling_file = modeling_dir / "modeling_vaswani.py"
     modeling_code = modeling_file.read_text(encoding="utf-8")
     if modeling_code.count(PACKAGE_CONFIG_IMPORT) + modeling_code.count(FLAT_CONFIG_IMPORT) != 1:
         raise RuntimeError(f"{modeling_file} must import VaswaniConfig exactly once, with {PACKAGE_CONFIG_IMPORT!r}.")
     return {
         "configuration_vaswani.py": Path(__file__).read_text(encoding="utf-8"),
         "modeling_vaswani.py": modeling_code.replace(PACKAGE_CONFIG_IMPORT, FLAT_CONFIG_IMPORT),
+        "pipeline_vaswani.py": (modeling_dir / "pipeline_vaswani.py").read_text(encoding="utf-8"),
     }
 
 

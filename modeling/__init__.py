@@ -5,6 +5,7 @@ from .modeling_vaswani import (
     VaswaniModel,
     VaswaniPreTrainedModel,
 )
+from .pipeline_vaswani import VaswaniTranslationPipeline
 
 __all__ = [
     "VaswaniDecoder",
@@ -12,4 +13,5 @@ __all__ = [
     "VaswaniForConditionalGeneration",
     "VaswaniModel",
     "VaswaniPreTrainedModel",
+    "VaswaniTranslationPipeline",
 ]

@@ -52,7 +52,8 @@ def test_saved_folder_carries_the_code_and_auto_map(tiny_model, tmp_path):
     package_configuration = REPO_ROOT / "configuration" / "configuration_vaswani.py"
     assert (tmp_path / "configuration_vaswani.py").read_text() == package_configuration.read_text()
     # The config names the code: the package version and the hash of exactly the files written beside it.
-    written = (tmp_path / "configuration_vaswani.py").read_text() + modeling
+    code_files = ("configuration_vaswani.py", "modeling_vaswani.py", "pipeline_vaswani.py")
+    written = "".join((tmp_path / name).read_text() for name in code_files)
     assert config["code_sha256"] == hashlib.sha256(written.encode()).hexdigest()
     assert config["vaswani_version"] == vaswani.__version__
 
@@ -100,7 +101,7 @@ def test_remote_loaded_model_saves_a_folder_that_loads_again(tiny_model, tmp_pat
     tiny_model.save_pretrained(tmp_path / "first")
     remote = AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "first", trust_remote_code=True)
     remote.save_pretrained(tmp_path / "second")
-    for name in ("modeling_vaswani.py", "configuration_vaswani.py"):
+    for name in ("modeling_vaswani.py", "configuration_vaswani.py", "pipeline_vaswani.py"):
         assert (tmp_path / "second" / name).read_text() == (tmp_path / "first" / name).read_text()
 
 

@@ -1,0 +1,502 @@
+"""Sharing through the Hub: scripts/push_to_hub.py uploads a saved model to a local stand-in of the Hub
+(tests/hub_server.py), and the real `huggingface_hub` and `transformers` clients load it back from there, in fresh
+processes, with and without this package installed.
+
+The pushes of this module build one repo, `alice/vaswani-tiny`:
+    main      the model v1 (seed 0) with its tokenizer, records and a plot; tag v1.0 points at that commit
+    v2        a branch holding the model v2 (seed 1), pushed without the plot and the evaluation record
+and a few others on the side (private, pushed after `hf auth login`, re-shared with transformers' push_to_hub).
+All client work runs in subprocesses or through `HfApi(endpoint=hub.url)`: the clients read HF_ENDPOINT at import.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from dataclasses import dataclass
+from http.client import HTTPConnection
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
+import torch
+from huggingface_hub import HfApi
+from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError
+from tokenizers import Tokenizer, models, pre_tokenizers, processors
+from transformers import PreTrainedTokenizerFast
+
+from vaswani import VaswaniConfig, VaswaniForConditionalGeneration
+
+import push_to_hub
+from conftest import REPO_ROOT, VOCAB_SIZE
+from hub_server import HubServer
+
+ALICE_TOKEN = "hf_aliceSecretToken0123456789"
+BOB_TOKEN = "hf_bobSecretToken9876543210"
+REPO = "alice/vaswani-tiny"
+PUSH_SCRIPT = REPO_ROOT / "scripts" / "push_to_hub.py"
+TEXTS = ["w5 w17 w33 w60 w7", "w8 w9"]
+DECODER_INPUT_IDS = torch.tensor([[1, 5, 6, 7], [1, 9, 10, 11]])
+TRAINING_SUMMARY = {"preset": "tiny", "steps": 120, "final_val_loss": 3.2109, "final_val_bleu": None,
+                    "args": {"lr": 0.0007, "warmup_steps": 4000}}
+EVAL_RESULTS = {"eval_loss": 3.25, "eval_bleu": 12.3456, "epoch": 2.0}
+PNG = b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR" + bytes(range(256))  # binary: the Hub stores it with LFS
+
+
+def tiny_tokenizer() -> PreTrainedTokenizerFast:
+    """A word-level tokenizer over the model's 100 ids: <pad>=0, <s>=1, </s>=2, <unk>=3, then "w4" ... "w99";
+    like the project's BPE tokenizer, it appends </s> to every sequence (that one cannot be used here: its 256 byte
+    tokens alone do not fit the tiny model's vocabulary)."""
+    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, "<unk>": 3, **{f"w{i}": i for i in range(4, VOCAB_SIZE)}}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer.post_processor = processors.TemplateProcessing(single="$A </s>", pair="$A </s> $B </s>",
+                                                             special_tokens=[("</s>", 2)])
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token="<pad>", bos_token="<s>", eos_token="</s>",
+                                   unk_token="<unk>", model_input_names=["input_ids", "attention_mask"])
+
+
+def seeded_model(seed: int) -> VaswaniForConditionalGeneration:
+    """The conftest's tiny model (module-scoped fixtures cannot use its function-scoped fixture), seeded."""
+    config = VaswaniConfig.from_preset("tiny", vocab_size=VOCAB_SIZE, dropout=0.0, max_position_embeddings=128)
+    torch.manual_seed(seed)
+    return VaswaniForConditionalGeneration(config).eval()
+
+
+def save_model_folder(folder: Path, model, records: bool = True) -> Path:
+    model.save_pretrained(folder)
+    tiny_tokenizer().save_pretrained(folder)
+    (folder / "training_summary.json").write_text(json.dumps(TRAINING_SUMMARY))
+    if records:
+        (folder / "eval_results.json").write_text(json.dumps(EVAL_RESULTS))
+        (folder / "training_curves.png").write_bytes(PNG)
+    (folder / "optimizer.pt").write_bytes(b"\0" * 64)  # training leftovers that must stay local
+    (folder / "checkpoint-100").mkdir()
+    return folder
+
+
+def client_env(hub: HubServer, home: Path, token: str | None = ALICE_TOKEN) -> dict:
+    """The environment of a client process: this Hub, no Xet, its own HF_HOME, no settings inherited."""
+    env = {key: value for key, value in os.environ.items() if not key.startswith(("HF_", "HUGGINGFACE_"))}
+    env.update(HF_ENDPOINT=hub.url, HF_HUB_DISABLE_XET="1", HF_HOME=str(home), HF_HUB_DISABLE_TELEMETRY="1",
+               HF_HUB_DISABLE_PROGRESS_BARS="1", NO_PROXY="127.0.0.1", no_proxy="127.0.0.1")
+    if token is not None:
+        env["HF_TOKEN"] = token
+    return env
+
+
+def run_push(hub, home, folder, repo=REPO, *options, token=ALICE_TOKEN) -> subprocess.CompletedProcess:
+    command = [sys.executable, str(PUSH_SCRIPT), "--model_dir", str(folder), "--repo_id", repo, *options]
+    return subprocess.run(command, env=client_env(hub, home, token), capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def hub():
+    with HubServer(users={"alice": ALICE_TOKEN, "bob": BOB_TOKEN}) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def api(hub) -> HfApi:
+    return HfApi(endpoint=hub.url, token=ALICE_TOKEN)
+
+
+def heads(api: HfApi, repo: str = REPO) -> dict[str, str]:
+    """branch -> commit"""
+    return {ref.name: ref.target_commit for ref in api.list_repo_refs(repo).branches}
+
+
+@dataclass
+class Published:
+    v1: VaswaniForConditionalGeneration
+    v2: VaswaniForConditionalGeneration
+    v1_dir: Path
+    v2_dir: Path
+    v1_commit: str
+    v2_commit: str
+    pushes: list  # every push of the module: their output must never show the token
+
+
+@pytest.fixture(scope="module")
+def published(hub, api, tmp_path_factory) -> Published:
+    base = tmp_path_factory.mktemp("published")
+    v1, v2 = seeded_model(seed=0), seeded_model(seed=1)
+    v1_dir = save_model_folder(base / "v1", v1)
+    v2_dir = save_model_folder(base / "v2", v2, records=False)
+    first = run_push(hub, base / "home", v1_dir)
+    assert first.returncode == 0, first.stderr
+    second = run_push(hub, base / "home", v2_dir, REPO, "--revision", "v2", "--commit_message", "Model v2")
+    assert second.returncode == 0, second.stderr
+    commits = heads(api)
+    api.create_tag(REPO, tag="v1.0", revision=commits["main"])
+    return Published(v1, v2, v1_dir, v2_dir, commits["main"], commits["v2"], [first, second])
+
+
+# --- What the push puts on the Hub ---------------------------------------------------------------------------------
+
+
+def test_push_makes_one_commit_with_weights_code_tokenizer_records_and_card(hub, api, published):
+    commits = api.list_repo_commits(REPO)
+    assert [commit.title for commit in commits] == ["Upload VaswaniForConditionalGeneration from v1", "initial commit"]
+    assert commits[0].commit_id == published.v1_commit
+    assert published.pushes[0].stdout.strip().splitlines()[-1] == f"{hub.url}/{REPO}/commit/{published.v1_commit}"
+
+    files = {entry.path: entry for entry in api.list_repo_tree(REPO, recursive=True)}
+    assert set(files) == {
+        ".gitattributes", "README.md", "config.json", "generation_config.json", "configuration_vaswani.py",
+        "modeling_vaswani.py", "pipeline_vaswani.py", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
+        "training_summary.json", "eval_results.json", "training_curves.png",
+    }  # not optimizer.pt, not the checkpoint folder
+    assert files["model.safetensors"].lfs is not None and files["training_curves.png"].lfs is not None
+    assert files["config.json"].lfs is None and files["modeling_vaswani.py"].lfs is None
+    assert files["model.safetensors"].lfs.sha256 == push_to_hub.sha256_of(published.v1_dir / "model.safetensors")
+    assert files["config.json"].blob_id == push_to_hub.git_blob_id((published.v1_dir / "config.json").read_bytes())
+
+
+def test_a_changed_folder_commits_its_changes_only_and_deletes_what_it_no_longer_has(api, published):
+    v1 = {entry.path: entry.blob_id for entry in api.list_repo_tree(REPO, revision="v1.0", recursive=True)}
+    v2 = {entry.path: entry.blob_id for entry in api.list_repo_tree(REPO, revision="v2", recursive=True)}
+    assert api.list_repo_commits(REPO, revision="v2")[0].title == "Model v2"
+    assert set(v1) - set(v2) == {"eval_results.json", "training_curves.png"}  # no longer in the v2 folder
+    changed = {path for path in v2 if v2[path] != v1.get(path)}
+    assert changed - {"README.md"} == {"model.safetensors"}
+    cards = [push_to_hub.render_model_card(folder, REPO) for folder in (published.v1_dir, published.v2_dir)]
+    assert ("README.md" in changed) == (cards[0] != cards[1])  # e.g. the evaluation is now "not measured"
+
+
+def test_pushing_the_same_folder_again_makes_no_commit(hub, api, published, tmp_path):
+    before = heads(api)
+    again = run_push(hub, tmp_path / "home", published.v1_dir)
+    published.pushes.append(again)
+    assert again.returncode == 0, again.stderr
+    assert "no new commit" in again.stdout
+    assert again.stdout.strip().splitlines()[-1] == f"{hub.url}/{REPO}/commit/{published.v1_commit}"
+    assert heads(api) == before
+    assert len(api.list_repo_commits(REPO)) == 2
+
+
+def test_model_card_is_rendered_from_the_records_without_invented_numbers(tmp_path):
+    folder = save_model_folder(tmp_path / "model", seeded_model(seed=0))
+    (folder / "eval_results.json").unlink()
+    template = tmp_path / "model_card.md"
+    template.write_text("# {{ model_name }} ({{repo_id}})\nd_model={{ config.d_model }} params={{ parameters }}\n"
+                        "loss={{ training.final_val_loss }} bleu={{ training.final_val_bleu }} "
+                        "lr={{ training.args.lr }} eval={{ eval.eval_bleu }} other={{ training.missing_key }}\n"
+                        "{{ eval_table }}\n{{ training_table }}\n{{ plots }}\n")
+    card = push_to_hub.render_model_card(folder, "alice/x", template_path=template)
+    params = sum(p.numel() for p in seeded_model(seed=0).parameters())
+    assert card.startswith(f"# x (alice/x)\nd_model=64 params={params:,}\n")
+    # measured values as recorded; a null, a missing key and a missing file all read "not measured"
+    assert "loss=3.211 bleu=not measured lr=0.0007 eval=not measured other=not measured\n" in card
+    assert "Not measured: the model folder has no eval_results.json." in card
+    assert "| args.warmup_steps | 4000 |" in card and "| final_val_bleu | not measured |" in card
+    assert "![training_curves](training_curves.png)" in card
+
+    template.write_text("{{ eval.eval_bleu }} {{ config.no_such_field }}")
+    with pytest.raises(push_to_hub.PushError, match="unknown placeholder {{ config.no_such_field }}"):
+        push_to_hub.render_model_card(folder, "alice/x", template_path=template)
+
+
+def test_model_card_on_the_hub_shows_the_pushed_records(api, published, tmp_path):
+    readme = Path(api.hf_hub_download(REPO, "README.md", cache_dir=tmp_path)).read_text()
+    assert readme == push_to_hub.render_model_card(published.v1_dir, REPO)
+    if not push_to_hub.MODEL_CARD_TEMPLATE.exists():  # the default card, until model_card.md is written
+        assert "| eval_bleu | 12.35 |" in readme and "| final_val_bleu | not measured |" in readme
+
+
+# --- Loading from the Hub --------------------------------------------------------------------------------------------
+
+LOAD_FROM_THE_HUB = textwrap.dedent(
+    """
+    import json, os, sys
+    sys.modules["vaswani"] = None  # first, this process must not find the package
+    import torch
+    from transformers import AutoModel, AutoModelForSeq2SeqLM, AutoTokenizer, pipeline
+
+    repo, revisions, texts, out = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3]), sys.argv[4]
+    decoder_input_ids = torch.tensor(json.loads(sys.argv[5]))
+    result = {}
+    tokenizer = AutoTokenizer.from_pretrained(repo)
+    batch = tokenizer(texts, return_tensors="pt", padding=True)
+    result["input_ids"], result["attention_mask"] = batch["input_ids"], batch["attention_mask"]
+    model = AutoModelForSeq2SeqLM.from_pretrained(repo, trust_remote_code=True).eval()
+    result["class"] = f"{type(model).__module__}.{type(model).__name__}"
+    with torch.no_grad():
+        result["logits"] = model(**batch, decoder_input_ids=decoder_input_ids).logits
+        result["generated"] = model.generate(**batch, max_new_tokens=8)
+        bare = AutoModel.from_pretrained(repo, trust_remote_code=True).eval()
+        result["bare_class"] = f"{type(bare).__module__}.{type(bare).__name__}"
+        result["bare_states"] = bare(**batch, decoder_input_ids=decoder_input_ids).last_hidden_state
+        result["logits_at"] = {}
+        for revision in revisions:
+            at = AutoModelForSeq2SeqLM.from_pretrained(repo, revision=revision, trust_remote_code=True).eval()
+            result["logits_at"][revision] = at(**batch, decoder_input_ids=decoder_input_ids).logits
+    # transformers 5 has no built-in translation pipeline: the repo's config declares the one in pipeline_vaswani.py.
+    translator = pipeline("translation", model=repo, trust_remote_code=True)
+    result["pipeline"] = [translator(text, max_new_tokens=8)[0]["translation_text"] for text in texts]
+    result["pipeline_batch"] = [out["translation_text"] for out in translator(list(texts), max_new_tokens=8)]
+
+    # transformers' own push_to_hub shares the remotely loaded model again, code included, and it loads back.
+    copy = repo + "-reshared"
+    model.push_to_hub(copy, token=os.environ["TEST_PUSH_TOKEN"])
+    tokenizer.push_to_hub(copy, token=os.environ["TEST_PUSH_TOKEN"])
+    reshared = AutoModelForSeq2SeqLM.from_pretrained(copy, trust_remote_code=True).eval()
+    with torch.no_grad():
+        result["reshared_logits"] = reshared(**batch, decoder_input_ids=decoder_input_ids).logits
+    result["reshared_input_ids"] = AutoTokenizer.from_pretrained(copy)(texts, padding=True)["input_ids"]
+
+    # Then with the package installed: its registered classes load the repo, no trust_remote_code needed.
+    del sys.modules["vaswani"]
+    import vaswani
+    installed = AutoModelForSeq2SeqLM.from_pretrained(repo).eval()
+    result["installed_class"] = f"{type(installed).__module__}.{type(installed).__name__}"
+    result["installed_is_the_package_class"] = type(installed) is vaswani.VaswaniForConditionalGeneration
+    with torch.no_grad():
+        result["installed_logits"] = installed(**batch, decoder_input_ids=decoder_input_ids).logits
+    torch.save(result, out)
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def loaded_remotely(hub, published, tmp_path_factory) -> dict:
+    """What a fresh process gets from the Hub, first without the vaswani package, then with it (one process for all
+    the loading checks: starting one costs seconds)."""
+    work = tmp_path_factory.mktemp("remote")
+    revisions = ["main", "v2", "v1.0", published.v1_commit, published.v2_commit]
+    command = [sys.executable, "-c", LOAD_FROM_THE_HUB, REPO, json.dumps(revisions), json.dumps(TEXTS),
+               str(work / "out.pt"), json.dumps(DECODER_INPUT_IDS.tolist())]
+    env = {**client_env(hub, work / "home", token=None), "TEST_PUSH_TOKEN": ALICE_TOKEN}  # loads are anonymous
+    loaded = subprocess.run(command, cwd=work, env=env, capture_output=True, text=True, timeout=300)
+    assert loaded.returncode == 0, loaded.stderr
+    return torch.load(work / "out.pt")
+
+
+def local_logits(model, loaded) -> torch.Tensor:
+    with torch.no_grad():
+        return model(input_ids=loaded["input_ids"], attention_mask=loaded["attention_mask"],
+                     decoder_input_ids=DECODER_INPUT_IDS).logits
+
+
+def test_fresh_process_without_the_package_loads_tokenizer_and_model_from_the_hub(published, loaded_remotely):
+    local = tiny_tokenizer()(TEXTS, return_tensors="pt", padding=True)
+    assert torch.equal(loaded_remotely["input_ids"], local["input_ids"])
+    assert loaded_remotely["input_ids"][0, -1] == 2  # </s> appended
+    assert loaded_remotely["class"].startswith("transformers_modules.")
+    assert loaded_remotely["class"].endswith(".VaswaniForConditionalGeneration")
+    assert torch.equal(loaded_remotely["logits"], local_logits(published.v1, loaded_remotely))
+    with torch.no_grad():
+        generated = published.v1.generate(**local, max_new_tokens=8)
+        bare_states = published.v1.model(**local, decoder_input_ids=DECODER_INPUT_IDS).last_hidden_state
+    assert torch.equal(loaded_remotely["generated"], generated)
+    assert loaded_remotely["bare_class"].endswith(".VaswaniModel")
+    assert torch.equal(loaded_remotely["bare_states"], bare_states)
+
+
+def test_each_revision_loads_its_own_weights(published, loaded_remotely):
+    v1, v2 = local_logits(published.v1, loaded_remotely), local_logits(published.v2, loaded_remotely)
+    assert not torch.equal(v1, v2)
+    logits_at = loaded_remotely["logits_at"]
+    for revision in ("main", "v1.0", published.v1_commit):
+        assert torch.equal(logits_at[revision], v1), revision
+    for revision in ("v2", published.v2_commit):
+        assert torch.equal(logits_at[revision], v2), revision
+
+
+def test_transformers_push_to_hub_reshares_the_remotely_loaded_model(published, loaded_remotely):
+    assert torch.equal(loaded_remotely["reshared_logits"], local_logits(published.v1, loaded_remotely))
+    assert loaded_remotely["reshared_input_ids"] == loaded_remotely["input_ids"].tolist()
+
+
+def test_translation_pipeline_gives_the_local_models_translations(published, loaded_remotely):
+    tokenizer = tiny_tokenizer()
+    with torch.no_grad():
+        expected = [tokenizer.decode(published.v1.generate(**tokenizer([text], return_tensors="pt"),
+                                                           max_new_tokens=8)[0], skip_special_tokens=True)
+                    for text in TEXTS]
+    assert loaded_remotely["pipeline"] == expected
+    assert loaded_remotely["pipeline_batch"] == expected
+
+
+def test_installed_package_loads_without_trust_remote_code(published, loaded_remotely):
+    assert loaded_remotely["installed_is_the_package_class"], loaded_remotely["installed_class"]
+    assert torch.equal(loaded_remotely["installed_logits"], local_logits(published.v1, loaded_remotely))
+
+
+# --- Tokens and failures ---------------------------------------------------------------------------------------------
+
+
+def test_wrong_token_fails_clearly_without_printing_it(hub, api, published, tmp_path):
+    before = heads(api)
+    wrong = "hf_wrongSecretToken5555555555"
+    push = run_push(hub, tmp_path / "home", published.v2_dir, token=wrong)
+    assert push.returncode == 1
+    assert "Checking your token" in push.stderr and "Invalid user token" in push.stderr, push.stderr
+    assert "Check your token: HF_TOKEN, or the one stored by `hf auth login`" in push.stderr
+    assert "Traceback" not in push.stderr
+    assert wrong not in push.stdout + push.stderr
+    assert heads(api) == before
+
+
+def test_another_users_token_cannot_push(hub, api, published, tmp_path):
+    before = heads(api)
+    push = run_push(hub, tmp_path / "home", published.v1_dir, token=BOB_TOKEN)  # even the unchanged folder
+    assert push.returncode == 1
+    assert "Your token is bob's, who cannot write to the namespace 'alice'" in push.stderr, push.stderr
+    assert BOB_TOKEN not in push.stdout + push.stderr
+    assert heads(api) == before
+
+
+def test_failed_upload_leaves_no_commit_and_says_what_failed(hub, api, published, tmp_path):
+    folder = save_model_folder(tmp_path / "v3", seeded_model(seed=3))
+    before = heads(api)
+    hub.hub.reject_uploads = True  # the storage refuses the weights
+    try:
+        push = run_push(hub, tmp_path / "home", folder)
+    finally:
+        hub.hub.reject_uploads = False
+    published.pushes.append(push)
+    assert push.returncode == 1
+    assert "Error while uploading 'model.safetensors'" in push.stderr and "403" in push.stderr, push.stderr
+    assert f"Nothing was committed: {REPO}@main is still at {published.v1_commit}." in push.stderr
+    assert heads(api) == before
+
+
+def test_a_folder_holding_the_token_is_refused(hub, api, published, tmp_path):
+    folder = save_model_folder(tmp_path / "leaky", seeded_model(seed=0))
+    summary = json.loads((folder / "training_summary.json").read_text())
+    (folder / "training_summary.json").write_text(json.dumps({**summary, "hub_token": ALICE_TOKEN}))
+    push = run_push(hub, tmp_path / "home", folder)
+    assert push.returncode == 1
+    assert "your Hub token appears in training_summary.json" in push.stderr
+    assert ALICE_TOKEN not in push.stdout + push.stderr
+
+
+def test_errors_are_redacted():
+    token = "hf_redactMe000"
+    with pytest.raises(push_to_hub.PushError) as raised:
+        with push_to_hub.step("Talking to the Hub", token):
+            try:
+                raise ConnectionError(f"proxy refused Authorization: Bearer {token}")
+            except ConnectionError as error:
+                raise RuntimeError("Error while uploading 'model.safetensors' to the Hub.") from error
+    message = str(raised.value)
+    assert token not in message
+    assert message == ("Talking to the Hub failed: RuntimeError: Error while uploading 'model.safetensors' to the Hub."
+                       "\n  caused by: ConnectionError: proxy refused Authorization: Bearer <token>")
+
+
+def test_the_token_is_in_no_output_and_no_file_on_the_hub(hub, api, published, tmp_path):
+    for push in published.pushes:
+        assert ALICE_TOKEN not in push.stdout + push.stderr
+    for revision in ("main", "v2"):
+        snapshot = Path(api.snapshot_download(REPO, revision=revision, cache_dir=tmp_path))
+        files = [path for path in snapshot.rglob("*") if path.is_file()]
+        assert len(files) >= 10
+        for path in files:
+            assert ALICE_TOKEN.encode() not in path.read_bytes(), path
+
+
+def test_private_repo_is_hidden_from_others(hub, published, tmp_path):
+    push = run_push(hub, tmp_path / "home", published.v1_dir, "alice/private-tiny", "--private")
+    assert push.returncode == 0, push.stderr
+    assert HfApi(endpoint=hub.url, token=ALICE_TOKEN).model_info("alice/private-tiny").private is True
+    for token in (False, BOB_TOKEN):  # anonymous, then another user
+        with pytest.raises(RepositoryNotFoundError):
+            HfApi(endpoint=hub.url, token=token).hf_hub_download("alice/private-tiny", "config.json",
+                                                                cache_dir=tmp_path / "cache")
+    # --private on an existing public repo is refused rather than silently ignored
+    push = run_push(hub, tmp_path / "home", published.v1_dir, REPO, "--private")
+    assert push.returncode == 1 and "already exists and is public" in push.stderr
+
+
+def test_token_stored_by_hf_auth_login_is_used(hub, published, tmp_path):
+    home = tmp_path / "home"
+    login = subprocess.run([sys.executable, "-m", "huggingface_hub.cli.hf", "auth", "login", "--token", ALICE_TOKEN],
+                           env=client_env(hub, home, token=None), capture_output=True, text=True, timeout=120)
+    assert login.returncode == 0, login.stderr
+    push = run_push(hub, home, published.v1_dir, "alice/login-tiny", token=None)
+    assert push.returncode == 0, push.stderr
+    assert ALICE_TOKEN not in push.stdout + push.stderr
+    assert len(HfApi(endpoint=hub.url, token=ALICE_TOKEN).list_repo_commits("alice/login-tiny")) == 2
+
+
+def test_refuses_a_folder_that_is_not_a_vaswani_model(tiny_model, tmp_path):
+    def refused(folder, match):
+        with pytest.raises(push_to_hub.PushError, match=match):
+            push_to_hub.check_model_dir(folder)
+
+    refused(tmp_path / "nowhere", "does not exist")
+    (tmp_path / "empty").mkdir()
+    refused(tmp_path / "empty", "it has no config.json")
+    folder = tmp_path / "model"
+    tiny_model.save_pretrained(folder)
+    push_to_hub.check_model_dir(folder)  # the real thing passes
+    weights = (folder / "model.safetensors").read_bytes()
+    (folder / "model.safetensors").unlink()
+    refused(folder, "has no model weights")
+    (folder / "model.safetensors").write_bytes(weights)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "vocab_size": 200}))
+    refused(folder, r"do not fit its config.json: expected shared embeddings of shape \[200, 64\]")
+    (folder / "config.json").write_text(json.dumps({**config, "model_type": "bart"}))
+    refused(folder, "holds a 'bart' model, not a vaswani model")
+    (folder / "config.json").write_text(json.dumps(config))
+    (folder / "modeling_vaswani.py").unlink()
+    refused(folder, "saved without its code")
+
+    push = subprocess.run([sys.executable, str(PUSH_SCRIPT), "--model_dir", str(tmp_path / "empty"), "--repo_id", REPO],
+                          capture_output=True, text=True, env={**os.environ, "HF_TOKEN": ALICE_TOKEN}, timeout=120)
+    assert push.returncode == 1 and "it has no config.json" in push.stderr and "Traceback" not in push.stderr
+
+
+# --- The server speaks like the Hub ----------------------------------------------------------------------------------
+
+
+def request(url: str, method: str = "HEAD", headers: dict | None = None):
+    parts = urlsplit(url)
+    connection = HTTPConnection(parts.hostname, parts.port, timeout=30)
+    connection.request(method, f"{parts.path}?{parts.query}" if parts.query else parts.path, headers=headers or {})
+    response = connection.getresponse()
+    body = response.read()
+    connection.close()
+    return response, body
+
+
+def test_lfs_files_resolve_to_signed_storage_urls_that_refuse_credentials(hub, published):
+    weights = published.v1_dir / "model.safetensors"
+    response, _ = request(f"{hub.url}/{REPO}/resolve/v1.0/model.safetensors")
+    assert response.status == 302
+    assert response.getheader("X-Repo-Commit") == published.v1_commit
+    assert response.getheader("X-Linked-Etag") == f'"{push_to_hub.sha256_of(weights)}"'
+    assert response.getheader("X-Linked-Size") == str(weights.stat().st_size)
+    location = response.getheader("Location")
+    assert location.startswith(hub.storage_url)
+    response, body = request(location, "GET")
+    assert response.status == 200 and body == weights.read_bytes()
+    response, _ = request(location, "GET", {"Authorization": f"Bearer {ALICE_TOKEN}"})
+    assert response.status == 400
+    response, _ = request(location.replace("signature=", "signature=0"), "GET")
+    assert response.status == 403
+
+    config = (published.v1_dir / "config.json").read_bytes()
+    response, body = request(f"{hub.url}/{REPO}/resolve/{published.v1_commit}/config.json", "GET")
+    assert response.status == 200 and body == config
+    assert response.getheader("ETag") == f'"{push_to_hub.git_blob_id(config)}"'
+    assert response.getheader("X-Repo-Commit") == published.v1_commit
+    response, _ = request(f"{hub.url}/{REPO}/resolve/main/config.json", headers={"Authorization": "Bearer hf_nope"})
+    assert response.status == 401
+    response, _ = request(f"{hub.url}/{REPO}/resolve/main/nothing.txt")
+    assert response.status == 404 and response.getheader("X-Error-Code") == "EntryNotFound"
+    response, _ = request(f"{hub.url}/{REPO}/resolve/no-such-branch/config.json")
+    assert response.status == 404 and response.getheader("X-Error-Code") == "RevisionNotFound"
+
+
+def test_a_commit_whose_parent_is_no_longer_the_head_is_refused(api, published):
+    before = heads(api)
+    with pytest.raises(HfHubHTTPError) as refused:  # v2 is at the v2 commit, not at v1's
+        api.upload_file(path_or_fileobj=b"late", path_in_repo="notes.txt", repo_id=REPO, revision="v2",
+                        parent_commit=published.v1_commit)
+    assert refused.value.response.status_code == 412
+    assert heads(api) == before
