@@ -5,15 +5,16 @@
 # draw the positional encoding and the attention of one sentence.
 #
 # Everything lands in $OUT (default outputs/main_job): data/, tokenizer/, model/ (loads with from_pretrained and
-# holds training_curves.png, lr_schedule.png, training_summary.json, eval_results.json), pictures/.
-# Knobs: OUT, STEPS (700), PRESET (small), TEST_SAMPLES (500; "all" for the whole test split).
+# holds training_curves.png, lr_schedule.png, the attention and positional-encoding pictures,
+# training_summary.json, eval_results.json): ready for scripts/push_to_hub.py.
+# Knobs: OUT, STEPS (700), PRESET (small), TEST_SAMPLES (all; a number for the first N test sentences).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 OUT=${OUT:-outputs/main_job}
 STEPS=${STEPS:-700}
 PRESET=${PRESET:-small}
-TEST_SAMPLES=${TEST_SAMPLES:-500}
+TEST_SAMPLES=${TEST_SAMPLES:-all}
 mkdir -p "$OUT"
 start=$(date +%s)
 stage() { echo; echo "=== [$(( $(date +%s) - start ))s] $*"; }
@@ -53,6 +54,6 @@ python3 scripts/evaluate.py --model "$OUT/model" --dataset_dir "$OUT/data" --spl
 
 stage "pictures: positional encoding and attention of one sentence (scripts/visualize.py)"
 python3 scripts/visualize.py --model "$OUT/model" --text "In the beginning, God created the heavens and the earth." \
-    --output_dir "$OUT/pictures"
+    --output_dir "$OUT/model"
 
-stage "done in $(( $(date +%s) - start ))s: model in $OUT/model, pictures in $OUT/pictures"
+stage "done in $(( $(date +%s) - start ))s: model, plots and pictures in $OUT/model"
