@@ -272,7 +272,7 @@ def render_model_card(model_dir, repo_id: str, template_path=None) -> str:
     Placeholders, written `{{ name }}`:
         repo_id, model_name     the repo ("alice/vaswani-en-es") and its name ("vaswani-en-es")
         parameters              the number of parameters in the weights
-        config.FIELD            a field of config.json, e.g. {{ config.d_model }} (an unknown field is an error)
+        config.FIELD            a field of config.json, e.g. {{ config.d_model }}
         training.KEY            a value of training_summary.json, nested keys joined by dots, e.g. {{ training.steps }}
         eval.KEY                a value of eval_results.json, e.g. {{ eval.bleu }} or {{ eval.test.bleu }}
         training_table          all of training_summary.json as a table
@@ -303,8 +303,8 @@ def render_model_card(model_dir, repo_id: str, template_path=None) -> str:
         if name in values:
             return values[name]
         source, _, key = name.partition(".")
-        if source == "config" and key in config:
-            return format_value(config[key])
+        if source == "config" and key:  # a folder saved by an older version may lack a field: not recorded then
+            return format_value(config.get(key))
         if source in records and key:
             return format_value((records[source] or {}).get(key))
         known = [*values, "config.FIELD", "training.KEY", "eval.KEY"]
