@@ -85,22 +85,51 @@ def corpus_bleu(hypotheses, references, **bleu_options):
 
 def load_pairs(dataset_dir, split, source_lang, target_lang, max_samples=None):
     """Source and reference sentences of one split of a DatasetDict saved by scripts/prepare_data.py."""
-    from datasets import load_from_disk
+    from datasets import DatasetDict, load_from_disk
 
     if not Path(dataset_dir).is_dir():
         raise SystemExit(f"evaluate.py: error: dataset directory {dataset_dir} does not exist.")
-    dataset = load_from_disk(str(dataset_dir))
-    if split not in dataset:
-        raise SystemExit(f"evaluate.py: error: split {split!r} not in {dataset_dir} (it has {sorted(dataset)}).")
+    try:
+        dataset = load_from_disk(str(dataset_dir))
+    except Exception as error:  # datasets raises FileNotFoundError or its own errors for a foreign folder
+        raise SystemExit(f"evaluate.py: error: {dataset_dir} is not a dataset saved with save_to_disk ({error}).")
+    if not isinstance(dataset, DatasetDict) or split not in dataset:
+        splits = sorted(dataset) if isinstance(dataset, DatasetDict) else "a single Dataset, no splits"
+        raise SystemExit(f"evaluate.py: error: split {split!r} not in {dataset_dir} (it has {splits}).")
     rows = dataset[split]
+    if "translation" not in rows.column_names:
+        raise SystemExit(f"evaluate.py: error: the {split} split has no 'translation' column (columns: "
+                         f"{rows.column_names}).")
     if max_samples is not None:
         rows = rows.select(range(min(max_samples, len(rows))))
-    pairs = rows["translation"]
+    pairs = [pair or {} for pair in rows["translation"]]  # a row without a translation is None
     for lang in (source_lang, target_lang):
         if pairs and lang not in pairs[0]:
             raise SystemExit(f"evaluate.py: error: language {lang!r} not in the translation column "
                              f"(it has {sorted(pairs[0])}).")
-    return [pair[source_lang] for pair in pairs], [pair[target_lang] for pair in pairs]
+    # A side that is not text (None in a dataset not made by prepare_data.py) cannot be translated or scored.
+    usable = [pair for pair in pairs
+              if isinstance(pair.get(source_lang), str) and isinstance(pair.get(target_lang), str)]
+    if len(usable) < len(pairs):
+        print(f"skipped {len(pairs) - len(usable)} pairs of {split} without text on both sides")
+    if not usable:
+        raise SystemExit(f"evaluate.py: error: no pair to translate in the {split} split of {dataset_dir}.")
+    return [pair[source_lang] for pair in usable], [pair[target_lang] for pair in usable]
+
+
+def check_tokenizer_fits_model(tokenizer, config):
+    """The model's embedding and special ids must be the tokenizer's, or every id means something else."""
+    problems = []
+    if len(tokenizer) > config.vocab_size:
+        problems.append(f"the tokenizer has {len(tokenizer)} tokens but the model's vocabulary only "
+                        f"{config.vocab_size}")
+    for name, model_id in (("pad", config.pad_token_id), ("eos", config.eos_token_id),
+                           ("bos", config.decoder_start_token_id)):
+        if getattr(tokenizer, f"{name}_token_id") != model_id:
+            problems.append(f"the tokenizer's {name} id is {getattr(tokenizer, f'{name}_token_id')} but the model's is "
+                            f"{model_id}")
+    if problems:
+        raise SystemExit("evaluate.py: error: the tokenizer does not fit the model: " + "; ".join(problems) + ".")
 
 
 def main(argv=None):
@@ -125,9 +154,14 @@ def main(argv=None):
 
     if not Path(args.model).is_dir():
         raise SystemExit(f"evaluate.py: error: model folder {args.model} does not exist.")
+    if not any((Path(args.model) / name).is_file() for name in ("model.safetensors", "model.safetensors.index.json")):
+        raise SystemExit(f"evaluate.py: error: {args.model} has no model.safetensors; weights are only read from "
+                         "safetensors files, never from pickles (pytorch_model.bin).")
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or args.model)
-    model = AutoModelForSeq2SeqLM.from_pretrained(args.model, trust_remote_code=vaswani is None).to(device).eval()
+    model = AutoModelForSeq2SeqLM.from_pretrained(args.model, trust_remote_code=vaswani is None,
+                                                  use_safetensors=True).to(device).eval()
+    check_tokenizer_fits_model(tokenizer, model.config)
     sources, references = load_pairs(args.dataset_dir, args.split, args.source_lang, args.target_lang, args.max_samples)
 
     start = time.time()

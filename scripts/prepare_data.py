@@ -68,6 +68,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import unicodedata
 from pathlib import Path
 
@@ -273,13 +274,14 @@ def bible_examples(records, max_chars=1000, max_ratio=2.0):
 def parallel_examples(pairs, source_lang, target_lang, max_chars=1000, max_ratio=2.0):
     """Filter (id, source, target) pairs from a sentence-aligned corpus -> (examples, dropped).
 
-    A source or target of None stands for a line that could not be decoded.
+    A source or target of None stands for a line that could not be decoded;
+    like any other value that is not text, it makes the pair invalid_text.
     The split unit (`group`) is the source sentence itself.
     """
     examples, dropped = [], collections.Counter()
     for example_id, source, target in pairs:
-        source = None if source is None else clean_text(source)
-        target = None if target is None else clean_text(target)
+        source = clean_text(source) if isinstance(source, str) else None
+        target = clean_text(target) if isinstance(target, str) else None
         reason = drop_reason(source, target, max_chars, max_ratio)
         if reason:
             dropped[reason] += 1
@@ -358,12 +360,13 @@ def hf_pairs(dataset, source_lang, target_lang, name="dataset"):
         if len(rows) == 0:
             pairs[split] = []
             continue
-        languages = sorted(rows[0]["translation"])
+        languages = sorted(rows[0]["translation"] or {})
         missing = [lang for lang in (source_lang, target_lang) if lang not in languages]
         if missing:
             raise ValueError(f"{name} split '{split}' has translation languages {languages}, "
                              f"not {missing}; pick --source_lang/--target_lang from these")
-        pairs[split] = [(f"{split}.{i}", row[source_lang], row[target_lang])
+        # A row without a translation (None) is kept as an invalid pair, to be dropped and counted.
+        pairs[split] = [(f"{split}.{i}", (row or {}).get(source_lang), (row or {}).get(target_lang))
                         for i, row in enumerate(rows["translation"])]
     return pairs
 
@@ -409,6 +412,18 @@ def to_dataset_dict(splits, source_lang, target_lang):
     })
 
 
+def check_output_dir(path):
+    """Exit before any work if `path` cannot be created or written; the check itself leaves nothing behind."""
+    path = Path(path).absolute()
+    existing = next(folder for folder in (path, *path.parents) if folder.exists())
+    if not existing.is_dir():
+        sys.exit(f"error: cannot write to --output_dir {path}: {existing} is a file")
+    try:
+        Path(tempfile.mkdtemp(prefix=".write_test_", dir=existing)).rmdir()
+    except OSError as error:
+        sys.exit(f"error: cannot write to --output_dir {path} ({error})")
+
+
 def print_summary(splits, dropped, group_label):
     kept = sum(len(rows) for rows in splits.values())
     print(f"kept {kept} pairs, dropped {sum(dropped.values())}")
@@ -441,6 +456,7 @@ def main(argv=None):
 
     if args.source_lang == args.target_lang:
         parser.error("--source_lang and --target_lang must differ")
+    check_output_dir(args.output_dir)
     split_args = dict(seed=args.seed, valid_fraction=args.valid_fraction, test_fraction=args.test_fraction)
     filter_args = dict(max_chars=args.max_chars, max_ratio=args.max_ratio)
 

@@ -15,6 +15,11 @@ Several processes or machines (data parallel; see configs/README.md):
 Continue a stopped run where it stopped (step, optimizer, schedule, data position, random states):
   python scripts/train.py ... --output_dir OUT --resume
 
+Faults (docs/reliability.md): SIGTERM or SIGINT (preemption, Ctrl-C) finishes the optimizer step under way, writes a
+checkpoint and exits with 143 / 130, printing the command that resumes; a kill at any other moment loses only the
+steps since the last checkpoint; a non-finite loss skips its step, and --max_bad_steps of them in a row stop the run;
+an unwritable --output_dir or a disk too small for the checkpoints is an error before training starts.
+
 OUT receives: checkpoints/step_XXXXXXX (accelerate save_state, the last --keep_checkpoints of them), logs/
 (TensorBoard), train_log.jsonl, and at the end the averaged model (config.json, model.safetensors,
 generation_config.json, the tokenizer), training_curves.png, lr_schedule.png and training_summary.json.
@@ -30,6 +35,7 @@ import platform
 import re
 import shlex
 import shutil
+import signal
 import sys
 import time
 from dataclasses import dataclass
@@ -41,6 +47,7 @@ import torch.nn.functional as F
 from accelerate import Accelerator
 from accelerate.utils import DistributedType, ProjectConfiguration, gather_object, set_seed
 from accelerate.utils import save as accelerate_save
+from safetensors import safe_open
 from safetensors.torch import load_file
 from tqdm.auto import tqdm
 from transformers import AutoTokenizer
@@ -107,6 +114,8 @@ def parse_args(argv=None):
     optim.add_argument("--max_grad_norm", type=float, default=0.0, help="clip gradients to this norm; 0: off, "
                                                                          "as in the paper")
     optim.add_argument("--seed", type=int, default=0)
+    optim.add_argument("--max_bad_steps", type=int, default=10,
+                       help="stop after this many steps in a row with a non-finite loss (each is skipped: no update)")
 
     hardware = parser.add_argument_group("hardware")
     hardware.add_argument("--mixed_precision", choices=["no", "bf16", "fp16"], default=None,
@@ -138,7 +147,7 @@ def parse_args(argv=None):
 
     for name in ("batch_tokens", "grad_accum", "max_steps", "warmup_steps", "save_every", "keep_checkpoints",
                  "average_last", "log_every", "eval_num_beams", "eval_batch_size", "max_source_length",
-                 "max_target_length"):
+                 "max_target_length", "max_bad_steps"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be at least 1")
     if not 0.0 <= args.label_smoothing < 1.0:
@@ -223,10 +232,15 @@ class EncodedSplit:
     references: list
     dropped: int = 0
     truncated: int = 0
+    without_text: int = 0
 
 
 def encode_split(rows, tokenizer, args, enforce_lengths=True):
-    pairs = rows["translation"]
+    # A pair with a side that is not text (None in a dataset not made by prepare_data.py) cannot be tokenized:
+    # it is dropped and counted, like the pairs that are too long.
+    all_pairs = rows["translation"]
+    pairs = [pair for pair in all_pairs if isinstance(pair, dict) and isinstance(pair.get(args.source_lang), str)
+             and isinstance(pair.get(args.target_lang), str)]
     sources = [pair[args.source_lang] for pair in pairs]
     references = [pair[args.target_lang] for pair in pairs]
     source_ids, target_ids = [], []
@@ -234,7 +248,7 @@ def encode_split(rows, tokenizer, args, enforce_lengths=True):
         encoded = tokenizer(sources[start:start + 10_000], text_target=references[start:start + 10_000])
         source_ids += encoded["input_ids"]
         target_ids += encoded["labels"]
-    split = EncodedSplit([], [], sources, references)
+    split = EncodedSplit([], [], sources, references, without_text=len(all_pairs) - len(pairs))
     eos = tokenizer.eos_token_id
     for src, tgt in zip(source_ids, target_ids):
         too_long = len(src) > args.max_source_length or len(tgt) > args.max_target_length
@@ -350,33 +364,74 @@ def list_checkpoints(checkpoint_root):
     return sorted(found, key=lambda path: int(CHECKPOINT_NAME.match(path.name).group(1)))
 
 
-def save_checkpoint(accelerator, model, config, checkpoint_root, train_state, keep):
+def is_interim(checkpoint):
+    """Whether a checkpoint was written off the --save_every grid, by a signal or --stop_after (see save_checkpoint)."""
+    return json.loads((Path(checkpoint) / TRAIN_STATE_FILE).read_text()).get("interim", False)
+
+
+def save_checkpoint(accelerator, model, config, checkpoint_root, train_state, keep, interim=False):
     """accelerate save_state (weights, optimizer, schedule, random states of every process) plus our train state.
 
-    Written into a temporary folder and renamed into place, so a run killed mid-save leaves no folder that --resume
-    could mistake for a checkpoint; train_state.json is written last as the completeness mark.
+    Written into a temporary folder, flushed to disk and renamed into place, so that a run killed at any moment (even
+    by SIGKILL or a power cut) leaves no folder that --resume could take for a checkpoint; train_state.json is written
+    last as the completeness mark. A failed write (a full disk) removes the temporary folder and raises OSError.
+
+    `interim` marks a checkpoint written off the --save_every grid (on SIGTERM/SIGINT, or at --stop_after): the
+    next checkpoint replaces it and averaging ignores it, so that a stopped and resumed run keeps the same
+    checkpoints, and averages the same final model, as an uninterrupted one. Besides interim ones, the last `keep`
+    checkpoints stay.
     """
     final = Path(checkpoint_root) / f"step_{train_state['step']:07d}"
     temporary = Path(checkpoint_root) / f"tmp_{final.name}"
+    try:
+        if accelerator.is_main_process:
+            shutil.rmtree(temporary, ignore_errors=True)
+            temporary.mkdir(parents=True)
+        accelerator.wait_for_everyone()
+        accelerator.save_state(str(temporary))
+        if accelerator.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED):
+            # These save sharded or engine-specific files; averaging reads one plain safetensors file, gathered here.
+            accelerate_save(accelerator.get_state_dict(model), temporary / "model.safetensors", safe_serialization=True)
+        accelerator.wait_for_everyone()
+        if accelerator.is_main_process:
+            config.to_json_file(temporary / "config.json")
+            (temporary / TRAIN_STATE_FILE).write_text(json.dumps({**train_state, "interim": interim}, indent=2))
+            flush_to_disk(temporary)
+            if final.exists():  # a rerun that reached the same step again
+                remove_checkpoint(final)
+            os.replace(temporary, final)
+            flush_to_disk(final.parent)  # the rename itself
+    except OSError:
+        if accelerator.is_main_process:
+            shutil.rmtree(temporary, ignore_errors=True)  # give back what the half-written checkpoint took
+        raise
     if accelerator.is_main_process:
-        shutil.rmtree(temporary, ignore_errors=True)
-        temporary.mkdir(parents=True)
-    accelerator.wait_for_everyone()
-    accelerator.save_state(str(temporary))
-    if accelerator.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED):
-        # These save sharded or engine-specific files; averaging reads one plain safetensors file, gathered here.
-        accelerate_save(accelerator.get_state_dict(model), temporary / "model.safetensors", safe_serialization=True)
-    accelerator.wait_for_everyone()
-    if accelerator.is_main_process:
-        config.to_json_file(temporary / "config.json")
-        (temporary / TRAIN_STATE_FILE).write_text(json.dumps(train_state, indent=2))
-        if final.exists():  # a rerun that reached the same step again
-            shutil.rmtree(final)
-        os.replace(temporary, final)
-        for old in list_checkpoints(checkpoint_root)[:-keep]:
-            shutil.rmtree(old)
+        checkpoints = list_checkpoints(checkpoint_root)
+        regular = [path for path in checkpoints if not is_interim(path)]
+        for old in regular[:-keep] + [path for path in checkpoints[:-1] if is_interim(path)]:
+            remove_checkpoint(old)
     accelerator.wait_for_everyone()
     return final
+
+
+def remove_checkpoint(path):
+    """Renamed out of the checkpoint names first, so that a kill during the deletion leaves a tmp_ folder (removed at
+    the next start), never a checkpoint with train_state.json but without some of its other files."""
+    doomed = path.with_name(f"tmp_{path.name}.old")
+    shutil.rmtree(doomed, ignore_errors=True)
+    os.replace(path, doomed)
+    shutil.rmtree(doomed)
+
+
+def flush_to_disk(folder):
+    """fsync the files of `folder` and (POSIX) the folder itself: only then is a rename safe against a crash."""
+    folder = Path(folder)
+    for path in [path for path in folder.iterdir() if path.is_file()] + ([folder] if os.name == "posix" else []):
+        descriptor = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(descriptor)
+        finally:
+            os.close(descriptor)
 
 
 def load_checkpoint_weights(path):
@@ -430,6 +485,108 @@ def weights_checksum(model):
         digest.update(key.encode())
         digest.update(tensor.detach().float().cpu().contiguous().numpy().tobytes())
     return digest.hexdigest()
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Faults (docs/reliability.md): preemption signals, checkpoints that do not fit, disks too small for the checkpoints.
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+class StopSignal:
+    """SIGTERM (cluster preemption, `kill`) and SIGINT (Ctrl-C) ask the run to stop after the optimizer step under way.
+
+    The handler only records the signal. At the end of each step every process votes (stop or not) in the all-reduce
+    the step does anyway, so all processes stop after the same step however the signal reached them; the run then
+    checkpoints and exits with 128 + the signal number (143 for SIGTERM, 130 for SIGINT), as a shell reports a
+    process ended by the signal, so that a job scheduler sees an unfinished run. A second Ctrl-C stops at once,
+    losing the steps since the last checkpoint but never a checkpoint.
+    """
+
+    def __init__(self):
+        self.received = None
+        self.previous = {sig: signal.signal(sig, self.record) for sig in (signal.SIGTERM, signal.SIGINT)}
+
+    def record(self, signum, frame):
+        if signum == signal.SIGINT and self.received == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.received = self.received or signum
+
+    def restore(self):
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+
+
+def resume_command(argv):
+    """The command that continues this run: the same arguments, with --resume (the latest checkpoint) once."""
+    kept, i = [], 0
+    while i < len(argv):
+        if argv[i] == "--resume":  # with or without a checkpoint folder after it
+            i += 2 if i + 1 < len(argv) and not argv[i + 1].startswith("-") else 1
+            continue
+        if not argv[i].startswith("--resume="):
+            kept.append(argv[i])
+        i += 1
+    script = shlex.join([os.path.relpath(__file__), *kept, "--resume"])
+    if "ACCELERATE_MIXED_PRECISION" in os.environ:  # started by `accelerate launch`
+        return f"accelerate launch <the same launch options> {script}"
+    return f"{shlex.quote(sys.executable)} {script}"
+
+
+def too_many_bad_steps(state, max_bad_steps, checkpoint_root):
+    """The error that ends a run whose loss stayed non-finite, naming the last checkpoint with good weights: the
+    newest one not after the weights that last gave a finite loss (the update that followed was never scored)."""
+    good = [path for path in list_checkpoints(checkpoint_root) if int(path.name[5:]) <= state["good_weights_step"]]
+    return (f"train.py: error: the loss was not finite for {state['bad_streak']} steps in a row; stopped at step "
+            f"{state['step']} (--max_bad_steps {max_bad_steps}). The weights of step {state['good_weights_step']} "
+            "are the last known to give a finite loss: "
+            + (f"the last good checkpoint is {good[-1]}. Continue from it with --resume {good[-1]} " if good
+               else "no checkpoint holds them. Start again ")
+            + "after lowering the learning rate (--peak_lr / --lr_scale) or with --max_grad_norm.")
+
+
+def check_checkpoint_fits(path, config):
+    """Before anything is loaded: the checkpoint holds its weights as safetensors (accelerate would fall back to a
+    pickle, pytorch_model.bin), with exactly the tensors, by name and shape, of the model this command builds."""
+    if not (path / "model.safetensors").is_file():
+        fail(f"checkpoint {path} has no model.safetensors; it cannot be resumed (weights are only read from "
+             "safetensors files).")
+    with torch.device("meta"):
+        model = VaswaniForConditionalGeneration(config)
+    expected = {key: tuple(tensor.shape) for key, tensor in model.state_dict().items()}
+    tied = set(getattr(model, "_tied_weights_keys", None) or {})
+    try:
+        with safe_open(str(path / "model.safetensors"), framework="pt") as file:
+            saved = {key.removeprefix("module."): tuple(file.get_slice(key).get_shape()) for key in file.keys()}
+    except Exception as error:  # safetensors raises its own error for a damaged header
+        fail(f"cannot read {path / 'model.safetensors'} ({error}).")
+    problems = [f"{key} is {saved[key]} in the checkpoint but {expected[key]} in the model"
+                for key in sorted(saved.keys() & expected.keys()) if saved[key] != expected[key]]
+    problems += [f"{key} is missing from the checkpoint" for key in sorted(expected.keys() - saved.keys() - tied)]
+    problems += [f"{key} is not in the model" for key in sorted(saved.keys() - expected.keys())]
+    if problems:
+        fail(f"checkpoint {path} does not fit the model of its config.json ({len(problems)} tensors differ: "
+             + "; ".join(problems[:6]) + ("; ..." if len(problems) > 6 else "") + ").")
+
+
+def check_free_space(output_dir, config, keep, existing):
+    """Fail now, not at the first checkpoint hours from now, if the disk cannot hold the checkpoints of the run.
+
+    One checkpoint holds the float32 weights (4 bytes a parameter) and Adam's two moments (8 bytes), plus 10% and a
+    MiB for the schedule, random states and format overhead. Up to `keep` + 1 are on disk at once (the newest is
+    complete before the oldest goes), `existing` of which are there already (at least one more is always written),
+    and the final model needs 4 bytes a parameter more.
+    """
+    with torch.device("meta"):
+        parameters = VaswaniForConditionalGeneration(config).num_parameters()
+    checkpoint_bytes = int(parameters * (4 + 8) * 1.1) + 2**20
+    needed = max(keep + 1 - existing, 1) * checkpoint_bytes + parameters * 4
+    free = shutil.disk_usage(output_dir).free
+    if free < needed:
+        fail(f"--output_dir {output_dir} has {free / 1e6:,.0f} MB free, but the run needs about "
+             f"{needed / 1e6:,.0f} MB: up to {keep + 1} checkpoints of {checkpoint_bytes / 1e6:,.0f} MB "
+             f"({parameters:,} parameters x 12 bytes of weights and Adam moments) and the final model. Free some "
+             "space, lower --keep_checkpoints / --average_last, or choose another --output_dir.")
+    return needed
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -551,6 +708,7 @@ def hardware_description(accelerator):
 
 
 def main(argv=None):
+    argv = sys.argv[1:] if argv is None else [str(argument) for argument in argv]
     args = parse_args(argv)
     wall_start = time.time()
     output_dir = Path(args.output_dir)
@@ -591,6 +749,8 @@ def main(argv=None):
             fail(f"--resume {args.resume} is not a complete checkpoint (no {TRAIN_STATE_FILE}).")
         if candidates:
             resume_from = candidates[-1]
+            if not (resume_from / "config.json").is_file():
+                fail(f"checkpoint {resume_from} has no config.json; it cannot be resumed.")
             saved = VaswaniConfig.from_json_file(str(resume_from / "config.json"))
             check_config_matches_tokenizer(saved, tokenizer, f"checkpoint {resume_from}")
             for field in ("d_model", "encoder_layers", "decoder_layers", "encoder_attention_heads",
@@ -600,16 +760,21 @@ def main(argv=None):
                     fail(f"checkpoint {resume_from} was trained with {field}={getattr(saved, field)}, but this "
                          f"command asks for {getattr(config, field)}; resume with the original --preset/--dropout.")
             config = saved
+            check_checkpoint_fits(resume_from, config)
         else:
             print_once(f"--resume: no checkpoint in {checkpoint_root} yet, starting from scratch.")
     check_config_matches_tokenizer(config, tokenizer, f"preset {args.preset!r}")
+    keep = max(args.keep_checkpoints, args.average_last)
+    check_free_space(output_dir, config, keep, len(list_checkpoints(checkpoint_root)))
 
     # --- Data (section 5.1). ---
     train = encode_split(dataset["train"], tokenizer, args)
     valid = encode_split(dataset["validation"], tokenizer, args, enforce_lengths=False)
     if not train.source_ids:
         fail(f"no training pair fits --max_source_length {args.max_source_length} / --max_target_length "
-             f"{args.max_target_length}.")
+             f"{args.max_target_length} ({train.without_text} of them are not text).")
+    if not valid.source_ids:
+        fail("the validation split has no pair with text on both sides.")
     train_lengths = (np.array([len(s) for s in train.source_ids]), np.array([len(t) for t in train.target_ids]))
     valid_lengths = (np.array([len(s) for s in valid.source_ids]), np.array([len(t) for t in valid.target_ids]))
     longest_pair = int((train_lengths[0] + train_lengths[1]).max())
@@ -640,7 +805,8 @@ def main(argv=None):
              f"--grad_accum ({accelerator.num_processes} x {args.grad_accum}); lower --batch_tokens or --grad_accum.")
     valid_batches = make_batches(*valid_lengths, args.batch_tokens, args.seed, 0, shuffle=False)
     say(f"train: {len(train.source_ids)} pairs ({train.dropped} longer than the maximum lengths dropped, "
-        f"{train.truncated} truncated); validation: {len(valid.source_ids)} pairs")
+        f"{train.truncated} truncated, {train.without_text} without text dropped); validation: "
+        f"{len(valid.source_ids)} pairs ({valid.without_text} without text dropped)")
     say(f"batches of <= {args.batch_tokens} padded tokens x {args.grad_accum} accumulated x "
         f"{accelerator.num_processes} processes = <= {args.batch_tokens * args.grad_accum * accelerator.num_processes}"
         f" tokens per optimizer step (paper: ~25000 source + ~25000 target); {steps_per_epoch} steps per epoch")
@@ -666,30 +832,64 @@ def main(argv=None):
              f"is {args.grad_accum}; make them agree.")
 
     # --- Where to start: step 0, or exactly where a checkpoint left off. ---
+    # skipped_steps: steps without an update (non-finite loss, fp16 overflow); bad_streak: non-finite losses in a
+    # row; good_weights_step: the weights after this step were the last to give a finite loss (known to be good).
     state = {"step": 0, "epoch": 0, "batch_index": 0, "tokens_seen": 0, "target_tokens_seen": 0,
-             "train_seconds": 0.0}
+             "train_seconds": 0.0, "skipped_steps": 0, "bad_streak": 0, "good_weights_step": 0,
+             "num_processes": accelerator.num_processes}
+    window = {"loss": 0.0, "nll": 0.0, "target_tokens": 0, "tokens": 0, "seconds": 0.0, "steps": 0, "skipped": 0}
     log_path = output_dir / "train_log.jsonl"
     set_seed(args.seed, device_specific=True)  # a different dropout stream on each process
     if resume_from is not None:
-        accelerator.load_state(str(resume_from))  # weights, Adam moments, schedule, every process's RNG states
-        state.update(json.loads((resume_from / TRAIN_STATE_FILE).read_text()))
+        saved_state = json.loads((resume_from / TRAIN_STATE_FILE).read_text())
+        saved_processes = saved_state.get("num_processes", accelerator.num_processes)
+        if saved_processes != accelerator.num_processes:
+            say(f"warning: {resume_from} was written by {saved_processes} processes and this run has "
+                f"{accelerator.num_processes}: the data order and the random states will not be those of an "
+                "uninterrupted run.")
+        try:  # weights, Adam moments, schedule, every process's RNG states
+            accelerator.load_state(str(resume_from))
+        except Exception as error:  # a damaged file, or a pickle holding more than tensors (read with weights_only)
+            fail(f"cannot load checkpoint {resume_from} ({type(error).__name__}: {error}).")
+        window = saved_state.pop("log_window", window)  # the steps since the last log line, for the next one
+        saved_state.pop("interim", None)
+        state.update(saved_state, num_processes=accelerator.num_processes)
         say(f"resumed from {resume_from}: step {state['step']}, epoch {state['epoch']}, batch {state['batch_index']}")
     if main_process:  # drop log lines written after the checkpoint by the run that stopped
         kept = [r for r in read_jsonl(log_path) if r["step"] <= state["step"] and not r.get("final")]
         log_path.write_text("".join(json.dumps(r) + "\n" for r in kept))
-        for leftover in checkpoint_root.glob("tmp_step_*"):  # half-written by a killed run
+        for leftover in checkpoint_root.glob("tmp_step_*"):  # half-written or half-deleted by a killed run
             shutil.rmtree(leftover, ignore_errors=True)
     if args.report_to != "none":
         accelerator.init_trackers("logs", config={k: v for k, v in vars(args).items()
                                                   if isinstance(v, (int, float, str, bool))})
 
+    def checkpoint(interim=False):
+        """Save the current state; a failed write (a full disk) ends the run, naming the checkpoint to resume from."""
+        try:
+            return save_checkpoint(accelerator, model, config, checkpoint_root, {**state, "log_window": window},
+                                   keep, interim)
+        except OSError as error:
+            complete = list_checkpoints(checkpoint_root)
+            fail(f"could not write the checkpoint of step {state['step']} in {checkpoint_root} ({error}). The steps "
+                 f"since {complete[-1] if complete else 'the start'} are lost, nothing else. Free some space, then "
+                 f"continue with:\n  {resume_command(argv)}")
+
+    def end_run(message, exit_code):
+        stop.restore()
+        progress.close()
+        if main_process:
+            print(message, file=sys.stderr if exit_code else sys.stdout, flush=True)
+        accelerator.end_training()
+        raise SystemExit(exit_code)
+
     # --- Training (sections 5.2-5.4). ---
     step, epoch, batch_index = state["step"], state["epoch"], state["batch_index"]
     rank_batches = epoch_batches(epoch)
     unwrapped = accelerator.unwrap_model(model)
-    window = {"loss": 0.0, "nll": 0.0, "target_tokens": 0, "tokens": 0, "seconds": 0.0, "steps": 0}
     run_tokens, run_seconds, last_eval = 0, 0.0, {}
     progress = tqdm(total=args.max_steps, initial=step, disable=not main_process, desc="training", dynamic_ncols=True)
+    stop = StopSignal()  # from here on, SIGTERM and SIGINT end the run after the step under way, checkpointed
     model.train()
     while step < args.max_steps:
         step_start = time.perf_counter()
@@ -698,7 +898,8 @@ def main(argv=None):
         counts = torch.tensor([sum(int(b["labels"].ne(-100).sum()) for b in batches),
                                sum(int(b["attention_mask"].sum()) for b in batches)], device=accelerator.device)
         target_tokens, source_tokens = accelerator.reduce(counts, reduction="sum").tolist()
-        sums = torch.zeros(2, dtype=torch.float64, device=accelerator.device)  # smoothed loss, plain cross-entropy
+        # Smoothed loss and plain cross-entropy summed over the step's tokens, and this process's vote to stop.
+        sums = torch.zeros(3, dtype=torch.float64, device=accelerator.device)
         for batch in batches:
             batch = {k: v.to(accelerator.device) for k, v in batch.items()}
             with accelerator.accumulate(model):
@@ -713,13 +914,18 @@ def main(argv=None):
                 sums[1] += smoothed_cross_entropy_sum(logits.detach(), batch["labels"], 0.0).double()
         if not accelerator.sync_gradients:
             raise RuntimeError("gradient accumulation is out of step with --grad_accum")
-        if args.max_grad_norm > 0:
-            accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
+        sums[2] = stop.received is not None
+        # One all-reduce gives every process the same losses and votes: all skip the same steps, stop after the same.
+        sums = accelerator.reduce(sums, reduction="sum")
+        loss_is_finite = bool(sums[:2].isfinite().all())
         learning_rate = scheduler.get_last_lr()[0]
-        optimizer.step()
+        if loss_is_finite:  # else the weights and Adam's moments stay as they were
+            if args.max_grad_norm > 0:
+                accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
+            optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
-        sums = accelerator.reduce(sums, reduction="sum")
+        skipped = not loss_is_finite or accelerator.optimizer_step_was_skipped  # the latter: fp16 overflow
         seconds = time.perf_counter() - step_start
 
         step += 1
@@ -730,18 +936,26 @@ def main(argv=None):
         tokens = int(source_tokens + target_tokens)
         state.update(step=step, epoch=epoch, batch_index=batch_index, tokens_seen=state["tokens_seen"] + tokens,
                      target_tokens_seen=state["target_tokens_seen"] + int(target_tokens),
-                     train_seconds=state["train_seconds"] + seconds)
+                     train_seconds=state["train_seconds"] + seconds, skipped_steps=state["skipped_steps"] + skipped,
+                     bad_streak=0 if loss_is_finite else state["bad_streak"] + 1,
+                     good_weights_step=step - 1 if loss_is_finite else state["good_weights_step"])
         run_tokens, run_seconds = run_tokens + tokens, run_seconds + seconds
-        for key, value in (("loss", sums[0].item()), ("nll", sums[1].item()), ("target_tokens", target_tokens),
-                           ("tokens", tokens), ("seconds", seconds), ("steps", 1)):
+        for key, value in (("tokens", tokens), ("seconds", seconds), ("steps", 1), ("skipped", int(skipped))):
             window[key] += value
+        if loss_is_finite:
+            for key, value in (("loss", sums[0].item()), ("nll", sums[1].item()), ("target_tokens", target_tokens)):
+                window[key] += value
+        elif main_process:
+            progress.write(f"step {step}: the loss is {sums[0].item()}; step skipped, weights unchanged "
+                           f"({state['bad_streak']} in a row, the run stops at --max_bad_steps {args.max_bad_steps})")
         progress.update(1)
 
         if step % args.log_every == 0 or step == args.max_steps:
-            record = {"step": step, "epoch": epoch, "loss": window["loss"] / window["target_tokens"],
-                      "nll": window["nll"] / window["target_tokens"], "lr": learning_rate,
+            per_token = window["target_tokens"] or math.nan  # nan: every step of the window was skipped
+            record = {"step": step, "epoch": epoch, "loss": window["loss"] / per_token,
+                      "nll": window["nll"] / per_token, "lr": learning_rate,
                       "tokens": state["tokens_seen"], "tokens_per_step": window["tokens"] / window["steps"],
-                      "tokens_per_sec": window["tokens"] / window["seconds"]}
+                      "tokens_per_sec": window["tokens"] / window["seconds"], "skipped_steps": window["skipped"]}
             progress.set_postfix(loss=f"{record['loss']:.3f}", lr=f"{learning_rate:.2e}",
                                  tok_s=f"{record['tokens_per_sec']:.0f}")
             accelerator.log({f"train/{k}": v for k, v in record.items() if k != "step"}, step=step)
@@ -758,20 +972,30 @@ def main(argv=None):
                                + (f", BLEU {last_eval['bleu']:.2f}" if "bleu" in last_eval else "")
                                + (f"; e.g. {last_eval['example'][:100]!r}" if "example" in last_eval else ""))
 
-        if step % args.save_every == 0 or step == args.max_steps or step == args.stop_after:
-            save_checkpoint(accelerator, model, config, checkpoint_root, state,
-                            max(args.keep_checkpoints, args.average_last))
+        on_grid = step % args.save_every == 0 or step == args.max_steps
+        signalled = sums[2].item() > 0
+        if on_grid or step == args.stop_after or signalled:
+            saved = checkpoint(interim=not on_grid)
+        if state["bad_streak"] >= args.max_bad_steps:
+            end_run(too_many_bad_steps(state, args.max_bad_steps, checkpoint_root), 1)
+        if signalled:
+            received = stop.received or signal.SIGTERM  # a process the signal missed stops with the others
+            end_run(f"train.py: {signal.Signals(received).name} received: stopped after step {step} of "
+                    f"{args.max_steps}, checkpoint in {saved}. Continue with:\n  {resume_command(argv)}",
+                    128 + received)
         if step == args.stop_after:
+            stop.restore()
             progress.close()
             say(f"stopped after step {step} (--stop_after); continue with --resume")
             accelerator.end_training()
             return None
+    stop.restore()  # after the last step every checkpoint is written: a signal now ends the run at once
     progress.close()
 
     # --- Section 6.1: the final model averages the last checkpoints. Every process computes the same average. ---
     trained_checksum = weights_checksum(unwrapped) if accelerator.distributed_type not in (
         DistributedType.FSDP, DistributedType.DEEPSPEED) else None
-    averaged_paths = list_checkpoints(checkpoint_root)[-args.average_last:]
+    averaged_paths = [path for path in list_checkpoints(checkpoint_root) if not is_interim(path)][-args.average_last:]
     say(f"averaging {len(averaged_paths)} checkpoints: {', '.join(p.name for p in averaged_paths)}")
     final_model = VaswaniForConditionalGeneration(config)
     load_weights_into(final_model, average_checkpoints(averaged_paths))
@@ -808,6 +1032,8 @@ def main(argv=None):
             "num_parameters": sum(p.numel() for p in final_model.parameters()),
             "train_pairs": len(train.source_ids),
             "train_pairs_dropped": train.dropped,
+            "train_pairs_without_text": train.without_text,
+            "skipped_steps": state["skipped_steps"],
             "hardware": hardware_description(accelerator),
             "world_size": accelerator.num_processes,
             "weight_checksums": checksums,

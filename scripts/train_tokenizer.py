@@ -31,7 +31,11 @@ Usage:
 
 import argparse
 import statistics
+import sys
+import tempfile
 import time
+import unicodedata
+from pathlib import Path
 
 import datasets
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
@@ -89,11 +93,59 @@ def train_bpe_tokenizer(texts, vocab_size, model_max_length=1024, min_frequency=
     )
 
 
+def fail(message):
+    raise SystemExit(f"train_tokenizer.py: error: {message}")
+
+
+def sentences_by_language(dataset_dir, languages=("en", "es"), split="train"):
+    """{language: its sentences} of one split of a prepare_data.py dataset, and how many were skipped.
+
+    A sentence that is not text (None in a dataset not made by prepare_data.py) or that holds U+FFFD, the mark of
+    bytes that were not valid UTF-8, is skipped and counted: the vocabulary should not learn broken text.
+    """
+    if not Path(dataset_dir).is_dir():
+        fail(f"--dataset_dir {dataset_dir} does not exist; create it with scripts/prepare_data.py.")
+    try:
+        dataset = datasets.load_from_disk(str(dataset_dir))
+    except Exception as error:  # datasets raises FileNotFoundError or its own errors for a foreign folder
+        fail(f"--dataset_dir {dataset_dir} is not a dataset saved with save_to_disk ({error}).")
+    if not isinstance(dataset, datasets.DatasetDict) or split not in dataset:
+        fail(f"--dataset_dir {dataset_dir} has no {split!r} split.")
+    rows = dataset[split]
+    if "translation" not in rows.column_names:
+        fail(f"the {split} split of {dataset_dir} has no 'translation' column (columns: {rows.column_names}).")
+    translations = [pair or {} for pair in rows["translation"]]
+    present = sorted(translations[0]) if translations else []
+    for language in languages:
+        if language not in present:
+            fail(f"language {language!r} is not in the translation column (it has {present}); set "
+                 "--source_lang/--target_lang.")
+    sentences, skipped = {}, 0
+    for language in languages:
+        texts = [pair.get(language) for pair in translations]
+        sentences[language] = [text for text in texts if isinstance(text, str) and "\ufffd" not in text]
+        skipped += len(texts) - len(sentences[language])
+    if not any(sentences.values()):
+        fail(f"the {split} split of {dataset_dir} holds no text to learn a vocabulary from.")
+    return sentences, skipped
+
+
 def corpus_texts(dataset_dir, source_lang="en", target_lang="es", split="train"):
-    """All source and target sentences of one split of a prepare_data.py dataset."""
-    rows = datasets.load_from_disk(dataset_dir)[split]
-    translations = rows["translation"]
-    return [pair[source_lang] for pair in translations] + [pair[target_lang] for pair in translations]
+    """All source and target sentences of one split of a prepare_data.py dataset (broken ones skipped)."""
+    sentences, _ = sentences_by_language(dataset_dir, (source_lang, target_lang), split)
+    return sentences[source_lang] + sentences[target_lang]
+
+
+def check_output_dir(path):
+    """Fail before the training if `path` cannot be created or written; the check itself leaves nothing behind."""
+    path = Path(path).absolute()
+    existing = next(folder for folder in (path, *path.parents) if folder.exists())
+    if not existing.is_dir():
+        fail(f"cannot write to --output_dir {path}: {existing} is a file.")
+    try:
+        Path(tempfile.mkdtemp(prefix=".write_test_", dir=existing)).rmdir()
+    except OSError as error:
+        fail(f"cannot write to --output_dir {path} ({error}).")
 
 
 def main(argv=None):
@@ -107,24 +159,27 @@ def main(argv=None):
     args = parser.parse_args(argv)
 
     start = time.time()
-    texts = corpus_texts(args.dataset_dir, args.source_lang, args.target_lang)
+    check_output_dir(args.output_dir)
+    sentences, skipped = sentences_by_language(args.dataset_dir, (args.source_lang, args.target_lang))
+    texts = sentences[args.source_lang] + sentences[args.target_lang]
     print(f"training a shared BPE vocabulary of {args.vocab_size} on {len(texts)} sentences "
-          f"({args.source_lang} + {args.target_lang}, train split)")
+          f"({args.source_lang} + {args.target_lang}, train split; {skipped} skipped: not text, or with U+FFFD)")
     tokenizer = train_bpe_tokenizer(texts, args.vocab_size, args.model_max_length, show_progress=True)
     tokenizer.save_pretrained(args.output_dir)
     print(f"saved to {args.output_dir} in {time.time() - start:.1f}s; vocabulary size {len(tokenizer)}")
 
     # Reload the way the training script will, and show what the model sees.
     tokenizer = AutoTokenizer.from_pretrained(args.output_dir)
-    half = len(texts) // 2
-    for name, sentences in ((args.source_lang, texts[:half]), (args.target_lang, texts[half:])):
-        lengths = [len(ids) for ids in tokenizer(sentences).input_ids]
+    for name, texts in sentences.items():
+        if not texts:
+            continue
+        lengths = [len(ids) for ids in tokenizer(texts).input_ids]
         print(f"{name}: {statistics.mean(lengths):.1f} tokens per sentence on average, "
               f"{max(lengths)} at most (</s> included)")
-    for sentence in (texts[0], texts[half]):
-        ids = tokenizer(sentence).input_ids
-        print(f"\n{sentence}\n  ids    {ids}\n  pieces {[tokenizer.decode([i]) for i in ids]}")
-        assert tokenizer.decode(ids, skip_special_tokens=True) == sentence
+        ids = tokenizer(texts[0]).input_ids
+        print(f"\n{texts[0]}\n  ids    {ids}\n  pieces {[tokenizer.decode([i]) for i in ids]}\n")
+        if tokenizer.decode(ids, skip_special_tokens=True) != unicodedata.normalize("NFC", texts[0]):
+            print(f"warning: decoding does not give back {texts[0]!r}", file=sys.stderr)
 
 
 if __name__ == "__main__":
