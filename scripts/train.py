@@ -57,6 +57,7 @@ from vaswani.modeling.modeling_vaswani import shift_tokens_right
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from evaluate import corpus_bleu, translate  # noqa: E402  (scripts/evaluate.py: one way to decode and to score)
+from push_to_hub import PushError, push_to_hub  # noqa: E402  (scripts/push_to_hub.py: one way to share a model)
 
 # accelerate warns at every save that it leaves out the tied copies of the shared embedding (section 3.4); that is
 # intended, and load_weights_into() checks that nothing else is missing.
@@ -132,6 +133,10 @@ def parse_args(argv=None):
                         help="continue from the latest complete checkpoint in OUTPUT_DIR (or from this folder)")
     output.add_argument("--stop_after", type=int, default=None,
                         help="checkpoint and exit after this step, as if killed there (for testing --resume)")
+    output.add_argument("--push_to_hub", action="store_true",
+                        help="at the end, upload the final model with scripts/push_to_hub.py (one commit)")
+    output.add_argument("--hub_model_id", default=None, help="NAMESPACE/NAME of the Hub repo for --push_to_hub")
+    output.add_argument("--hub_private_repo", action="store_true", help="create the Hub repo as private")
 
     evaluation = parser.add_argument_group("validation")
     evaluation.add_argument("--eval_every", type=int, default=1000, help="steps between validations; 0: only at "
@@ -144,6 +149,8 @@ def parse_args(argv=None):
     evaluation.add_argument("--log_every", type=int, default=50, help="steps between training-loss log lines")
     evaluation.add_argument("--report_to", choices=["tensorboard", "none"], default="tensorboard")
     args = parser.parse_args(argv)
+    if args.push_to_hub and not args.hub_model_id:
+        parser.error("--push_to_hub needs --hub_model_id NAMESPACE/NAME")
 
     for name in ("batch_tokens", "grad_accum", "max_steps", "warmup_steps", "save_every", "keep_checkpoints",
                  "average_last", "log_every", "eval_num_beams", "eval_batch_size", "max_source_length",
@@ -1046,6 +1053,12 @@ def main(argv=None):
         say(f"final model (average of {len(averaged_paths)} checkpoints) in {output_dir}: validation loss "
             f"{final_eval['val_loss']:.3f}" + (f", BLEU {final_eval['bleu']:.2f}" if "bleu" in final_eval else "")
             + f"; {summary['tokens_per_sec'] or 0:.0f} tokens/s")
+        if args.push_to_hub:
+            try:
+                say(f"pushed to the Hub: {push_to_hub(output_dir, args.hub_model_id, private=args.hub_private_repo)}")
+            except PushError as error:  # the trained model is safe on disk: say how to push it again
+                fail(f"{error}\nThe model is saved in {output_dir}; push it later with: python scripts/push_to_hub.py "
+                     f"--model_dir {output_dir} --repo_id {args.hub_model_id}")
     accelerator.wait_for_everyone()
     accelerator.end_training()
     return final_model

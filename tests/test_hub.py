@@ -503,3 +503,29 @@ def test_a_commit_whose_parent_is_no_longer_the_head_is_refused(api, published):
                         parent_commit=published.v1_commit)
     assert refused.value.response.status_code == 412
     assert heads(api) == before
+
+
+def test_train_script_pushes_its_final_model(hub, api, tmp_path):
+    """`scripts/train.py --push_to_hub --hub_model_id ...` shares the averaged model, its records and plots."""
+    from datasets import Dataset, DatasetDict
+
+    tiny_tokenizer().save_pretrained(tmp_path / "tokenizer")
+    words = [f"w{i}" for i in range(4, VOCAB_SIZE)]
+    pairs = [{"en": " ".join(words[(7 * i + j) % len(words)] for j in range(5)),
+              "es": " ".join(words[(7 * i + j + 1) % len(words)] for j in range(5))} for i in range(60)]
+    DatasetDict({split: Dataset.from_dict({"id": [f"{split}.{i}" for i in range(len(rows))], "translation": rows})
+                 for split, rows in (("train", pairs[:50]), ("validation", pairs[50:55]), ("test", pairs[55:]))}
+                ).save_to_disk(str(tmp_path / "data"))
+    command = [sys.executable, str(REPO_ROOT / "scripts" / "train.py"), "--dataset_dir", str(tmp_path / "data"),
+               "--tokenizer", str(tmp_path / "tokenizer"), "--output_dir", str(tmp_path / "out"), "--preset", "tiny",
+               "--max_steps", "4", "--save_every", "2", "--average_last", "2", "--batch_tokens", "200",
+               "--eval_every", "0", "--eval_bleu_samples", "2", "--report_to", "none",
+               "--push_to_hub", "--hub_model_id", "alice/trained-by-script"]
+    env = {**client_env(hub, tmp_path / "home"), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "pushed to the Hub" in done.stdout + done.stderr
+    assert ALICE_TOKEN not in done.stdout + done.stderr
+    files = {entry.path for entry in api.list_repo_tree("alice/trained-by-script", recursive=True)}
+    assert {"model.safetensors", "config.json", "modeling_vaswani.py", "pipeline_vaswani.py", "tokenizer.json",
+            "training_summary.json", "training_curves.png", "README.md"} <= files
