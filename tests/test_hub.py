@@ -505,17 +505,23 @@ def test_a_commit_whose_parent_is_no_longer_the_head_is_refused(api, published):
     assert heads(api) == before
 
 
-def test_train_script_pushes_its_final_model(hub, api, tmp_path):
-    """`scripts/train.py --push_to_hub --hub_model_id ...` shares the averaged model, its records and plots."""
+def save_tiny_corpus(folder: Path) -> Path:
+    """60 made-up pairs in the words of `tiny_tokenizer`, as scripts/prepare_data.py lays them out."""
     from datasets import Dataset, DatasetDict
 
-    tiny_tokenizer().save_pretrained(tmp_path / "tokenizer")
     words = [f"w{i}" for i in range(4, VOCAB_SIZE)]
     pairs = [{"en": " ".join(words[(7 * i + j) % len(words)] for j in range(5)),
               "es": " ".join(words[(7 * i + j + 1) % len(words)] for j in range(5))} for i in range(60)]
     DatasetDict({split: Dataset.from_dict({"id": [f"{split}.{i}" for i in range(len(rows))], "translation": rows})
                  for split, rows in (("train", pairs[:50]), ("validation", pairs[50:55]), ("test", pairs[55:]))}
-                ).save_to_disk(str(tmp_path / "data"))
+                ).save_to_disk(str(folder))
+    return folder
+
+
+def test_train_script_pushes_its_final_model(hub, api, tmp_path):
+    """`scripts/train.py --push_to_hub --hub_model_id ...` shares the averaged model, its records and plots."""
+    tiny_tokenizer().save_pretrained(tmp_path / "tokenizer")
+    save_tiny_corpus(tmp_path / "data")
     command = [sys.executable, str(REPO_ROOT / "scripts" / "train.py"), "--dataset_dir", str(tmp_path / "data"),
                "--tokenizer", str(tmp_path / "tokenizer"), "--output_dir", str(tmp_path / "out"), "--preset", "tiny",
                "--max_steps", "4", "--save_every", "2", "--average_last", "2", "--batch_tokens", "200",
@@ -529,3 +535,19 @@ def test_train_script_pushes_its_final_model(hub, api, tmp_path):
     files = {entry.path for entry in api.list_repo_tree("alice/trained-by-script", recursive=True)}
     assert {"model.safetensors", "config.json", "modeling_vaswani.py", "pipeline_vaswani.py", "tokenizer.json",
             "training_summary.json", "training_curves.png", "README.md"} <= files
+
+
+def test_finetune_script_pushes_through_the_trainer(hub, api, tmp_path):
+    """`scripts/finetune.py --push_to_hub` uses Seq2SeqTrainer's own push; the result loads from the Hub."""
+    folder = save_model_folder(tmp_path / "model", seeded_model(0), records=False)
+    save_tiny_corpus(tmp_path / "data")
+    command = [sys.executable, str(REPO_ROOT / "scripts" / "finetune.py"), "--model", str(folder),
+               "--dataset_dir", str(tmp_path / "data"), "--output_dir", str(tmp_path / "ft"), "--max_steps", "2",
+               "--per_device_train_batch_size", "8", "--eval_strategy", "no", "--save_strategy", "no", "--use_cpu",
+               "--report_to", "none", "--push_to_hub", "--hub_model_id", "alice/finetuned"]
+    env = {**client_env(hub, tmp_path / "home"), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert ALICE_TOKEN not in done.stdout + done.stderr
+    files = {entry.path for entry in api.list_repo_tree("alice/finetuned", recursive=True)}
+    assert {"model.safetensors", "config.json", "modeling_vaswani.py", "pipeline_vaswani.py", "tokenizer.json"} <= files
