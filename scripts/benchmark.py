@@ -6,7 +6,8 @@ Rows: vaswani; `transformers`' MarianMTModel configured to the same sizes (post-
 tied embeddings, its final-logits bias left at zero); CTranslate2 (generation only: float32 and int8 on the CPU,
 float16 and int8_float16 on CUDA). Columns:
 - training step (forward + backward + Adam step) in tokens/s (source + target tokens) at a fixed token-count batch,
-  and peak memory (CUDA: peak allocated; CPU: the process's peak resident memory above its size after imports);
+  and peak memory (CUDA: peak allocated; CPU: the process's peak resident memory above its size after imports,
+  read from Linux's /proc/self/status);
 - greedy and beam-4 generation of a batch of random sentences in sentences/s and generated tokens/s, with the output
   length forced equal for every implementation (random weights would otherwise stop at different lengths);
 - the ratio to Marian.
@@ -19,7 +20,7 @@ Results are printed and written as JSON and Markdown to --output_dir.
 
 import argparse
 import json
-import resource
+import re
 import statistics
 import subprocess
 import sys
@@ -32,8 +33,15 @@ SPECIAL_IDS = dict(pad_token_id=0, bos_token_id=1, eos_token_id=2, decoder_start
 VOCAB_SIZE = 32000
 
 
-def peak_rss_bytes() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports kilobytes
+def memory_status(field: str) -> int:
+    """A field of /proc/self/status in bytes: VmRSS (resident now) or VmHWM (peak resident since the last reset)."""
+    return int(re.search(rf"{field}:\s+(\d+) kB", Path("/proc/self/status").read_text()).group(1)) * 1024
+
+
+def reset_peak_memory() -> int:
+    """Start measuring the peak resident memory afresh (Linux); return the resident memory now, the baseline."""
+    Path("/proc/self/clear_refs").write_text("5")
+    return memory_status("VmRSS")
 
 
 def build_model(implementation: str, preset: str, max_positions: int):
@@ -106,7 +114,7 @@ def measure_training(model, args, length: int, batch_tokens: int) -> dict:
             model(input_ids=source, attention_mask=torch.ones_like(source), labels=target).loss.backward()
             optimizer.step()
     tokens = source.numel() + target.numel()
-    peak = torch.cuda.max_memory_allocated() if device.type == "cuda" else peak_rss_bytes() - args.baseline_rss
+    peak = torch.cuda.max_memory_allocated() if device.type == "cuda" else memory_status("VmHWM") - args.baseline_rss
     return dict(times=timer.times[-args.repeats:], tokens=tokens, batch=batch, length=length, peak_memory=peak)
 
 
@@ -152,7 +160,7 @@ def measure_ctranslate2(args, quantization: str, num_beams: int) -> dict:
 
 def worker(args) -> dict:
     """One fresh process: one implementation's measurements (or one sweep point)."""
-    args.baseline_rss = peak_rss_bytes()
+    args.baseline_rss = reset_peak_memory()
     torch.manual_seed(0)
     if args.implementation.startswith("ctranslate2"):
         quantization = args.implementation.split(":")[1]
