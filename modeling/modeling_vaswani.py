@@ -63,13 +63,16 @@ class VaswaniSinusoidalPositionalEncoding(nn.Module):
         self.d_model = config.d_model
         self.max_positions = config.max_position_embeddings
 
-    @torch.no_grad()
-    def forward(self, position_ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        if not is_torchdynamo_compiling() and position_ids.numel() and int(position_ids.max()) >= self.max_positions:
+    def check_length(self, num_positions: int) -> None:
+        """Refuse sequences longer than `max_position_embeddings`; a Python int, so no device sync per step."""
+        if num_positions > self.max_positions:
             raise ValueError(
-                f"Sequence of {int(position_ids.max()) + 1} positions is longer than max_position_embeddings "
+                f"Sequence of {num_positions} positions is longer than max_position_embeddings "
                 f"({self.max_positions}); raise config.max_position_embeddings (no retraining needed) or truncate."
             )
+
+    @torch.no_grad()
+    def forward(self, position_ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         # float32 at least: half precision cannot even represent positions beyond 2048 exactly.
         compute_dtype = torch.promote_types(dtype, torch.float32)
         two_i = torch.arange(0, self.d_model, 2, device=position_ids.device, dtype=compute_dtype)
@@ -87,7 +90,7 @@ class VaswaniScaledEmbedding(nn.Embedding):
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         if not is_torchdynamo_compiling() and input_ids.numel():
-            smallest, largest = int(input_ids.min()), int(input_ids.max())
+            smallest, largest = torch.stack(torch.aminmax(input_ids)).tolist()  # one pass, one device sync
             if smallest < 0 or largest >= self.num_embeddings:
                 raise ValueError(
                     f"Token ids must be in [0, {self.num_embeddings}) (vocab_size), got ids from {smallest} to "
@@ -349,6 +352,7 @@ class VaswaniEncoder(VaswaniPreTrainedModel):
         batch_size, length = inputs_embeds.shape[:2]
         check_attention_mask(attention_mask, (batch_size, length), "attention_mask")
 
+        self.embed_positions.check_length(length)
         positions = self.embed_positions(torch.arange(length, device=inputs_embeds.device), inputs_embeds.dtype)
         hidden_states = nn.functional.dropout(inputs_embeds + positions, p=self.dropout, training=self.training)
         attention_mask = create_bidirectional_mask(
@@ -406,6 +410,7 @@ class VaswaniDecoder(VaswaniPreTrainedModel):
         check_attention_mask(attention_mask, (batch_size, past_length + length), "decoder_attention_mask")
         check_attention_mask(encoder_attention_mask, tuple(encoder_hidden_states.shape[:2]), "attention_mask")
 
+        self.embed_positions.check_length(past_length + length)
         position_ids = torch.arange(past_length, past_length + length, device=inputs_embeds.device)
         positions = self.embed_positions(position_ids, inputs_embeds.dtype)
         hidden_states = nn.functional.dropout(inputs_embeds + positions, p=self.dropout, training=self.training)
