@@ -15,6 +15,7 @@ from .modeling import (
     VaswaniModel,
     VaswaniPreTrainedModel,
     VaswaniTranslationPipeline,
+    label_smoothed_cross_entropy,
 )
 
 __version__ = importlib.metadata.version("vaswani")
@@ -32,4 +33,5 @@ __all__ = [
     "VaswaniModel",
     "VaswaniPreTrainedModel",
     "VaswaniTranslationPipeline",
+    "label_smoothed_cross_entropy",
 ]

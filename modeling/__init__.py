@@ -4,6 +4,7 @@ from .modeling_vaswani import (
     VaswaniForConditionalGeneration,
     VaswaniModel,
     VaswaniPreTrainedModel,
+    label_smoothed_cross_entropy,
 )
 from .pipeline_vaswani import VaswaniTranslationPipeline
 
@@ -14,4 +15,5 @@ __all__ = [
     "VaswaniModel",
     "VaswaniPreTrainedModel",
     "VaswaniTranslationPipeline",
+    "label_smoothed_cross_entropy",
 ]

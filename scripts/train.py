@@ -43,7 +43,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from accelerate import Accelerator
 from accelerate.utils import DistributedType, ProjectConfiguration, gather_object, set_seed
 from accelerate.utils import save as accelerate_save
@@ -52,7 +51,7 @@ from safetensors.torch import load_file
 from tqdm.auto import tqdm
 from transformers import AutoTokenizer
 
-from vaswani import PRESETS, VaswaniConfig, VaswaniForConditionalGeneration
+from vaswani import PRESETS, VaswaniConfig, VaswaniForConditionalGeneration, label_smoothed_cross_entropy
 from vaswani.modeling.modeling_vaswani import shift_tokens_right
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -346,14 +345,15 @@ def lr_at(step, schedule="paper", d_model=512, warmup_steps=4000, lr_scale=1.0, 
     raise ValueError(f"unknown learning-rate schedule {schedule!r}")
 
 
-def smoothed_cross_entropy_sum(logits, labels, label_smoothing):
-    """Section 5.4: cross-entropy against targets smoothed with epsilon_ls, summed over the labelled tokens.
+def token_loss_sums(logits, labels, label_smoothing):
+    """Section 5.4: the cross-entropy against targets smoothed with epsilon_ls (differentiable) and the plain
+    cross-entropy (to log), each summed over the labelled tokens, from one pass over the logits.
 
     Summed, not averaged, so that the caller can divide by the target tokens of the whole optimizer step (all
     accumulated batches on all processes): every token weighs the same however the step was cut into batches.
     """
-    return F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=-100,
-                           label_smoothing=label_smoothing, reduction="sum")
+    smoothed, plain = label_smoothed_cross_entropy(logits, labels, label_smoothing)
+    return smoothed.sum(), plain.sum()
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -614,7 +614,7 @@ def validate(accelerator, model, tokenizer, valid, valid_batches, args):
         with accelerator.autocast():
             logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                            decoder_input_ids=batch["decoder_input_ids"]).logits
-        totals[0] += smoothed_cross_entropy_sum(logits, batch["labels"], 0.0).double()
+        totals[0] += token_loss_sums(logits, batch["labels"], 0.0)[1].double()
         totals[1] += batch["labels"].ne(-100).sum()
     totals = accelerator.reduce(totals, reduction="sum")
     result = {"val_loss": (totals[0] / totals[1]).item()}
@@ -912,13 +912,13 @@ def main(argv=None):
             with accelerator.accumulate(model):
                 logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                                decoder_input_ids=batch["decoder_input_ids"]).logits
-                loss_sum = smoothed_cross_entropy_sum(logits, batch["labels"], args.label_smoothing)
+                loss_sum, nll_sum = token_loss_sums(logits, batch["labels"], args.label_smoothing)
                 # The step's loss is the sum over its target tokens divided by their number. DDP averages gradients
                 # over the processes and Accelerate divides by the accumulation steps: both are undone here.
                 scale = accelerator.num_processes * accelerator.gradient_accumulation_steps / target_tokens
                 accelerator.backward(loss_sum * scale)
                 sums[0] += loss_sum.detach().double()
-                sums[1] += smoothed_cross_entropy_sum(logits.detach(), batch["labels"], 0.0).double()
+                sums[1] += nll_sum.double()
         if not accelerator.sync_gradients:
             raise RuntimeError("gradient accumulation is out of step with --grad_accum")
         sums[2] = stop.received is not None

@@ -338,19 +338,19 @@ def test_an_interim_checkpoint_stays_only_until_the_next_one(tmp_path):
 NAN_AT_STEPS_3_4_AND_FROM_9 = """
     import math
 
-    compute = train.smoothed_cross_entropy_sum
+    compute = train.token_loss_sums
     steps = 0
 
     def loss(logits, labels, label_smoothing):
         global steps
-        value = compute(logits, labels, label_smoothing)
+        smoothed, plain = compute(logits, labels, label_smoothing)
         if logits.requires_grad:  # the training loss: once a step without gradient accumulation
             steps += 1
             if steps in (3, 4) or steps >= 9:
-                return value * math.nan
-        return value
+                return smoothed * math.nan, plain * math.nan
+        return smoothed, plain
 
-    train.smoothed_cross_entropy_sum = loss
+    train.token_loss_sums = loss
 """
 
 
