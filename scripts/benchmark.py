@@ -7,7 +7,8 @@ tied embeddings, its final-logits bias left at zero); CTranslate2 (generation on
 float16 and int8_float16 on CUDA). Columns:
 - training step (forward + backward + Adam step) in tokens/s (source + target tokens) at a fixed token-count batch,
   and peak memory (CUDA: peak allocated; CPU: the process's peak resident memory above its size after imports,
-  read from Linux's /proc/self/status);
+  read from Linux's /proc/self/status), and model FLOPs utilisation (MFU) against the measured matrix-multiply
+  ceiling of the device in the chosen dtype;
 - greedy and beam-4 generation of a batch of random sentences in sentences/s and generated tokens/s, with the output
   length forced equal for every implementation (random weights would otherwise stop at different lengths);
 - the ratio to Marian.
@@ -97,6 +98,36 @@ def random_ids(batch: int, length: int, device) -> torch.Tensor:
     return ids
 
 
+def training_step_flops(config, batch: int, length: int) -> int:
+    """Model FLOPs of one training step on `batch` pairs of `length` source and `length` target tokens.
+
+    The forward pass's matrix multiplications (2 FLOPs a multiply-add), times 3 for forward and backward. Attention
+    counts every key position, the causal half included, as MFU figures usually do; Marian's biases are left out, so
+    both implementations are credited with the same work.
+    """
+    d, tokens = config.d_model, batch * length
+    attention = 2 * length * d  # Q K^T and the weighted sum of V, per query token
+    encoder_layer = 4 * d * d + attention + 2 * d * config.encoder_ffn_dim
+    # Self-attention (Q, K, V, output), encoder-decoder attention (Q, output; K and V are per source token), FFN.
+    decoder_layer = 4 * d * d + attention + 2 * d * d + attention + 2 * d * config.decoder_ffn_dim
+    encoder_keys_values = 2 * d * d
+    forward = tokens * (config.encoder_layers * encoder_layer
+                        + config.decoder_layers * (decoder_layer + encoder_keys_values)
+                        + d * config.vocab_size)
+    return 3 * 2 * forward
+
+
+def matmul_ceiling(device: torch.device, dtype: torch.dtype, repeats: int) -> dict:
+    """The measured FLOP/s of a large square matrix multiplication in `dtype`: the ceiling MFU is quoted against."""
+    size = 8192 if device.type == "cuda" else 2048
+    left, right = (torch.randn(size, size, device=device, dtype=dtype) for _ in range(2))
+    timer = Timer(device)
+    for _ in range(2 + repeats):
+        with timer:
+            left @ right
+    return dict(size=size, flops_per_s=2 * size**3 / statistics.median(timer.times[2:]))
+
+
 def measure_training(model, args, length: int, batch_tokens: int) -> dict:
     device = torch.device(args.device)
     model.to(device=device, dtype=getattr(torch, args.dtype)).train()
@@ -115,7 +146,8 @@ def measure_training(model, args, length: int, batch_tokens: int) -> dict:
             optimizer.step()
     tokens = source.numel() + target.numel()
     peak = torch.cuda.max_memory_allocated() if device.type == "cuda" else memory_status("VmHWM") - args.baseline_rss
-    return dict(times=timer.times[-args.repeats:], tokens=tokens, batch=batch, length=length, peak_memory=peak)
+    return dict(times=timer.times[-args.repeats:], tokens=tokens, batch=batch, length=length, peak_memory=peak,
+                flops=training_step_flops(model.config, batch, length))
 
 
 def measure_generation(model, args, num_beams: int) -> dict:
@@ -199,12 +231,14 @@ def fmt_ratio(ours: dict | None, theirs: dict | None) -> str:
     return f"{ours['median'] / theirs['median']:.2f}x" if ours and theirs else "n/a"
 
 
-def main_table(results: dict) -> tuple[list[dict], str]:
+def main_table(results: dict, ceiling: dict) -> tuple[list[dict], str]:
     rows = []
     for name, result in results.items():
         row = {"implementation": name}
         if "train" in result:
             row["train_tokens_per_s"] = summarise(result["train"]["times"], result["train"]["tokens"])
+            row["train_flops_per_s"] = summarise(result["train"]["times"], result["train"]["flops"])
+            row["train_mfu"] = row["train_flops_per_s"]["median"] / ceiling["flops_per_s"]
             row["train_peak_memory_mib"] = result["train"]["peak_memory"] / 2**20
         for beams in (1, 4):
             gen = result[f"generate_beam{beams}"]
@@ -213,14 +247,16 @@ def main_table(results: dict) -> tuple[list[dict], str]:
         rows.append(row)
     reference = next(row for row in rows if row["implementation"] == "marian")
     lines = [
-        "| implementation | train tokens/s | train peak MiB | greedy sent/s | greedy tok/s | beam-4 sent/s | beam-4 tok/s "
-        "| train vs Marian | greedy vs Marian | beam-4 vs Marian |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| implementation | train tokens/s | train TFLOP/s (MFU) | train peak MiB | greedy sent/s | greedy tok/s "
+        "| beam-4 sent/s | beam-4 tok/s | train vs Marian | greedy vs Marian | beam-4 vs Marian |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
         memory = f"{row['train_peak_memory_mib']:,.0f}" if "train_peak_memory_mib" in row else "n/a"
+        flops = (f"{row['train_flops_per_s']['median'] / 1e12:.3g} ({row['train_mfu']:.1%})"
+                 if "train_mfu" in row else "n/a")
         lines.append(
-            f"| {row['implementation']} | {fmt_rate(row.get('train_tokens_per_s'))} | {memory} "
+            f"| {row['implementation']} | {fmt_rate(row.get('train_tokens_per_s'))} | {flops} | {memory} "
             f"| {fmt_rate(row['beam1_sentences_per_s'])} | {fmt_rate(row['beam1_tokens_per_s'])} "
             f"| {fmt_rate(row['beam4_sentences_per_s'])} | {fmt_rate(row['beam4_tokens_per_s'])} "
             f"| {fmt_ratio(row.get('train_tokens_per_s'), reference.get('train_tokens_per_s'))} "
@@ -291,6 +327,7 @@ def main(argv=None) -> dict:
     sweep += [("batch_tokens", impl, (args.train_length, tokens))
               for impl in ("vaswani", "marian") for tokens in args.sweep_batch_tokens]
 
+    ceiling = matmul_ceiling(torch.device(args.device), getattr(torch, args.dtype), args.repeats)
     results, sweep_points = {}, []
     with tqdm(total=len(implementations) + len(sweep), desc="benchmark", unit="run") as progress:
         for implementation in implementations:
@@ -303,13 +340,16 @@ def main(argv=None) -> dict:
                                  **run_worker(args, implementation, point)["train"]})
             progress.update()
 
-    rows, table = main_table(results)
+    rows, table = main_table(results, ceiling)
     device_name = torch.cuda.get_device_name() if args.device == "cuda" else f"CPU, {torch.get_num_threads()} threads"
     header = (f"## {args.preset} preset, {args.dtype}, {device_name}\n\n"
               f"torch {torch.__version__}; training batch {args.batch_tokens} source + {args.batch_tokens} target "
               f"tokens of length {args.train_length}; generation of {args.gen_batch} sentences of "
               f"{args.gen_source_length} tokens into exactly {args.gen_length} tokens; median (min-max) of "
-              f"{args.repeats} repetitions after {args.warmup} warm-up.\n")
+              f"{args.repeats} repetitions after {args.warmup} warm-up. MFU: model FLOPs of the training step "
+              f"(matrix multiplications, forward and backward) per second over the measured {args.dtype} "
+              f"matrix-multiply ceiling of this device, {ceiling['flops_per_s'] / 1e12:.3g} TFLOP/s "
+              f"({ceiling['size']}x{ceiling['size']} matrices).\n")
     by_length = [p for p in sweep_points if p["sweep_axis"] == "length"]
     by_tokens = [p for p in sweep_points if p["sweep_axis"] == "batch_tokens"]
     markdown = "\n".join([
@@ -322,7 +362,8 @@ def main(argv=None) -> dict:
     output_dir.mkdir(parents=True, exist_ok=True)
     stem = f"{args.device}_{args.preset}_{args.dtype}"
     report = {"settings": {k: v for k, v in vars(args).items() if k not in ("forwarded",)}, "device": device_name,
-              "torch": torch.__version__, "rows": rows, "raw": results, "sweep": sweep_points}
+              "torch": torch.__version__, "matmul_ceiling": ceiling, "rows": rows, "raw": results,
+              "sweep": sweep_points}
     (output_dir / f"{stem}.json").write_text(json.dumps(report, indent=2))
     (output_dir / f"{stem}.md").write_text(markdown)
     print(f"Written {output_dir / stem}.json and .md")

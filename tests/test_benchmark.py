@@ -36,3 +36,29 @@ def test_benchmark_sweeps_length_and_batch_tokens(report):
     assert by_axis[("batch_tokens", "marian")]["batch"] == 16
     markdown = (report / "cpu_tiny_float32.md").read_text()
     assert "| vaswani |" in markdown and "vs Marian" in markdown and "against sequence length" in markdown
+
+
+def test_benchmark_reports_mfu_against_the_measured_matmul_ceiling(report):
+    data = json.loads((report / "cpu_tiny_float32.json").read_text())
+    assert data["matmul_ceiling"]["flops_per_s"] > 0
+    for row in data["rows"][:2]:
+        assert 0 < row["train_mfu"] < 1
+        assert row["train_mfu"] == row["train_flops_per_s"]["median"] / data["matmul_ceiling"]["flops_per_s"]
+    assert "TFLOP/s (MFU)" in (report / "cpu_tiny_float32.md").read_text()
+
+
+@pytest.mark.parametrize("preset", ["tiny", "small"])
+def test_model_flops_of_a_training_step_match_torch_flop_counter(preset):
+    """The MFU numerator: the counted FLOPs of an eager forward + backward equal the formula exactly."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from vaswani import VaswaniConfig, VaswaniForConditionalGeneration
+
+    config = VaswaniConfig.from_preset(preset, vocab_size=500, attn_implementation="eager")
+    model = VaswaniForConditionalGeneration(config)
+    batch, length = 3, 7
+    source, target = torch.randint(4, 500, (batch, length)), torch.randint(4, 500, (batch, length))
+    with FlopCounterMode(display=False) as counter:
+        model(input_ids=source, labels=target).loss.backward()
+    assert benchmark.training_step_flops(config, batch, length) == counter.get_total_flops()
