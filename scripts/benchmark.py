@@ -16,6 +16,9 @@ Then two sweeps of the training step, over sequence length at a fixed batch of t
 at a fixed length, to show how time and memory grow. Each figure is the median of --repeats timed repetitions after
 --warmup untimed ones, with the spread (min to max); on CUDA each repetition is synchronised.
 Every measurement runs in a fresh process, so that memory figures do not leak from one implementation to the next.
+The main table takes --rounds such processes per implementation, in alternating order, and pools their repetitions
+(peak memory: the highest), so that a shared machine's slow spells fall on every implementation alike; the sweeps run
+vaswani and Marian back to back at each point.
 Results are printed and written as JSON and Markdown to --output_dir.
 """
 
@@ -117,15 +120,16 @@ def training_step_flops(config, batch: int, length: int) -> int:
     return 3 * 2 * forward
 
 
-def matmul_ceiling(device: torch.device, dtype: torch.dtype, repeats: int) -> dict:
-    """The measured FLOP/s of a large square matrix multiplication in `dtype`: the ceiling MFU is quoted against."""
+def matmul_ceiling(device: torch.device, dtype: torch.dtype) -> dict:
+    """The FLOP/s of a large square matrix multiplication in `dtype`, the best of 10: the ceiling MFU is quoted
+    against (a peak, so the fastest repetition, which a busy moment on a shared machine cannot pull down)."""
     size = 8192 if device.type == "cuda" else 2048
     left, right = (torch.randn(size, size, device=device, dtype=dtype) for _ in range(2))
     timer = Timer(device)
-    for _ in range(2 + repeats):
+    for _ in range(2 + 10):
         with timer:
             left @ right
-    return dict(size=size, flops_per_s=2 * size**3 / statistics.median(timer.times[2:]))
+    return dict(size=size, flops_per_s=2 * size**3 / min(timer.times[2:]))
 
 
 def measure_training(model, args, length: int, batch_tokens: int) -> dict:
@@ -216,6 +220,16 @@ def run_worker(args, implementation: str, sweep_point=None) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def pool_rounds(measured: list[dict]) -> dict:
+    """One implementation's measurements from several processes: all timed repetitions, and the highest peak."""
+    pooled = {}
+    for name, first in measured[0].items():
+        pooled[name] = {**first, "times": [t for result in measured for t in result[name]["times"]]}
+        if "peak_memory" in first:
+            pooled[name]["peak_memory"] = max(result[name]["peak_memory"] for result in measured)
+    return pooled
+
+
 def summarise(times: list[float], amount: float) -> dict:
     rates = [amount / t for t in times]
     return dict(median=statistics.median(rates), low=min(rates), high=max(rates))
@@ -289,7 +303,8 @@ def parse_args(argv=None):
     parser.add_argument("--gen_batch", type=int, default=16, help="sentences per generate() call")
     parser.add_argument("--gen_source_length", type=int, default=24)
     parser.add_argument("--gen_length", type=int, default=24, help="forced number of generated tokens")
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=5, help="timed repetitions in each process")
+    parser.add_argument("--rounds", type=int, default=3, help="processes per implementation for the main table")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--sweep_lengths", type=int, nargs="*", default=[32, 64, 128, 256, 512, 1024])
     parser.add_argument("--sweep_batch_tokens", type=int, nargs="*", default=[1024, 2048, 4096, 8192])
@@ -323,30 +338,33 @@ def main(argv=None) -> dict:
         quantizations = ["float32", "int8"] if args.device == "cpu" else ["float16", "int8_float16"]
         implementations += [f"ctranslate2:{q}" for q in quantizations]
     sweep = [("length", impl, (length, args.batch_tokens))
-             for impl in ("vaswani", "marian") for length in args.sweep_lengths]
+             for length in args.sweep_lengths for impl in ("vaswani", "marian")]
     sweep += [("batch_tokens", impl, (args.train_length, tokens))
-              for impl in ("vaswani", "marian") for tokens in args.sweep_batch_tokens]
+              for tokens in args.sweep_batch_tokens for impl in ("vaswani", "marian")]
 
-    ceiling = matmul_ceiling(torch.device(args.device), getattr(torch, args.dtype), args.repeats)
-    results, sweep_points = {}, []
-    with tqdm(total=len(implementations) + len(sweep), desc="benchmark", unit="run") as progress:
-        for implementation in implementations:
-            progress.set_postfix_str(implementation)
-            results[implementation] = run_worker(args, implementation)
-            progress.update()
+    ceiling = matmul_ceiling(torch.device(args.device), getattr(torch, args.dtype))
+    rounds, sweep_points = {implementation: [] for implementation in implementations}, []
+    with tqdm(total=args.rounds * len(implementations) + len(sweep), desc="benchmark", unit="run") as progress:
+        for round_index in range(args.rounds):
+            for implementation in implementations[::-1 if round_index % 2 else 1]:
+                progress.set_postfix_str(f"{implementation}, round {round_index + 1}")
+                rounds[implementation].append(run_worker(args, implementation))
+                progress.update()
         for axis, implementation, point in sweep:
             progress.set_postfix_str(f"{implementation} {point}")
             sweep_points.append({"implementation": implementation, "sweep_axis": axis,
                                  **run_worker(args, implementation, point)["train"]})
             progress.update()
 
+    results = {implementation: pool_rounds(measured) for implementation, measured in rounds.items()}
     rows, table = main_table(results, ceiling)
     device_name = torch.cuda.get_device_name() if args.device == "cuda" else f"CPU, {torch.get_num_threads()} threads"
     header = (f"## {args.preset} preset, {args.dtype}, {device_name}\n\n"
               f"torch {torch.__version__}; training batch {args.batch_tokens} source + {args.batch_tokens} target "
               f"tokens of length {args.train_length}; generation of {args.gen_batch} sentences of "
               f"{args.gen_source_length} tokens into exactly {args.gen_length} tokens; median (min-max) of "
-              f"{args.repeats} repetitions after {args.warmup} warm-up. MFU: model FLOPs of the training step "
+              f"{args.rounds} processes x {args.repeats} repetitions after {args.warmup} warm-up (main table; the "
+              f"sweeps: 1 process each). MFU: model FLOPs of the training step "
               f"(matrix multiplications, forward and backward) per second over the measured {args.dtype} "
               f"matrix-multiply ceiling of this device, {ceiling['flops_per_s'] / 1e12:.3g} TFLOP/s "
               f"({ceiling['size']}x{ceiling['size']} matrices).\n")

@@ -11,7 +11,8 @@ import benchmark
 def report(tmp_path_factory):
     output_dir = tmp_path_factory.mktemp("benchmarks")
     benchmark.main([
-        "--preset", "tiny", "--repeats", "1", "--warmup", "0", "--batch_tokens", "128", "--train_length", "16",
+        "--preset", "tiny", "--rounds", "2", "--repeats", "1", "--warmup", "0", "--batch_tokens", "128",
+        "--train_length", "16",
         "--gen_batch", "2", "--gen_source_length", "6", "--gen_length", "5",
         "--sweep_lengths", "32", "--sweep_batch_tokens", "256", "--output_dir", str(output_dir),
     ])
@@ -24,6 +25,8 @@ def test_benchmark_writes_one_row_per_implementation(report):
     assert names == ["vaswani", "marian", "ctranslate2:float32", "ctranslate2:int8"]
     for row in data["rows"]:
         assert row["beam1_sentences_per_s"]["median"] > 0 and row["beam4_tokens_per_s"]["median"] > 0
+    for result in data["raw"].values():  # two processes of one timed repetition each, pooled
+        assert all(len(measurement["times"]) == 2 for measurement in result.values())
     trained = [row for row in data["rows"] if "train_tokens_per_s" in row]
     assert [row["implementation"] for row in trained] == ["vaswani", "marian"]
     assert all(row["train_peak_memory_mib"] > 0 for row in trained)
