@@ -405,12 +405,15 @@ class VaswaniDecoder(VaswaniPreTrainedModel):
         if use_cache and past_key_values is None and not self.training:  # training never reuses keys and values
             past_key_values = EncoderDecoderCache(DynamicCache(), DynamicCache())
         batch_size, length = inputs_embeds.shape[:2]
+        # A static cache counts its tokens in a tensor: a compiled graph cannot branch on it, so the checks that
+        # need its value run eagerly only.
         past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
-        check_attention_mask(attention_mask, (batch_size, past_length + length), "decoder_attention_mask")
+        if not is_torchdynamo_compiling():
+            total_length = int(past_length) + length
+            check_attention_mask(attention_mask, (batch_size, total_length), "decoder_attention_mask")
+            self.embed_positions.check_length(total_length)
         check_attention_mask(encoder_attention_mask, tuple(encoder_hidden_states.shape[:2]), "attention_mask")
-
-        self.embed_positions.check_length(past_length + length)
-        position_ids = torch.arange(past_length, past_length + length, device=inputs_embeds.device)
+        position_ids = torch.arange(length, device=inputs_embeds.device) + past_length
         positions = self.embed_positions(position_ids, inputs_embeds.dtype)
         hidden_states = nn.functional.dropout(inputs_embeds + positions, p=self.dropout, training=self.training)
         causal_mask = create_causal_mask(

@@ -57,6 +57,26 @@ def test_padded_batch_gives_each_sentence_alone(model, source_batch, device, dec
         assert (batched[row, alone.shape[0] :] == model.config.pad_token_id).all()
 
 
+@pytest.mark.parametrize("decoding", DECODING)
+def test_static_cache_gives_the_same_output(model, source_batch, device, decoding):
+    input_ids, attention_mask = (t.to(device) for t in source_batch)
+    kwargs = dict(attention_mask=attention_mask, max_new_tokens=12, **DECODING[decoding])
+    static = model.generate(input_ids, cache_implementation="static", disable_compile=True, **kwargs)
+    assert torch.equal(static, model.generate(input_ids, **kwargs))
+
+
+def test_static_cache_generation_compiles_to_one_graph(model, source_batch, device):
+    """The static-cache path that generate() compiles on GPUs: one graph (fullgraph=True), the same tokens."""
+    from transformers import CompileConfig
+
+    input_ids, attention_mask = (t.to(device) for t in source_batch)
+    kwargs = dict(attention_mask=attention_mask, max_new_tokens=8, num_beams=1)
+    compile_config = CompileConfig(fullgraph=True, mode="default")
+    compile_config._compile_all_devices = True  # generate() compiles on accelerators only unless told so
+    compiled = model.generate(input_ids, cache_implementation="static", compile_config=compile_config, **kwargs)
+    assert torch.equal(compiled, model.generate(input_ids, **kwargs))
+
+
 def test_cross_attention_keys_are_computed_once(model, source_batch, device):
     input_ids, attention_mask = (t.to(device) for t in source_batch)
     calls = []
