@@ -1,6 +1,7 @@
 """Speed and memory of vaswani next to its peers, measured side by side on the same machine.
 
     python scripts/benchmark.py [--device cpu|cuda] [--preset tiny|small|base|big] [--dtype float32|bfloat16|float16]
+                                [--compile]
 
 Rows: vaswani; `transformers`' MarianMTModel configured to the same sizes (post-norm, sinusoidal positions, ReLU,
 tied embeddings, its final-logits bias left at zero); CTranslate2 (generation only: float32 and int8 on the CPU,
@@ -158,8 +159,15 @@ def measure_generation(model, args, num_beams: int) -> dict:
     device = torch.device(args.device)
     model.to(device=device, dtype=getattr(torch, args.dtype)).eval()
     source = random_ids(args.gen_batch, args.gen_source_length, device)
+    options = {}
+    if args.compile:
+        from transformers import CompileConfig
+
+        compile_config = CompileConfig(fullgraph=True)
+        compile_config._compile_all_devices = True  # generate() compiles on accelerators only unless told so
+        options = dict(cache_implementation="static", compile_config=compile_config)
     timer = Timer(device)
-    for step in range(args.warmup + args.repeats):
+    for step in range(args.warmup + args.repeats):  # the warm-up also compiles
         with torch.inference_mode(), timer:
             output = model.generate(
                 source,
@@ -168,6 +176,7 @@ def measure_generation(model, args, num_beams: int) -> dict:
                 length_penalty=0.6,
                 min_new_tokens=args.gen_length,
                 max_new_tokens=args.gen_length,
+                **options,
             )
     assert output.shape == (args.gen_batch, args.gen_length + 1), output.shape
     return dict(times=timer.times[-args.repeats:], sentences=args.gen_batch, tokens=args.gen_batch * args.gen_length)
@@ -309,6 +318,8 @@ def parse_args(argv=None):
     parser.add_argument("--sweep_lengths", type=int, nargs="*", default=[32, 64, 128, 256, 512, 1024])
     parser.add_argument("--sweep_batch_tokens", type=int, nargs="*", default=[1024, 2048, 4096, 8192])
     parser.add_argument("--no_ctranslate2", action="store_true", help="leave out the CTranslate2 rows")
+    parser.add_argument("--compile", action="store_true",
+                        help="generate with a static KV cache and torch.compile (vaswani and Marian alike)")
     parser.add_argument("--output_dir", default="docs/benchmarks")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--sweep_point", type=int, nargs=2, help=argparse.SUPPRESS)
@@ -318,6 +329,7 @@ def parse_args(argv=None):
     for name in ("device", "preset", "dtype", "batch_tokens", "train_length", "gen_batch", "gen_source_length",
                  "gen_length", "repeats", "warmup"):
         forwarded += [f"--{name}", str(getattr(args, name))]
+    forwarded += ["--compile"] if args.compile else []
     forwarded += ["--sweep_lengths", *map(str, args.sweep_lengths)]
     args.forwarded = forwarded
     return args
@@ -359,7 +371,8 @@ def main(argv=None) -> dict:
     results = {implementation: pool_rounds(measured) for implementation, measured in rounds.items()}
     rows, table = main_table(results, ceiling)
     device_name = torch.cuda.get_device_name() if args.device == "cuda" else f"CPU, {torch.get_num_threads()} threads"
-    header = (f"## {args.preset} preset, {args.dtype}, {device_name}\n\n"
+    decoding = ", generation with a static KV cache and torch.compile" if args.compile else ""
+    header = (f"## {args.preset} preset, {args.dtype}, {device_name}{decoding}\n\n"
               f"torch {torch.__version__}; training batch {args.batch_tokens} source + {args.batch_tokens} target "
               f"tokens of length {args.train_length}; generation of {args.gen_batch} sentences of "
               f"{args.gen_source_length} tokens into exactly {args.gen_length} tokens; median (min-max) of "
@@ -378,7 +391,7 @@ def main(argv=None) -> dict:
     print(markdown)
     output_dir = Path(args.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
-    stem = f"{args.device}_{args.preset}_{args.dtype}"
+    stem = f"{args.device}_{args.preset}_{args.dtype}" + ("_compile" if args.compile else "")
     report = {"settings": {k: v for k, v in vars(args).items() if k not in ("forwarded",)}, "device": device_name,
               "torch": torch.__version__, "matmul_ceiling": ceiling, "rows": rows, "raw": results,
               "sweep": sweep_points}

@@ -65,3 +65,17 @@ def test_model_flops_of_a_training_step_match_torch_flop_counter(preset):
     with FlopCounterMode(display=False) as counter:
         model(input_ids=source, labels=target).loss.backward()
     assert benchmark.training_step_flops(config, batch, length) == counter.get_total_flops()
+
+
+@pytest.mark.slow
+def test_benchmark_compiled_generation_writes_its_own_table(tmp_path):
+    benchmark.main([
+        "--preset", "tiny", "--rounds", "1", "--repeats", "1", "--warmup", "1", "--batch_tokens", "128",
+        "--train_length", "16", "--gen_batch", "2", "--gen_source_length", "6", "--gen_length", "5",
+        "--sweep_lengths", "32", "--sweep_batch_tokens", "256", "--no_ctranslate2", "--compile",
+        "--output_dir", str(tmp_path),
+    ])
+    data = json.loads((tmp_path / "cpu_tiny_float32_compile.json").read_text())
+    assert [row["implementation"] for row in data["rows"]] == ["vaswani", "marian"]
+    assert data["settings"]["compile"] and all(row["beam4_sentences_per_s"]["median"] > 0 for row in data["rows"])
+    assert "static KV cache and torch.compile" in (tmp_path / "cpu_tiny_float32_compile.md").read_text()
