@@ -578,10 +578,11 @@ def label_smoothed_cross_entropy(
     if not 0.0 <= label_smoothing < 1.0:
         raise ValueError(f"label_smoothing must be in [0, 1), got {label_smoothing}.")
     vocab_size = logits.shape[-1]
-    labelled = labels[labels != ignore_index]
-    if not is_torchdynamo_compiling() and labelled.numel():
-        smallest, largest = torch.stack(torch.aminmax(labelled)).tolist()
+    if not is_torchdynamo_compiling() and labels.numel():
+        # One pass and one device sync on the training path; the exact range is worked out only to report an error.
+        smallest, largest = torch.stack(torch.aminmax(labels.masked_fill(labels == ignore_index, 0))).tolist()
         if smallest < 0 or largest >= vocab_size:
+            smallest, largest = torch.stack(torch.aminmax(labels[labels != ignore_index])).tolist()
             raise ValueError(
                 f"labels must be in [0, {vocab_size}) (vocab_size) or {ignore_index} (ignored), got labels from "
                 f"{smallest} to {largest}."
