@@ -19,8 +19,12 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 import sacrebleu
 import torch
+from tqdm.auto import tqdm
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
 try:  # registers model_type "vaswani" with the Auto classes; without the package, the saved code is used
@@ -31,24 +35,26 @@ except ImportError:
 
 @torch.no_grad()
 def translate(model, tokenizer, sentences, batch_size=32, num_beams=4, length_penalty=0.6, max_source_length=None,
-              max_new_tokens=None):
-    """Translate `sentences` (a list of str) and return the translations in the same order.
+              max_new_tokens=None, progress=False):
+    """Translate `sentences` and return the translations in the same order.
 
-    Sentences are decoded in batches of similar length (less padding); `num_beams=1` is greedy decoding. Without
-    `max_new_tokens`, the model stops at the input length + 50 tokens (section 6.1). `max_source_length` truncates
-    longer inputs (keeping the final </s>).
+    `sentences` is a list of str or a pyarrow string array, such as a column of a memory-mapped dataset split: only
+    the batch being decoded is turned into Python strings. Sentences are decoded in batches of similar length,
+    longest first (less padding); `num_beams=1` is greedy decoding. Without `max_new_tokens`, the model stops at the
+    input length + 50 tokens (section 6.1). `max_source_length` truncates longer inputs (keeping the final </s>).
     """
-    if not sentences:
+    if not len(sentences):
         return []
+    sentences = sentences if isinstance(sentences, (pa.Array, pa.ChunkedArray)) else pa.array(sentences, pa.string())
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
-    order = sorted(range(len(sentences)), key=lambda i: len(sentences[i]), reverse=True)
+    order = np.argsort(-pc.utf8_length(sentences).to_numpy(zero_copy_only=False), kind="stable")
     translations = [None] * len(sentences)
-    for start in range(0, len(order), batch_size):
+    for start in tqdm(range(0, len(order), batch_size), desc="translating", unit="batch", disable=not progress):
         chunk = order[start:start + batch_size]
         encoded = tokenizer(
-            [sentences[i] for i in chunk],
+            sentences.take(chunk).to_pylist(),
             padding=True,
             truncation=max_source_length is not None,
             max_length=max_source_length,
@@ -84,8 +90,11 @@ def corpus_bleu(hypotheses, references, **bleu_options):
 
 
 def load_pairs(dataset_dir, split, source_lang, target_lang, max_samples=None):
-    """Source and reference sentences of one split of a DatasetDict saved by scripts/prepare_data.py."""
+    """Source and reference sentences of one split of a DatasetDict saved by scripts/prepare_data.py, as pyarrow
+    string arrays read from its memory-mapped files."""
     from datasets import DatasetDict, load_from_disk
+
+    from vaswani.training.data import translation_languages
 
     if not Path(dataset_dir).is_dir():
         raise SystemExit(f"evaluate.py: error: dataset directory {dataset_dir} does not exist.")
@@ -97,24 +106,27 @@ def load_pairs(dataset_dir, split, source_lang, target_lang, max_samples=None):
         splits = sorted(dataset) if isinstance(dataset, DatasetDict) else "a single Dataset, no splits"
         raise SystemExit(f"evaluate.py: error: split {split!r} not in {dataset_dir} (it has {splits}).")
     rows = dataset[split]
-    if "translation" not in rows.column_names:
-        raise SystemExit(f"evaluate.py: error: the {split} split has no 'translation' column (columns: "
-                         f"{rows.column_names}).")
+    try:
+        languages = translation_languages(rows, f"the {split} split")
+    except ValueError as error:
+        raise SystemExit(f"evaluate.py: error: {error}")
+    for lang in (source_lang, target_lang):
+        if lang not in languages:
+            raise SystemExit(f"evaluate.py: error: language {lang!r} not in the translation column "
+                             f"(it has {languages}).")
     if max_samples is not None:
         rows = rows.select(range(min(max_samples, len(rows))))
-    pairs = [pair or {} for pair in rows["translation"]]  # a row without a translation is None
-    for lang in (source_lang, target_lang):
-        if pairs and lang not in pairs[0]:
-            raise SystemExit(f"evaluate.py: error: language {lang!r} not in the translation column "
-                             f"(it has {sorted(pairs[0])}).")
-    # A side that is not text (None in a dataset not made by prepare_data.py) cannot be translated or scored.
-    usable = [pair for pair in pairs
-              if isinstance(pair.get(source_lang), str) and isinstance(pair.get(target_lang), str)]
-    if len(usable) < len(pairs):
-        print(f"skipped {len(pairs) - len(usable)} pairs of {split} without text on both sides")
-    if not usable:
+    pairs = rows.select_columns(["translation"]).with_format("arrow")[:].column("translation").combine_chunks()
+    # A row without a translation, or a side that is not text (None in a dataset not made by prepare_data.py),
+    # cannot be translated or scored.
+    sources, references = pc.struct_field(pairs, source_lang), pc.struct_field(pairs, target_lang)
+    usable = pc.and_(pc.is_valid(sources), pc.is_valid(references))
+    sources, references = sources.filter(usable), references.filter(usable)
+    if len(sources) < len(pairs):
+        print(f"skipped {len(pairs) - len(sources)} pairs of {split} without text on both sides")
+    if not len(sources):
         raise SystemExit(f"evaluate.py: error: no pair to translate in the {split} split of {dataset_dir}.")
-    return [pair[source_lang] for pair in usable], [pair[target_lang] for pair in usable]
+    return sources, references
 
 
 def check_tokenizer_fits_model(tokenizer, config):
@@ -166,16 +178,17 @@ def main(argv=None):
 
     start = time.time()
     hypotheses = translate(model, tokenizer, sources, batch_size=args.batch_size, num_beams=args.num_beams,
-                           length_penalty=args.length_penalty, max_source_length=args.max_source_length)
+                           length_penalty=args.length_penalty, max_source_length=args.max_source_length,
+                           progress=True)
     seconds = time.time() - start
-    score, signature = corpus_bleu(hypotheses, references, tokenize=args.tokenize)
+    score, signature = corpus_bleu(hypotheses, references.to_pylist(), tokenize=args.tokenize)
 
     output = Path(args.output) if args.output else Path(args.model) / f"hypotheses.{args.split}.txt"
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text("".join(h.replace("\n", " ") + "\n" for h in hypotheses), encoding="utf-8")
 
     for i in range(min(args.num_examples, len(sources))):
-        print(f"SRC: {sources[i]}\nREF: {references[i]}\nHYP: {hypotheses[i]}\n")
+        print(f"SRC: {sources[i].as_py()}\nREF: {references[i].as_py()}\nHYP: {hypotheses[i]}\n")
     print(f"Translated {len(sources)} sentences of {args.split} in {seconds:.1f}s "
           f"(num_beams={args.num_beams}, length_penalty={args.length_penalty}); hypotheses in {output}")
     print(score)  # "BLEU = 27.30 58.1/33.0/20.9/13.6 (BP = ... ratio = ... hyp_len = ... ref_len = ...)"

@@ -14,7 +14,6 @@ import math
 from pathlib import Path
 
 import ctranslate2
-import numpy as np
 import torch
 from ctranslate2.specs import common_spec, transformer_spec
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer

@@ -47,11 +47,17 @@ Other sources, with the same cleaning, filters and output layout:
   --files SRC TGT     two plain-text files, one sentence per line, line N of
                       one translating line N of the other. Ids are "line.N".
   --dataset NAME      any Hugging Face dataset with a `translation` column
-                      (datasets.load_dataset(NAME, --dataset_config)). Splits it
-                      has are kept; missing validation/test splits are carved
-                      from train.
+                      (datasets.load_dataset(NAME, --dataset_config)): a Hub
+                      name such as wmt14, or a local folder of Parquet or JSON
+                      files in the same layout. Splits it has are kept; missing
+                      validation/test splits are carved from train. Ids are
+                      "SPLIT.N" unless the dataset has an `id` column.
   For these, the hashed unit is the source sentence instead of the chapter, so
-  a sentence repeated in the corpus always lands in one split.
+  a sentence repeated in the corpus always lands in one split. They may be of
+  any size (WMT14 English-French has 36M pairs): the pairs stream from Arrow
+  files through `datasets.map` (--num_proc processes) and `filter` into the
+  saved folder, and are never held in Python lists. The Bible, 31,000 verses
+  whose versification checks look at whole chapters, is built in memory.
 
 Usage:
   python scripts/prepare_data.py --output_dir data/bible
@@ -73,7 +79,10 @@ import unicodedata
 from pathlib import Path
 
 import datasets
+import pyarrow.compute as pc
 from pysword.modules import SwordModules
+
+from vaswani.training.data import translation_languages
 
 SPLITS = ("train", "validation", "test")
 
@@ -212,11 +221,16 @@ def bible_records(en_verses, es_verses):
 # ---------------------------------------------------------------------------
 
 
+# Unicode's control characters (category Cc) and surrogates (Cs), as one regular expression: a scan per character
+# in Python would be the slowest step at WMT scale.
+CONTROL_OR_SURROGATE = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
+
+
 def is_valid_text(text):
     """False for undecodable lines (None), replacement characters, control characters or surrogates."""
     if text is None or "\ufffd" in text:
         return False
-    return not any(unicodedata.category(ch) in ("Cc", "Cs") for ch in text)
+    return CONTROL_OR_SURROGATE.search(text) is None
 
 
 def drop_reason(source, target, max_chars, max_ratio):
@@ -271,29 +285,6 @@ def bible_examples(records, max_chars=1000, max_ratio=2.0):
     return examples, dropped
 
 
-def parallel_examples(pairs, source_lang, target_lang, max_chars=1000, max_ratio=2.0):
-    """Filter (id, source, target) pairs from a sentence-aligned corpus -> (examples, dropped).
-
-    A source or target of None stands for a line that could not be decoded;
-    like any other value that is not text, it makes the pair invalid_text.
-    The split unit (`group`) is the source sentence itself.
-    """
-    examples, dropped = [], collections.Counter()
-    for example_id, source, target in pairs:
-        source = clean_text(source) if isinstance(source, str) else None
-        target = clean_text(target) if isinstance(target, str) else None
-        reason = drop_reason(source, target, max_chars, max_ratio)
-        if reason:
-            dropped[reason] += 1
-            continue
-        examples.append({
-            "id": example_id,
-            "group": source,
-            "translation": {source_lang: source, target_lang: target},
-        })
-    return examples, dropped
-
-
 # ---------------------------------------------------------------------------
 # 4. Split by a stable hash of the group (chapter or source sentence)
 # ---------------------------------------------------------------------------
@@ -319,76 +310,119 @@ def split_examples(examples, seed=0, valid_fraction=0.035, test_fraction=0.04):
 
 
 # ---------------------------------------------------------------------------
-# 5. The other sources: local parallel files, Hugging Face datasets
+# 5. The other sources, at any size: local parallel files, Hugging Face datasets
 # ---------------------------------------------------------------------------
 
 
-def read_lines(path):
-    """The lines of a file as str, or None where a line is not valid UTF-8."""
-    data = Path(path).read_bytes()
-    lines = data.split(b"\n")
-    if lines and lines[-1] == b"":
-        lines.pop()
-    decoded = []
-    for line in lines:
-        try:
-            decoded.append(line.rstrip(b"\r").decode("utf-8"))
-        except UnicodeDecodeError:
-            decoded.append(None)
-    return decoded
+def count_lines(path):
+    """Lines of a file (a last line without a newline counts), read in 1 MiB blocks."""
+    count, last = 0, b"\n"
+    with open(path, "rb") as file:
+        for block in iter(lambda: file.read(2**20), b""):
+            count, last = count + block.count(b"\n"), block[-1:]
+    return count + (last != b"\n")
 
 
-def read_parallel_files(source_path, target_path):
-    """(id, source, target) triples from two line-aligned files; an error if the line counts differ."""
-    source_lines, target_lines = read_lines(source_path), read_lines(target_path)
-    if len(source_lines) != len(target_lines):
-        raise ValueError(
-            f"--files expects line-aligned files, but {source_path} has {len(source_lines)} lines "
-            f"and {target_path} has {len(target_lines)} lines")
-    return [(f"line.{n}", s, t) for n, (s, t) in enumerate(zip(source_lines, target_lines), start=1)]
+def decode_line(line):
+    """A line of bytes as str without its line ending, or None where it is not valid UTF-8."""
+    try:
+        return line.rstrip(b"\n").rstrip(b"\r").decode("utf-8")
+    except UnicodeDecodeError:
+        return None
 
 
-def hf_pairs(dataset, source_lang, target_lang, name="dataset"):
-    """(id, source, target) triples per split of a DatasetDict with a `translation` column."""
+def parallel_file_rows(source_path, target_path, source_lang, target_lang):
+    """Rows {"id": "line.N", "translation": {...}} from two line-aligned files, one line of each at a time."""
+    with open(source_path, "rb") as sources, open(target_path, "rb") as targets:
+        for number, (source, target) in enumerate(zip(sources, targets), start=1):
+            yield {"id": f"line.{number}",
+                   "translation": {source_lang: decode_line(source), target_lang: decode_line(target)}}
+
+
+def parallel_files_dataset(source_path, target_path, source_lang, target_lang, cache_dir):
+    """A DatasetDict with a train split streamed from two line-aligned files into Arrow files in `cache_dir`."""
+    counts = {path: count_lines(path) for path in (source_path, target_path)}
+    if counts[source_path] != counts[target_path]:
+        raise ValueError(f"--files expects line-aligned files, but {source_path} has {counts[source_path]} lines "
+                         f"and {target_path} has {counts[target_path]} lines")
+    features = datasets.Features({"id": datasets.Value("string"),
+                                  "translation": datasets.Translation(languages=[source_lang, target_lang])})
+    train = datasets.Dataset.from_generator(
+        parallel_file_rows, features=features, cache_dir=str(cache_dir),
+        gen_kwargs={"source_path": str(source_path), "target_path": str(target_path), "source_lang": source_lang,
+                    "target_lang": target_lang})
+    return datasets.DatasetDict({"train": train})
+
+
+def clean_pairs(batch, indices, split, source_lang, target_lang, carved, max_chars, max_ratio, **split_args):
+    """`datasets.map` function: each pair cleaned, with the reason it is dropped ("" to keep it) and its split.
+
+    A kept pair of the train split goes where its source sentence hashes to, if that is a split in `carved` (one the
+    dataset lacks), else to train; the pairs of the dataset's own validation and test splits stay there.
+    """
+    ids = batch["id"] if "id" in batch else [f"{split}.{i}" for i in indices]
+    columns = {"id": ids, "translation": [], "reason": [], "split": []}
+    for pair in batch["translation"]:
+        pair = pair or {}  # a row without a translation is an invalid pair, dropped and counted
+        source, target = (clean_text(text) if isinstance(text, str) else None
+                          for text in (pair.get(source_lang), pair.get(target_lang)))
+        reason = drop_reason(source, target, max_chars, max_ratio) or ""
+        assigned = split
+        if split == "train" and not reason:
+            assigned = assign_split(source, **split_args)
+            assigned = assigned if assigned in carved else "train"
+        columns["translation"].append({source_lang: source or "", target_lang: target or ""})
+        columns["reason"].append(reason)
+        columns["split"].append(assigned)
+    return columns
+
+
+def kept_in(reasons, splits, name):
+    """`datasets.filter` predicate: the kept pairs assigned to split `name`."""
+    return [not reason and split == name for reason, split in zip(reasons, splits)]
+
+
+def prepare_translation_dataset(dataset, source_lang, target_lang, seed=0, valid_fraction=0.035,
+                                test_fraction=0.04, max_chars=1000, max_ratio=2.0, num_proc=None, name="dataset"):
+    """Clean, filter and split a translation DatasetDict of any size -> (DatasetDict of SPLITS, dropped counts).
+
+    Validation/test splits the dataset has are kept; a missing one is carved from train by hash of the source
+    sentence, and what would have gone to a split the dataset already provides stays in train. Everything runs in
+    `datasets.map` and `filter` over Arrow files.
+    """
     if "train" not in dataset:
         raise ValueError(f"{name} has splits {sorted(dataset)}; a 'train' split is needed")
-    pairs = {}
     for split, rows in dataset.items():
         if "translation" not in rows.column_names:
             raise ValueError(f"{name} split '{split}' has columns {rows.column_names}; "
                              "expected a 'translation' column of {language: text} dicts")
-        if len(rows) == 0:
-            pairs[split] = []
-            continue
-        languages = sorted(rows[0]["translation"] or {})
+        languages = translation_languages(rows, f"{name} split '{split}'")
         missing = [lang for lang in (source_lang, target_lang) if lang not in languages]
         if missing:
             raise ValueError(f"{name} split '{split}' has translation languages {languages}, "
                              f"not {missing}; pick --source_lang/--target_lang from these")
-        # A row without a translation (None) is kept as an invalid pair, to be dropped and counted.
-        pairs[split] = [(f"{split}.{i}", (row or {}).get(source_lang), (row or {}).get(target_lang))
-                        for i, row in enumerate(rows["translation"])]
-    return pairs
-
-
-def hf_splits(dataset, source_lang, target_lang, seed=0, valid_fraction=0.035, test_fraction=0.04,
-              max_chars=1000, max_ratio=2.0, name="dataset"):
-    """Filter and split a translation DatasetDict -> (splits, dropped).
-
-    Validation/test splits the dataset has are kept; a missing one is carved
-    from train by hash, and what would have gone to a split the dataset
-    already provides stays in train.
-    """
-    pairs = hf_pairs(dataset, source_lang, target_lang, name)
-    train, dropped = parallel_examples(pairs["train"], source_lang, target_lang, max_chars, max_ratio)
-    splits = split_examples(train, seed, valid_fraction, test_fraction)
-    for split in ("validation", "test"):
-        if split in pairs:
-            splits["train"].extend(splits[split])
-            splits[split], split_dropped = parallel_examples(
-                pairs[split], source_lang, target_lang, max_chars, max_ratio)
-            dropped.update(split_dropped)
-    return splits, dropped
+    features = datasets.Features({"id": datasets.Value("string"),
+                                  "translation": datasets.Translation(languages=[source_lang, target_lang]),
+                                  "reason": datasets.Value("string"), "split": datasets.Value("string")})
+    carved = [split for split in ("validation", "test") if split not in dataset]
+    cleaned = [rows.map(clean_pairs, batched=True, with_indices=True, remove_columns=rows.column_names,
+                        features=features, num_proc=num_proc if len(rows) > 10_000 else None,
+                        desc=f"cleaning {split}",
+                        fn_kwargs=dict(split=split, source_lang=source_lang, target_lang=target_lang, carved=carved,
+                                       max_chars=max_chars, max_ratio=max_ratio, seed=seed,
+                                       valid_fraction=valid_fraction, test_fraction=test_fraction))
+               for split, rows in dataset.items() if split in SPLITS]
+    dropped = collections.Counter()
+    for rows in cleaned:
+        for entry in pc.value_counts(rows.with_format("arrow")["reason"]).to_pylist():
+            if entry["values"]:
+                dropped[entry["values"]] += entry["counts"]
+    splits = {}
+    for split in SPLITS:
+        parts = [rows.filter(kept_in, input_columns=["reason", "split"], batched=True, fn_kwargs={"name": split},
+                             desc=f"keeping {split}") for rows in cleaned]
+        splits[split] = datasets.concatenate_datasets(parts).remove_columns(["reason", "split"])
+    return datasets.DatasetDict(splits), dropped
 
 
 # ---------------------------------------------------------------------------
@@ -424,14 +458,44 @@ def check_output_dir(path):
         sys.exit(f"error: cannot write to --output_dir {path} ({error})")
 
 
-def print_summary(splits, dropped, group_label):
-    kept = sum(len(rows) for rows in splits.values())
-    print(f"kept {kept} pairs, dropped {sum(dropped.values())}")
+def nearest_existing_folder(path):
+    path = Path(path).absolute()
+    return next(folder for folder in (path, *path.parents) if folder.exists())
+
+
+def distinct_sources(split, source_lang):
+    """How many different source sentences a split holds (the unit its pairs were assigned by)."""
+    sources = split.select_columns(["translation"]).with_format("arrow")[:].column("translation")
+    return pc.count_distinct(pc.struct_field(sources, source_lang)).as_py()
+
+
+def print_summary(dataset, dropped, groups, group_label):
+    print(f"kept {sum(len(rows) for rows in dataset.values())} pairs, dropped {sum(dropped.values())}")
     for reason, count in sorted(dropped.items(), key=lambda item: -item[1]):
         print(f"  dropped {reason:<24} {count:>7}")
     for split in SPLITS:
-        groups = len({e["group"] for e in splits[split]})
-        print(f"  {split:<10} {len(splits[split]):>7} pairs from {groups:>6} {group_label}")
+        print(f"  {split:<10} {len(dataset[split]):>7} pairs from {groups[split]:>6} {group_label}")
+
+
+def bible_dataset(args):
+    """The default corpus: the two SWORD modules, aligned verse by verse, split by chapter -> (dataset, dropped,
+    chapters per split)."""
+    unknown = {args.source_lang, args.target_lang} - set(SWORD_SOURCES)
+    if unknown:
+        raise ValueError(f"the Bible corpus has languages {sorted(SWORD_SOURCES)}, not {sorted(unknown)}; "
+                         "use --files or --dataset for other languages")
+    sword_dir = fetch_sword_modules(args.cache_dir or Path(args.output_dir) / "sword_cache")
+    verses = {}
+    for lang, (_, module) in SWORD_SOURCES.items():
+        print(f"reading {module} ({lang}) from {sword_dir}")
+        verses[lang] = read_sword_module(sword_dir, module)
+    records = list(bible_records(verses["en"], verses["es"]))
+    print(f"{len(records)} verse slots in the books both translations contain")
+    examples, dropped = bible_examples(records, max_chars=args.max_chars, max_ratio=args.max_ratio)
+    splits = split_examples(examples, seed=args.seed, valid_fraction=args.valid_fraction,
+                            test_fraction=args.test_fraction)
+    chapters = {split: len({e["group"] for e in rows}) for split, rows in splits.items()}
+    return to_dataset_dict(splits, args.source_lang, args.target_lang), dropped, chapters
 
 
 def main(argv=None):
@@ -440,7 +504,8 @@ def main(argv=None):
     parser.add_argument("--source_lang", default="en")
     parser.add_argument("--target_lang", default="es")
     source = parser.add_mutually_exclusive_group()
-    source.add_argument("--dataset", help="a Hugging Face translation dataset instead of the Bible")
+    source.add_argument("--dataset", help="a Hugging Face translation dataset (Hub name or local folder of Parquet "
+                                          "or JSON files) instead of the Bible")
     source.add_argument("--files", nargs=2, metavar=("SRC", "TGT"),
                         help="two line-aligned plain-text files instead of the Bible")
     parser.add_argument("--dataset_config", default=None, help="configuration name for --dataset, e.g. de-en")
@@ -452,52 +517,45 @@ def main(argv=None):
     parser.add_argument("--seed", type=int, default=0, help="salt of the split hash")
     parser.add_argument("--valid_fraction", type=float, default=0.035)
     parser.add_argument("--test_fraction", type=float, default=0.04)
+    parser.add_argument("--num_proc", type=int, default=os.cpu_count() or 1,
+                        help="processes that clean --dataset / --files corpora")
     args = parser.parse_args(argv)
 
     if args.source_lang == args.target_lang:
         parser.error("--source_lang and --target_lang must differ")
     check_output_dir(args.output_dir)
-    split_args = dict(seed=args.seed, valid_fraction=args.valid_fraction, test_fraction=args.test_fraction)
-    filter_args = dict(max_chars=args.max_chars, max_ratio=args.max_ratio)
+    # --files are first streamed into Arrow files here, removed once the dataset is saved.
+    with tempfile.TemporaryDirectory(prefix=".prepare_data_", dir=nearest_existing_folder(args.output_dir)) as tmp:
+        try:
+            if args.files or args.dataset:
+                if args.files:
+                    source = parallel_files_dataset(*args.files, args.source_lang, args.target_lang, cache_dir=tmp)
+                else:
+                    source = datasets.load_dataset(args.dataset, args.dataset_config)
+                dataset, dropped = prepare_translation_dataset(
+                    source, args.source_lang, args.target_lang, seed=args.seed, valid_fraction=args.valid_fraction,
+                    test_fraction=args.test_fraction, max_chars=args.max_chars, max_ratio=args.max_ratio,
+                    num_proc=args.num_proc, name=args.dataset or "--files")
+                groups = {split: distinct_sources(rows, args.source_lang) for split, rows in dataset.items()}
+                group_label = "distinct sources"
+            else:
+                dataset, dropped, groups = bible_dataset(args)
+                group_label = "chapters"
+        except (ValueError, OSError) as error:
+            sys.exit(f"error: {error}")
 
-    try:
-        if args.files:
-            pairs = read_parallel_files(*args.files)
-            examples, dropped = parallel_examples(pairs, args.source_lang, args.target_lang, **filter_args)
-            splits, group_label = split_examples(examples, **split_args), "distinct sources"
-        elif args.dataset:
-            dataset = datasets.load_dataset(args.dataset, args.dataset_config)
-            splits, dropped = hf_splits(dataset, args.source_lang, args.target_lang, **split_args,
-                                        **filter_args, name=args.dataset)
-            group_label = "distinct sources"
-        else:
-            unknown = {args.source_lang, args.target_lang} - set(SWORD_SOURCES)
-            if unknown:
-                raise ValueError(f"the Bible corpus has languages {sorted(SWORD_SOURCES)}, not {sorted(unknown)}; "
-                                 "use --files or --dataset for other languages")
-            sword_dir = fetch_sword_modules(args.cache_dir or Path(args.output_dir) / "sword_cache")
-            verses = {}
-            for lang, (_, module) in SWORD_SOURCES.items():
-                print(f"reading {module} ({lang}) from {sword_dir}")
-                verses[lang] = read_sword_module(sword_dir, module)
-            records = list(bible_records(verses["en"], verses["es"]))
-            print(f"{len(records)} verse slots in the books both translations contain")
-            examples, dropped = bible_examples(records, **filter_args)
-            splits, group_label = split_examples(examples, **split_args), "chapters"
-    except (ValueError, OSError) as error:
-        sys.exit(f"error: {error}")
-
-    print_summary(splits, dropped, group_label)
-    empty = [split for split in SPLITS if not splits[split]]
-    if empty:
-        # datasets cannot load back a saved split without rows, so none is written.
-        sys.exit(f"error: the {' and '.join(empty)} split would be empty: {sum(map(len, splits.values()))} pairs "
-                 "are too few for --valid_fraction/--test_fraction; add data or raise the fractions")
-    example = splits["train"][0]
-    print(f"first training pair, {example['id']}:")
-    for lang in (args.source_lang, args.target_lang):
-        print(f"  {lang}: {example['translation'][lang]}")
-    to_dataset_dict(splits, args.source_lang, args.target_lang).save_to_disk(args.output_dir)
+        print_summary(dataset, dropped, groups, group_label)
+        empty = [split for split in SPLITS if not len(dataset[split])]
+        if empty:
+            # datasets cannot load back a saved split without rows, so none is written.
+            sys.exit(f"error: the {' and '.join(empty)} split would be empty: "
+                     f"{sum(len(rows) for rows in dataset.values())} pairs are too few for "
+                     "--valid_fraction/--test_fraction; add data or raise the fractions")
+        example = dataset["train"][0]
+        print(f"first training pair, {example['id']}:")
+        for lang in (args.source_lang, args.target_lang):
+            print(f"  {lang}: {example['translation'][lang]}")
+        dataset.save_to_disk(args.output_dir)
     print(f"saved to {args.output_dir}")
 
 

@@ -38,13 +38,13 @@ import shutil
 import signal
 import sys
 import time
-from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 
 import numpy as np
 import torch
 from accelerate import Accelerator
-from accelerate.utils import DistributedType, ProjectConfiguration, gather_object, set_seed
+from accelerate.utils import DistributedType, InitProcessGroupKwargs, ProjectConfiguration, gather_object, set_seed
 from accelerate.utils import save as accelerate_save
 from safetensors import safe_open
 from safetensors.torch import load_file
@@ -52,7 +52,16 @@ from tqdm.auto import tqdm
 from transformers import AutoTokenizer
 
 from vaswani import PRESETS, VaswaniConfig, VaswaniForConditionalGeneration, label_smoothed_cross_entropy
-from vaswani.modeling.modeling_vaswani import shift_tokens_right
+from vaswani.training.data import (
+    TRUNCATED,
+    TOO_LONG,
+    WITHOUT_TEXT,
+    PairCollator,
+    TokenBucketSampler,
+    load_translation_dataset,
+    pair_loader,
+    tokenize_split,
+)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from evaluate import corpus_bleu, translate  # noqa: E402  (scripts/evaluate.py: one way to decode and to score)
@@ -93,6 +102,11 @@ def parse_args(argv=None):
                       help="padded source+target tokens per batch and process (paper: 25000+25000 over 8 GPUs)")
     data.add_argument("--grad_accum", type=int, default=1,
                       help="batches accumulated into one optimizer step, to reach the paper's tokens per step")
+    data.add_argument("--num_proc", type=int, default=min(os.cpu_count() or 1, 16),
+                      help="processes that tokenize the corpus the first time (the result is cached next to it)")
+    data.add_argument("--dataloader_num_workers", type=int, default=0,
+                      help="worker processes that read and pad the next batches while the model trains (a GPU "
+                           "wants 2 or more; on a CPU they compete with training for the cores)")
 
     model = parser.add_argument_group("model (Table 3)")
     model.add_argument("--preset", choices=sorted(PRESETS), default="base")
@@ -121,6 +135,9 @@ def parse_args(argv=None):
     hardware.add_argument("--mixed_precision", choices=["no", "bf16", "fp16"], default=None,
                           help="default: what `accelerate launch` / the accelerate config says (else no)")
     hardware.add_argument("--cpu", action="store_true", help="train on the CPU even if a GPU is present")
+    hardware.add_argument("--ddp_timeout", type=int, default=1800,
+                          help="seconds a process waits for the others, e.g. while the main process tokenizes the "
+                               "corpus the first time (as transformers' TrainingArguments.ddp_timeout)")
 
     output = parser.add_argument_group("checkpoints and output (section 6.1)")
     output.add_argument("--output_dir", required=True)
@@ -153,46 +170,20 @@ def parse_args(argv=None):
 
     for name in ("batch_tokens", "grad_accum", "max_steps", "warmup_steps", "save_every", "keep_checkpoints",
                  "average_last", "log_every", "eval_num_beams", "eval_batch_size", "max_source_length",
-                 "max_target_length", "max_bad_steps"):
+                 "max_target_length", "max_bad_steps", "num_proc", "ddp_timeout"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be at least 1")
     if not 0.0 <= args.label_smoothing < 1.0:
         parser.error("--label_smoothing must be in [0, 1)")
+    if args.dataloader_num_workers < 0:
+        parser.error("--dataloader_num_workers must be at least 0")
     return args
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# Section 5.1, training data: pairs tokenized with the shared vocabulary, batched by approximate length so that
-# each batch holds about --batch_tokens tokens.
+# Section 5.1, training data: pairs tokenized once with the shared vocabulary (vaswani.training.data), batched by
+# approximate length so that each batch holds about --batch_tokens tokens.
 # ---------------------------------------------------------------------------------------------------------------------
-
-
-def load_translation_dataset(args):
-    """The DatasetDict with train and validation splits whose `translation` column holds both languages."""
-    from datasets import DatasetDict, load_from_disk
-
-    path = Path(args.dataset_dir)
-    if not path.is_dir():
-        fail(f"--dataset_dir {path} does not exist; create it with scripts/prepare_data.py --output_dir {path}.")
-    try:
-        dataset = load_from_disk(str(path))
-    except Exception as error:  # datasets raises FileNotFoundError or its own errors for a foreign folder
-        fail(f"--dataset_dir {path} is not a dataset saved with save_to_disk ({error}).")
-    if not isinstance(dataset, DatasetDict):
-        fail(f"--dataset_dir {path} holds a single Dataset; expected a DatasetDict with train and validation splits.")
-    for split in ("train", "validation"):
-        if split not in dataset:
-            fail(f"--dataset_dir {path} has no {split!r} split (it has {sorted(dataset)}).")
-        if "translation" not in dataset[split].column_names:
-            fail(f"the {split} split has no 'translation' column (columns: {dataset[split].column_names}).")
-        if len(dataset[split]) == 0:
-            fail(f"the {split} split of {path} is empty.")
-        languages = sorted(dataset[split][0]["translation"])
-        for lang in (args.source_lang, args.target_lang):
-            if lang not in languages:
-                fail(f"language {lang!r} is not in the {split} split's translation column (it has {languages}); "
-                     "set --source_lang/--target_lang.")
-    return dataset
 
 
 def load_and_check_tokenizer(path):
@@ -226,101 +217,6 @@ def check_config_matches_tokenizer(config, tokenizer, where):
             problems.append(f"{field} is {getattr(config, field)} but the tokenizer's is {token_id}")
     if problems:
         fail(f"the tokenizer does not match the model configuration of {where}: " + "; ".join(problems) + ".")
-
-
-@dataclass
-class EncodedSplit:
-    """Token ids of one split, each sequence ending in </s>; `sources`/`references` keep the raw text."""
-
-    source_ids: list
-    target_ids: list
-    sources: list
-    references: list
-    dropped: int = 0
-    truncated: int = 0
-    without_text: int = 0
-
-
-def encode_split(rows, tokenizer, args, enforce_lengths=True):
-    # A pair with a side that is not text (None in a dataset not made by prepare_data.py) cannot be tokenized:
-    # it is dropped and counted, like the pairs that are too long.
-    all_pairs = rows["translation"]
-    pairs = [pair for pair in all_pairs if isinstance(pair, dict) and isinstance(pair.get(args.source_lang), str)
-             and isinstance(pair.get(args.target_lang), str)]
-    sources = [pair[args.source_lang] for pair in pairs]
-    references = [pair[args.target_lang] for pair in pairs]
-    source_ids, target_ids = [], []
-    for start in range(0, len(sources), 10_000):
-        encoded = tokenizer(sources[start:start + 10_000], text_target=references[start:start + 10_000])
-        source_ids += encoded["input_ids"]
-        target_ids += encoded["labels"]
-    split = EncodedSplit([], [], sources, references, without_text=len(all_pairs) - len(pairs))
-    eos = tokenizer.eos_token_id
-    for src, tgt in zip(source_ids, target_ids):
-        too_long = len(src) > args.max_source_length or len(tgt) > args.max_target_length
-        if too_long and enforce_lengths and args.long_pairs == "filter":
-            split.dropped += 1
-            continue
-        if too_long:  # keep the beginning and the final </s>
-            split.truncated += 1
-            src = src if len(src) <= args.max_source_length else src[:args.max_source_length - 1] + [eos]
-            tgt = tgt if len(tgt) <= args.max_target_length else tgt[:args.max_target_length - 1] + [eos]
-        split.source_ids.append(src)
-        split.target_ids.append(tgt)
-    return split
-
-
-def make_batches(source_lengths, target_lengths, batch_tokens, seed, epoch, shuffle=True):
-    """Section 5.1: "Sentence pairs were batched together by approximate sequence length."
-
-    Pairs are sorted by (source length, target length), ties broken at random, and cut into runs whose padded size,
-    sentences * (longest source + longest target), stays within `batch_tokens`. The batches are then shuffled. The
-    result depends only on (seed, epoch), so every process computes the same list and a resumed run the same order.
-    """
-    source_lengths, target_lengths = np.asarray(source_lengths), np.asarray(target_lengths)
-    rng = np.random.default_rng([seed, epoch])
-    order = rng.permutation(len(source_lengths)) if shuffle else np.arange(len(source_lengths))
-    order = order[np.lexsort((target_lengths[order], source_lengths[order]))]  # stable: ties keep the random order
-    batches, current, longest_source, longest_target = [], [], 0, 0
-    for index in order:
-        new_source = max(longest_source, source_lengths[index])
-        new_target = max(longest_target, target_lengths[index])
-        if current and (len(current) + 1) * (new_source + new_target) > batch_tokens:
-            batches.append(np.array(current))
-            current, new_source, new_target = [], source_lengths[index], target_lengths[index]
-        current.append(index)
-        longest_source, longest_target = new_source, new_target
-    if current:
-        batches.append(np.array(current))
-    if shuffle:
-        rng.shuffle(batches)
-    return batches
-
-
-def batches_for_process(batches, process_index, num_processes, grad_accum):
-    """This process's share of an epoch: every num_processes-th batch, the same count on every process.
-
-    The epoch is cut to a multiple of num_processes * grad_accum batches, so that all processes take the same number
-    of optimizer steps (a process waiting for a gradient exchange that never comes would hang DDP).
-    """
-    usable = len(batches) // (num_processes * grad_accum) * (num_processes * grad_accum)
-    return batches[process_index:usable:num_processes]
-
-
-def collate(indices, split, pad_id, decoder_start_id):
-    """A padded batch: source ids and mask, target labels (-100 on padding), and the decoder input (section 3)."""
-    sources = [split.source_ids[i] for i in indices]
-    targets = [split.target_ids[i] for i in indices]
-    input_ids = torch.full((len(indices), max(map(len, sources))), pad_id, dtype=torch.long)
-    attention_mask = torch.zeros_like(input_ids)
-    labels = torch.full((len(indices), max(map(len, targets))), -100, dtype=torch.long)
-    for row, (source, target) in enumerate(zip(sources, targets)):
-        input_ids[row, :len(source)] = torch.tensor(source)
-        attention_mask[row, :len(source)] = 1
-        labels[row, :len(target)] = torch.tensor(target)
-    decoder_input_ids = shift_tokens_right(labels, pad_id, decoder_start_id)
-    return {"input_ids": input_ids, "attention_mask": attention_mask, "decoder_input_ids": decoder_input_ids,
-            "labels": labels}
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -603,14 +499,15 @@ def check_free_space(output_dir, config, keep, existing):
 
 
 @torch.no_grad()
-def validate(accelerator, model, tokenizer, valid, valid_batches, args):
+def validate(accelerator, model, tokenizer, valid_loader, bleu_pairs, args):
+    """`valid_loader` gives this process its share of the validation batches; `bleu_pairs` are the (sources,
+    references) of the pairs scored with BLEU."""
     was_training = model.training
     model.eval()
     rank, world = accelerator.process_index, accelerator.num_processes
     totals = torch.zeros(2, dtype=torch.float64, device=accelerator.device)  # loss sum, target tokens
-    for indices in valid_batches[rank::world]:
-        batch = {k: v.to(accelerator.device) for k, v in collate(indices, valid, tokenizer.pad_token_id,
-                                                                  tokenizer.bos_token_id).items()}
+    for batch in valid_loader:
+        batch = {k: v.to(accelerator.device) for k, v in batch.items()}
         with accelerator.autocast():
             logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                            decoder_input_ids=batch["decoder_input_ids"]).logits
@@ -620,16 +517,17 @@ def validate(accelerator, model, tokenizer, valid, valid_batches, args):
     result = {"val_loss": (totals[0] / totals[1]).item()}
     result["val_ppl"] = math.exp(min(result["val_loss"], 50.0))
 
-    count = min(args.eval_bleu_samples, len(valid.sources))
+    sources, references = bleu_pairs
+    count = len(sources)
     if count:
         share = math.ceil(count / world)
         mine = list(range(rank * share, min((rank + 1) * share, count)))
         with accelerator.autocast():
-            hypotheses = translate(model, tokenizer, [valid.sources[i] for i in mine], batch_size=args.eval_batch_size,
+            hypotheses = translate(model, tokenizer, [sources[i] for i in mine], batch_size=args.eval_batch_size,
                                    num_beams=args.eval_num_beams, length_penalty=args.eval_length_penalty,
                                    max_source_length=args.max_source_length)
         hypotheses = gather_object(hypotheses)  # in process order, so in the order of the pairs
-        score, signature = corpus_bleu(hypotheses, valid.references[:count])
+        score, signature = corpus_bleu(hypotheses, references)
         result.update(bleu=score.score, bleu_signature=signature, example=hypotheses[0])
     model.train(was_training)
     return result
@@ -733,7 +631,10 @@ def main(argv=None):
     if args.resume is None and list_checkpoints(checkpoint_root):
         fail(f"{checkpoint_root} already holds checkpoints of an earlier run; pass --resume to continue it, or "
              "choose another --output_dir.")
-    dataset = load_translation_dataset(args)
+    try:
+        dataset = load_translation_dataset(args.dataset_dir, args.source_lang, args.target_lang)
+    except ValueError as error:
+        fail(str(error))
     tokenizer = load_and_check_tokenizer(args.tokenizer)
 
     # --- The model configuration: a preset of Table 3, with the tokenizer's vocabulary size and special ids. ---
@@ -774,21 +675,6 @@ def main(argv=None):
     keep = max(args.keep_checkpoints, args.average_last)
     check_free_space(output_dir, config, keep, len(list_checkpoints(checkpoint_root)))
 
-    # --- Data (section 5.1). ---
-    train = encode_split(dataset["train"], tokenizer, args)
-    valid = encode_split(dataset["validation"], tokenizer, args, enforce_lengths=False)
-    if not train.source_ids:
-        fail(f"no training pair fits --max_source_length {args.max_source_length} / --max_target_length "
-             f"{args.max_target_length} ({train.without_text} of them are not text).")
-    if not valid.source_ids:
-        fail("the validation split has no pair with text on both sides.")
-    train_lengths = (np.array([len(s) for s in train.source_ids]), np.array([len(t) for t in train.target_ids]))
-    valid_lengths = (np.array([len(s) for s in valid.source_ids]), np.array([len(t) for t in valid.target_ids]))
-    longest_pair = int((train_lengths[0] + train_lengths[1]).max())
-    if longest_pair > args.batch_tokens:
-        fail(f"--batch_tokens {args.batch_tokens} is smaller than the longest training pair ({longest_pair} tokens); "
-             "raise it or lower --max_source_length/--max_target_length.")
-
     # Accelerate picks up what `accelerate launch` set: the number of processes, DDP / FSDP / DeepSpeed, precision.
     # Without a GPU, cpu=True lets several launched processes train together over gloo.
     accelerator = Accelerator(
@@ -798,22 +684,51 @@ def main(argv=None):
         step_scheduler_with_optimizer=False,  # our schedule steps once per optimizer step, whatever the process count
         log_with=None if args.report_to == "none" else args.report_to,
         project_config=ProjectConfiguration(project_dir=str(output_dir), logging_dir=str(output_dir)),
+        kwargs_handlers=[InitProcessGroupKwargs(timeout=timedelta(seconds=args.ddp_timeout))],
     )
     main_process = accelerator.is_main_process
     say = accelerator.print
 
-    def epoch_batches(epoch):
-        batches = make_batches(*train_lengths, args.batch_tokens, args.seed, epoch)
-        return batches_for_process(batches, accelerator.process_index, accelerator.num_processes, args.grad_accum)
+    # --- Data (section 5.1): tokenized once into Arrow next to the dataset, then memory-mapped by every process. ---
+    def tokenize(split, long_pairs):
+        return tokenize_split(dataset[split], tokenizer, args.source_lang, args.target_lang, args.max_source_length,
+                              args.max_target_length, long_pairs, num_proc=args.num_proc)
 
-    steps_per_epoch = len(epoch_batches(0)) // args.grad_accum
+    # The main process tokenizes first; then the first process of every other machine, which finds the files on a
+    # shared file system and otherwise builds its machine's own copy; then all the others, which map the files.
+    train = valid = None
+    for my_turn in (accelerator.is_main_process, accelerator.is_local_main_process, True):
+        if my_turn and train is None:
+            train, valid = tokenize("train", args.long_pairs), tokenize("validation", "truncate")
+        accelerator.wait_for_everyone()
+    if not len(train):
+        fail(f"no training pair fits --max_source_length {args.max_source_length} / --max_target_length "
+             f"{args.max_target_length} ({train.count(WITHOUT_TEXT)} of them are not text).")
+    if not len(valid):
+        fail("the validation split has no pair with text on both sides.")
+    try:
+        sampler = TokenBucketSampler(train.source_lengths, train.target_lengths, args.batch_tokens, seed=args.seed,
+                                     num_replicas=accelerator.num_processes, rank=accelerator.process_index,
+                                     batches_per_step=args.grad_accum)
+        valid_sampler = TokenBucketSampler(valid.source_lengths, valid.target_lengths, args.batch_tokens,
+                                           shuffle=False, num_replicas=accelerator.num_processes,
+                                           rank=accelerator.process_index, drop_remainder=False)
+    except ValueError as error:
+        fail(f"--batch_tokens {args.batch_tokens}: {error}")
+    steps_per_epoch = sampler.batches_in_epoch(0) // args.grad_accum
     if steps_per_epoch == 0:
         fail(f"the training split makes fewer batches of --batch_tokens {args.batch_tokens} than processes x "
              f"--grad_accum ({accelerator.num_processes} x {args.grad_accum}); lower --batch_tokens or --grad_accum.")
-    valid_batches = make_batches(*valid_lengths, args.batch_tokens, args.seed, 0, shuffle=False)
-    say(f"train: {len(train.source_ids)} pairs ({train.dropped} longer than the maximum lengths dropped, "
-        f"{train.truncated} truncated, {train.without_text} without text dropped); validation: "
-        f"{len(valid.source_ids)} pairs ({valid.without_text} without text dropped)")
+    collator = PairCollator(config.pad_token_id, config.decoder_start_token_id)
+    train_loader = pair_loader(train, sampler, collator, num_workers=args.dataloader_num_workers)
+    valid_loader = pair_loader(valid, valid_sampler, collator)
+    bleu_rows = valid.rows[:args.eval_bleu_samples].tolist()
+    bleu_texts = dataset["validation"].select(bleu_rows)["translation"] if bleu_rows else []
+    bleu_pairs = ([pair[args.source_lang] for pair in bleu_texts], [pair[args.target_lang] for pair in bleu_texts])
+    say(f"train: {len(train)} pairs ({train.count(TOO_LONG)} longer than the maximum lengths dropped, "
+        f"{train.count(TRUNCATED)} truncated, {train.count(WITHOUT_TEXT)} without text dropped); validation: "
+        f"{len(valid)} pairs ({valid.count(WITHOUT_TEXT)} without text dropped); tokenized "
+        + ("earlier, read from the cache" if train.from_cache else "now and cached") + " next to the dataset")
     say(f"batches of <= {args.batch_tokens} padded tokens x {args.grad_accum} accumulated x "
         f"{accelerator.num_processes} processes = <= {args.batch_tokens * args.grad_accum * accelerator.num_processes}"
         f" tokens per optimizer step (paper: ~25000 source + ~25000 target); {steps_per_epoch} steps per epoch")
@@ -892,7 +807,11 @@ def main(argv=None):
 
     # --- Training (sections 5.2-5.4). ---
     step, epoch, batch_index = state["step"], state["epoch"], state["batch_index"]
-    rank_batches = epoch_batches(epoch)
+    try:
+        sampler.set_epoch(epoch, batch_index)
+    except ValueError as error:  # the checkpoint was written with other batches (--batch_tokens, processes, data)
+        fail(f"cannot continue {resume_from} at batch {batch_index} of epoch {epoch}: {error}.")
+    batch_stream = iter(train_loader)
     unwrapped = accelerator.unwrap_model(model)
     run_tokens, run_seconds, last_eval = 0, 0.0, {}
     progress = tqdm(total=args.max_steps, initial=step, disable=not main_process, desc="training", dynamic_ncols=True)
@@ -900,8 +819,7 @@ def main(argv=None):
     model.train()
     while step < args.max_steps:
         step_start = time.perf_counter()
-        batches = [collate(indices, train, config.pad_token_id, config.decoder_start_token_id)
-                   for indices in rank_batches[batch_index:batch_index + args.grad_accum]]
+        batches = [next(batch_stream) for _ in range(args.grad_accum)]
         counts = torch.tensor([sum(int(b["labels"].ne(-100).sum()) for b in batches),
                                sum(int(b["attention_mask"].sum()) for b in batches)], device=accelerator.device)
         target_tokens, source_tokens = accelerator.reduce(counts, reduction="sum").tolist()
@@ -937,9 +855,10 @@ def main(argv=None):
 
         step += 1
         batch_index += args.grad_accum
-        if batch_index + args.grad_accum > len(rank_batches):  # epoch done: a new order of new batches
+        if batch_index + args.grad_accum > len(sampler):  # epoch done: a new order of new batches
             epoch, batch_index = epoch + 1, 0
-            rank_batches = epoch_batches(epoch)
+            sampler.set_epoch(epoch)
+            batch_stream = iter(train_loader)
         tokens = int(source_tokens + target_tokens)
         state.update(step=step, epoch=epoch, batch_index=batch_index, tokens_seen=state["tokens_seen"] + tokens,
                      target_tokens_seen=state["target_tokens_seen"] + int(target_tokens),
@@ -971,7 +890,7 @@ def main(argv=None):
             window = dict.fromkeys(window, 0)
 
         if args.eval_every and step % args.eval_every == 0:
-            last_eval = validate(accelerator, unwrapped, tokenizer, valid, valid_batches, args)
+            last_eval = validate(accelerator, unwrapped, tokenizer, valid_loader, bleu_pairs, args)
             accelerator.log({f"valid/{k}": v for k, v in last_eval.items() if isinstance(v, float)}, step=step)
             if main_process:
                 append_jsonl(log_path, {"step": step, **last_eval})
@@ -1010,7 +929,7 @@ def main(argv=None):
     final_checksum = weights_checksum(final_model)
     checksums = gather_object([{"rank": accelerator.process_index, "trained": trained_checksum,
                                 "averaged": final_checksum}])
-    final_eval = validate(accelerator, final_model, tokenizer, valid, valid_batches, args)
+    final_eval = validate(accelerator, final_model, tokenizer, valid_loader, bleu_pairs, args)
     accelerator.log({f"final/{k}": v for k, v in final_eval.items() if isinstance(v, float)}, step=step)
 
     if main_process:
@@ -1022,7 +941,7 @@ def main(argv=None):
         summary = {
             "preset": args.preset,
             "steps": step,
-            "epochs": round(epoch + batch_index / max(len(rank_batches), 1), 3),
+            "epochs": round(epoch + batch_index / max(len(sampler), 1), 3),
             "tokens_seen": state["tokens_seen"],
             "target_tokens_seen": state["target_tokens_seen"],
             "tokens_per_step": state["tokens_seen"] / max(step, 1),
@@ -1033,13 +952,14 @@ def main(argv=None):
             "final_val_ppl": final_eval["val_ppl"],
             "final_val_bleu": final_eval.get("bleu"),
             "bleu_signature": final_eval.get("bleu_signature"),
-            "bleu_samples": min(args.eval_bleu_samples, len(valid.sources)),
+            "bleu_samples": len(bleu_pairs[0]),
             "last_periodic_eval": {k: v for k, v in last_eval.items() if k != "example"},
             "averaged_checkpoints": [p.name for p in averaged_paths],
             "num_parameters": sum(p.numel() for p in final_model.parameters()),
-            "train_pairs": len(train.source_ids),
-            "train_pairs_dropped": train.dropped,
-            "train_pairs_without_text": train.without_text,
+            "train_pairs": len(train),
+            "train_pairs_dropped": train.count(TOO_LONG),
+            "train_pairs_truncated": train.count(TRUNCATED),
+            "train_pairs_without_text": train.count(WITHOUT_TEXT),
             "skipped_steps": state["skipped_steps"],
             "hardware": hardware_description(accelerator),
             "world_size": accelerator.num_processes,

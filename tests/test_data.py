@@ -134,14 +134,27 @@ def test_bible_records_join_the_two_modules_verse_by_verse():
 def test_parallel_files_count_undecodable_and_empty_lines(tmp_path):
     (tmp_path / "b.en").write_bytes(b"Good morning.\r\n\xff\xfe broken\n\nThank you very much.")
     (tmp_path / "b.es").write_text("Buenos d\u00edas.\nRoto.\nVac\u00edo.\nMuchas gracias.\n", encoding="utf-8")
-    pairs = prepare_data.read_parallel_files(tmp_path / "b.en", tmp_path / "b.es")
-    assert [p[0] for p in pairs] == ["line.1", "line.2", "line.3", "line.4"]
-    examples, dropped = prepare_data.parallel_examples(pairs, "en", "es")
+    source = prepare_data.parallel_files_dataset(tmp_path / "b.en", tmp_path / "b.es", "en", "es", tmp_path / "c")
+    assert source["train"]["id"] == ["line.1", "line.2", "line.3", "line.4"]
+    assert source["train"][1]["translation"] == {"en": None, "es": "Roto."}  # not UTF-8: None, never a guess
+    dataset, dropped = prepare_data.prepare_translation_dataset(source, "en", "es", valid_fraction=0,
+                                                                test_fraction=0)
     assert dropped == {"invalid_text": 1, "empty": 1}
-    assert [e["translation"] for e in examples] == [
+    assert dataset["train"]["translation"] == [
         {"en": "Good morning.", "es": "Buenos días."},
         {"en": "Thank you very much.", "es": "Muchas gracias."},
     ]
+    assert dataset["train"]["id"] == ["line.1", "line.4"]
+
+
+def test_is_valid_text_refuses_exactly_unicode_control_characters_and_surrogates():
+    import unicodedata
+
+    for code in range(0x10000):
+        char = chr(code)
+        assert prepare_data.is_valid_text(f"a{char}b") == (
+            unicodedata.category(char) not in ("Cc", "Cs") and char != "\ufffd"), hex(code)
+    assert not prepare_data.is_valid_text(None)
 
 
 def write_corpus(folder, n=60):
@@ -200,37 +213,95 @@ def sentence_pairs(n, offset=0):
 
 def test_hf_dataset_without_validation_or_test_gets_them_carved_from_train():
     dataset = datasets.DatasetDict({"train": translation_dataset(sentence_pairs(200))})
-    splits, dropped = prepare_data.hf_splits(dataset, "en", "es", valid_fraction=0.1, test_fraction=0.1)
+    splits, dropped = prepare_data.prepare_translation_dataset(dataset, "en", "es", valid_fraction=0.1,
+                                                               test_fraction=0.1)
     assert not dropped
     assert sum(len(rows) for rows in splits.values()) == 200
-    assert all(splits[name] for name in prepare_data.SPLITS)
-    again, _ = prepare_data.hf_splits(dataset, "en", "es", valid_fraction=0.1, test_fraction=0.1)
-    assert again == splits
+    assert all(len(splits[name]) for name in prepare_data.SPLITS)
+    for name, rows in splits.items():  # each pair where the hash of its source sentence sends it
+        assert {prepare_data.assign_split(pair["en"], 0, 0.1, 0.1) for pair in rows["translation"]} == {name}
+    again, _ = prepare_data.prepare_translation_dataset(dataset, "en", "es", valid_fraction=0.1, test_fraction=0.1)
+    assert all(again[name].to_dict() == splits[name].to_dict() for name in prepare_data.SPLITS)
 
 
 def test_hf_dataset_keeps_its_own_test_split():
     test_pairs = sentence_pairs(5, offset=1000)
     dataset = datasets.DatasetDict({"train": translation_dataset(sentence_pairs(200)),
                                     "test": translation_dataset(test_pairs)})
-    splits, _ = prepare_data.hf_splits(dataset, "en", "es", valid_fraction=0.1, test_fraction=0.1)
+    splits, _ = prepare_data.prepare_translation_dataset(dataset, "en", "es", valid_fraction=0.1, test_fraction=0.1)
     assert [(e["translation"]["en"], e["translation"]["es"]) for e in splits["test"]] == test_pairs
     assert [e["id"] for e in splits["test"]] == [f"test.{i}" for i in range(5)]
     assert len(splits["train"]) + len(splits["validation"]) == 200
-    assert splits["validation"]
+    assert len(splits["validation"])
 
 
 def test_hf_dataset_errors_name_the_missing_language_or_column():
     german = datasets.DatasetDict({"train": translation_dataset([("Hallo.", "Hello.")], ("de", "en"))})
     with pytest.raises(ValueError, match=r"languages \['de', 'en'\], not \['es'\]"):
-        prepare_data.hf_splits(german, "en", "es", name="wmt_toy")
+        prepare_data.prepare_translation_dataset(german, "en", "es", name="wmt_toy")
     plain = datasets.DatasetDict({"train": datasets.Dataset.from_dict({"en": ["Hi."], "es": ["Hola."]})})
     with pytest.raises(ValueError, match=r"columns \['en', 'es'\]; expected a 'translation' column"):
-        prepare_data.hf_splits(plain, "en", "es")
+        prepare_data.prepare_translation_dataset(plain, "en", "es")
+
+
+WMT14_CARD = """---
+configs:
+- config_name: de-en
+  data_files:
+  - split: train
+    path: de-en/train-*
+  - split: validation
+    path: de-en/validation-*
+  - split: test
+    path: de-en/test-*
+dataset_info:
+  config_name: de-en
+  features:
+  - name: translation
+    dtype:
+      translation:
+        languages:
+        - de
+        - en
+---
+"""
+
+
+def write_wmt14_folder(folder, pairs_per_split):
+    """A local folder in the layout of the Hub's wmt14 (a card naming the configs, Parquet files per config)."""
+    (folder / "de-en").mkdir(parents=True)
+    (folder / "README.md").write_text(WMT14_CARD)
+    for split, count in pairs_per_split.items():
+        rows = [{"translation": {"de": f"Satz {split} {i}.", "en": f"Sentence {split} {i}."}} for i in range(count)]
+        datasets.Dataset.from_list(rows).to_parquet(str(folder / "de-en" / f"{split}-00000-of-00001.parquet"))
+
+
+def test_a_local_folder_in_the_wmt14_layout_goes_through_load_dataset_like_a_hub_name(tmp_path):
+    write_wmt14_folder(tmp_path / "wmt14", {"train": 300, "validation": 7, "test": 9})
+    out = tmp_path / "data"
+    result = run_script("--output_dir", out, "--dataset", tmp_path / "wmt14", "--dataset_config", "de-en",
+                        "--source_lang", "en", "--target_lang", "de", "--num_proc", 2)
+    assert result.returncode == 0, result.stderr
+    assert "kept 316 pairs, dropped 0" in result.stdout
+    dataset = datasets.load_from_disk(str(out))
+    assert {name: len(rows) for name, rows in dataset.items()} == {"train": 300, "validation": 7, "test": 9}
+    assert dataset["test"][8] == {"id": "test.8", "translation": {"en": "Sentence test 8.", "de": "Satz test 8."}}
+    assert dataset["train"].features["translation"] == datasets.Translation(languages=["en", "de"])
+    # A JSON Lines folder without a card: the languages come from the struct of the rows.
+    (tmp_path / "jsonl").mkdir()
+    dataset["train"].select(range(50)).to_json(str(tmp_path / "jsonl" / "train.jsonl"))
+    result = run_script("--output_dir", tmp_path / "from_json", "--dataset", tmp_path / "jsonl",
+                        "--source_lang", "de", "--target_lang", "en", "--valid_fraction", 0.2, "--test_fraction", 0.2)
+    assert result.returncode == 0, result.stderr
+    assert "kept 50 pairs, dropped 0" in result.stdout
+    result = run_script("--output_dir", tmp_path / "from_json", "--dataset", tmp_path / "jsonl",
+                        "--source_lang", "de", "--target_lang", "fr")
+    assert result.returncode != 0 and "not ['fr']" in result.stderr
 
 
 def test_to_dataset_dict_uses_the_translation_layout():
-    examples, _ = prepare_data.parallel_examples(
-        [("line.1", "Hola.", "Hello."), ("line.2", "Adiós.", "Bye."), ("line.3", "Sí.", "Yes.")], "es", "en")
+    examples = [{"id": f"line.{i}", "group": es, "translation": {"es": es, "en": en}}
+                for i, (es, en) in enumerate([("Hola.", "Hello."), ("Adiós.", "Bye."), ("Sí.", "Yes.")], start=1)]
     splits = {"train": examples[:2], "validation": examples[2:], "test": examples[2:]}
     dataset = prepare_data.to_dataset_dict(splits, "es", "en")
     assert dataset["train"].column_names == ["id", "translation"]

@@ -459,20 +459,20 @@ def test_bad_dataset_folders_are_named(corpus, tmp_path):
 
 
 def test_pairs_without_text_are_dropped_and_counted(corpus, tmp_path):
+    from vaswani.training.data import WITHOUT_TEXT, tokenize_split
+
     rows = datasets.Dataset.from_dict({"translation": [{"en": "the cat", "es": "el gato"}, {"en": None, "es": "un"},
                                                        {"en": "a dog", "es": None}, None]})
     tokenizer = train.load_and_check_tokenizer(str(corpus[1]))
-    args = train.parse_args(["--dataset_dir", "d", "--tokenizer", "t", "--output_dir", "o"])
-    split = train.encode_split(rows, tokenizer, args)
-    assert (split.sources, split.references, split.without_text, len(split.source_ids)) == (
-        ["the cat"], ["el gato"], 3, 1)
+    split = tokenize_split(rows, tokenizer, "en", "es")
+    assert (split.count(WITHOUT_TEXT), len(split), split.rows.tolist()) == (3, 1, [0])
     datasets.DatasetDict(train=rows, validation=rows).save_to_disk(str(tmp_path / "data"))
-    assert evaluate.load_pairs(str(tmp_path / "data"), "validation", "en", "es") == (["the cat"], ["el gato"])
+    sources, references = evaluate.load_pairs(str(tmp_path / "data"), "validation", "en", "es")
+    assert (sources.to_pylist(), references.to_pylist()) == (["the cat"], ["el gato"])
     # prepare_data.py's Hugging Face path: the same pairs are invalid_text, counted, not a crash.
-    splits, dropped = prepare_data.hf_splits(datasets.DatasetDict(train=rows), "en", "es", valid_fraction=0.0,
-                                             test_fraction=0.0)
-    assert dropped == {"invalid_text": 3} and [e["translation"] for e in splits["train"]] == [
-        {"en": "the cat", "es": "el gato"}]
+    splits, dropped = prepare_data.prepare_translation_dataset(datasets.DatasetDict(train=rows), "en", "es",
+                                                               valid_fraction=0.0, test_fraction=0.0)
+    assert dropped == {"invalid_text": 3} and splits["train"]["translation"] == [{"en": "the cat", "es": "el gato"}]
 
 
 def word_tokenizer(folder, special_tokens):
@@ -584,7 +584,8 @@ def test_tokenizer_script_skips_broken_text_and_names_bad_datasets(tmp_path, cap
     datasets.DatasetDict(train=rows, validation=rows).save_to_disk(str(tmp_path / "data"))
     train_tokenizer.main(["--dataset_dir", str(tmp_path / "data"), "--vocab_size", "300",
                           "--output_dir", str(tmp_path / "tok")])
-    assert "on 42 sentences (en + es, train split; 2 skipped: not text, or with U+FFFD)" in capsys.readouterr().out
+    assert "trained on 42 sentences (en + es, train split; 2 skipped: not text, or with U+FFFD)" in (
+        capsys.readouterr().out)
     assert (tmp_path / "tok" / "tokenizer.json").is_file()
 
     main = train_tokenizer.main

@@ -133,8 +133,13 @@ def test_script_trains_on_both_sides_of_the_train_split(tmp_path, capsys):
         "test": datasets.Dataset.from_list(held_out),
     }).save_to_disk(str(tmp_path / "data"))
 
-    texts = train_tokenizer.corpus_texts(str(tmp_path / "data"), "en", "es")
-    assert texts == english + spanish
+    sentences = train_tokenizer.SplitSentences(train_tokenizer.load_split(tmp_path / "data"), ("en", "es"),
+                                               batch_size=7)
+    assert [text for batch in sentences for text in batch] == english + spanish  # one language, then the other
+    assert (sentences.sentences, sentences.skipped, len(sentences)) == (2 * len(english), 0, 2 * len(english))
+    sample = train_tokenizer.sample_pairs(train_tokenizer.load_split(tmp_path / "data"), 5, seed=3)
+    assert len(sample) == 5 and sample["id"] == sorted(sample["id"], key=lambda name: int(name[5:]))
+    assert sample["id"] == train_tokenizer.sample_pairs(train_tokenizer.load_split(tmp_path / "data"), 5, 3)["id"]
 
     train_tokenizer.main(["--dataset_dir", str(tmp_path / "data"), "--vocab_size", str(VOCAB_SIZE),
                           "--output_dir", str(tmp_path / "tok")])

@@ -133,36 +133,6 @@ def test_short_schedule_peaks_at_peak_lr_then_decays_as_inverse_square_root():
         train.lr_at(1, "cosine")
 
 
-# --- Section 5.1: batches by token count. ---
-
-
-def test_batches_hold_about_batch_tokens_and_cover_every_pair_once():
-    generator = torch.Generator().manual_seed(0)
-    source = torch.randint(2, 60, (3000,), generator=generator).numpy()
-    noise = torch.randint(-5, 6, (3000,), generator=generator).numpy()
-    target = (source * 1.1 + noise).clip(2).astype(int)  # translations are about as long as their sources
-    batches = train.make_batches(source, target, 1000, seed=0, epoch=0)
-    assert sorted(i for batch in batches for i in batch) == list(range(3000))
-    padded = [len(b) * (source[b].max() + target[b].max()) for b in batches]
-    assert max(padded) <= 1000
-    assert sum(padded) / len(padded) > 800  # sorting by length keeps batches full and padding low
-    real = sum(int(source[b].sum() + target[b].sum()) for b in batches)
-    assert real / sum(padded) > 0.9
-    # Deterministic given (seed, epoch); another epoch gives another order.
-    again = train.make_batches(source, target, 1000, seed=0, epoch=0)
-    assert all((a == b).all() for a, b in zip(batches, again)) and len(batches) == len(again)
-    other = train.make_batches(source, target, 1000, seed=0, epoch=1)
-    assert [list(b) for b in other] != [list(b) for b in batches]
-
-
-def test_each_process_gets_different_batches_and_the_same_number_of_steps():
-    batches = [[i] for i in range(23)]
-    shards = [train.batches_for_process(batches, rank, 3, grad_accum=2) for rank in range(3)]
-    assert [len(shard) for shard in shards] == [6, 6, 6]  # 23 batches cut to 18 = 3 processes x 2 x 3 steps
-    seen = [b[0] for shard in shards for b in shard]
-    assert len(seen) == len(set(seen)) == 18
-
-
 # --- The training script. ---
 
 

@@ -1,0 +1,211 @@
+"""vaswani.training.data: tokenization cached in Arrow, section 5.1's token-bucket batches, and padded batches.
+
+The sampler is checked against its properties (every pair at most once an epoch, batches within the token limit, the
+same number of steps on every process, determinism, exact mid-epoch resume) and against the batches of the
+Python-loop batching it replaced, pinned by digest. Tokenization is checked through the real `datasets` cache.
+"""
+
+import hashlib
+
+import datasets
+import numpy as np
+import pytest
+import torch
+
+from test_training import ENGLISH, LEXICON, make_tokenizer
+from vaswani.modeling.modeling_vaswani import shift_tokens_right
+from vaswani.training import data
+from vaswani.training.data import PairCollator, TokenBucketSampler, pair_loader, tokenize_split
+
+
+def lengths(count, seed=2024, longest=80):
+    """Source lengths and target lengths about 1.1 times as long, as in a real corpus."""
+    rng = np.random.default_rng(seed)
+    source = rng.integers(1, longest, count)
+    return source, (source * 1.1 + rng.integers(-6, 7, count)).clip(1).astype(int)
+
+
+def every_batch(sampler, epoch, position=0):
+    sampler.set_epoch(epoch, position)
+    return [list(batch) for batch in sampler]
+
+
+# --- Section 5.1: batches by token count. ---
+
+
+@pytest.mark.parametrize("seed,epoch,shuffle,digest", [(0, 0, True, "dca08ea285d73be8"),
+                                                       (5, 3, True, "4c8f5d97abf47eed"),
+                                                       (0, 0, False, "0a2b0f4501c78862")])
+def test_batches_are_those_of_the_batching_they_replaced(seed, epoch, shuffle, digest):
+    """Digests of what scripts/train.py's make_batches + batches_for_process gave (commit 9231e65) for process 1 of
+    3 with 2 accumulated batches: a run resumed from an older checkpoint continues with the same batches."""
+    source, target = lengths(4000)
+    sampler = TokenBucketSampler(source, target, 900, seed=seed, shuffle=shuffle, num_replicas=3, rank=1,
+                                 batches_per_step=2)
+    found = hashlib.sha256()
+    for batch in every_batch(sampler, epoch):
+        found.update(np.asarray(batch, dtype=np.int64).tobytes() + b"|")
+    assert found.hexdigest()[:16] == digest
+
+
+def test_batches_stay_within_the_token_limit_cover_every_pair_once_and_are_full():
+    source, target = lengths(3000, longest=60)
+    sampler = TokenBucketSampler(source, target, 1000, seed=0, drop_remainder=False)
+    batches = every_batch(sampler, 0)
+    assert sorted(i for batch in batches for i in batch) == list(range(3000))
+    padded = [len(b) * (source[b].max() + target[b].max()) for b in batches]
+    assert max(padded) <= 1000
+    # Greedy: no batch could have taken the next pair of its length order without passing the limit.
+    order, bounds, _ = sampler.epoch_batches(0)
+    for start, end in zip(bounds[:-2], bounds[1:-1]):
+        grown = order[start:end + 1]
+        assert len(grown) * (source[grown].max() + target[grown].max()) > 1000
+    assert sum(padded) / len(padded) > 800  # sorting by length keeps batches full and padding low
+    assert sum(int(source[b].sum() + target[b].sum()) for b in batches) / sum(padded) > 0.9
+
+
+def test_processes_get_disjoint_batches_and_the_same_number_of_steps():
+    source, target = lengths(5000)
+    for processes, accumulation in ((3, 2), (2, 1), (4, 3)):
+        shards = [every_batch(TokenBucketSampler(source, target, 700, seed=1, num_replicas=processes, rank=rank,
+                                                 batches_per_step=accumulation), 2)
+                  for rank in range(processes)]
+        assert len({len(shard) for shard in shards}) == 1 and len(shards[0]) % accumulation == 0
+        seen = [i for shard in shards for batch in shard for i in batch]
+        assert len(seen) == len(set(seen))  # every pair at most once an epoch
+        everything = every_batch(TokenBucketSampler(source, target, 700, seed=1, drop_remainder=False), 2)
+        left_out = len(everything) - sum(len(shard) for shard in shards)
+        assert 0 <= left_out < processes * accumulation
+        assert {tuple(batch) for shard in shards for batch in shard} <= {tuple(batch) for batch in everything}
+
+
+def test_batches_depend_only_on_seed_and_epoch():
+    source, target = lengths(2000)
+    first = every_batch(TokenBucketSampler(source, target, 600, seed=7), 4)
+    assert every_batch(TokenBucketSampler(source, target, 600, seed=7), 4) == first
+    assert every_batch(TokenBucketSampler(source, target, 600, seed=7), 5) != first
+    assert every_batch(TokenBucketSampler(source, target, 600, seed=8), 4) != first
+    # Without shuffling (validation) the order is by length.
+    plain = every_batch(TokenBucketSampler(source, target, 600, shuffle=False, drop_remainder=False), 0)
+    assert [source[b].max() for b in plain] == sorted(source[b].max() for b in plain)
+
+
+def test_resuming_mid_epoch_gives_the_batches_of_an_uninterrupted_run():
+    source, target = lengths(3000)
+    sampler = TokenBucketSampler(source, target, 800, seed=3, num_replicas=2, rank=1, batches_per_step=2)
+    whole = every_batch(sampler, 1)
+    sampler.set_epoch(1, 10)
+    state = sampler.state_dict()
+    assert state == {"epoch": 1, "position": 10}
+    resumed = TokenBucketSampler(source, target, 800, seed=3, num_replicas=2, rank=1, batches_per_step=2)
+    resumed.load_state_dict(state)
+    assert [list(batch) for batch in resumed] == whole[10:]
+    with pytest.raises(ValueError, match="outside epoch 1"):
+        resumed.set_epoch(1, len(whole) + 1)
+
+
+def test_bad_lengths_are_refused_with_the_reason():
+    with pytest.raises(ValueError, match="smaller than the longest pair \\(130 tokens\\)"):
+        TokenBucketSampler([5, 60], [6, 70], 100)
+    with pytest.raises(ValueError, match="two 1-D arrays of one size"):
+        TokenBucketSampler([5, 6], [5], 100)
+    with pytest.raises(ValueError, match="at least one token"):
+        TokenBucketSampler([0, 6], [5, 5], 100)
+    with pytest.raises(ValueError, match="rank 2 of 2"):
+        TokenBucketSampler([5, 6], [5, 5], 100, num_replicas=2, rank=2)
+
+
+# --- Tokenization, once, into Arrow. ---
+
+
+@pytest.fixture
+def saved_corpus(tmp_path):
+    """A saved DatasetDict with a pair too long for 8 tokens, a pair without text and a row without translation."""
+    words = ENGLISH * 2
+    english = [" ".join(words[i:i + 1 + i % 5]) for i in range(40)] + [" ".join(ENGLISH)]
+    rows = [{"en": e, "es": " ".join(LEXICON[w] for w in e.split())} for e in english]
+    rows += [{"en": "the cat", "es": None}, None]
+    datasets.DatasetDict(train=datasets.Dataset.from_dict({"translation": rows})).save_to_disk(str(tmp_path / "data"))
+    return tmp_path / "data", make_tokenizer(tmp_path / "tokenizer")
+
+
+def test_pairs_are_tokenized_with_lengths_and_long_or_textless_pairs_counted(saved_corpus):
+    from transformers import AutoTokenizer
+
+    folder, tokenizer_dir = saved_corpus
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    train = data.load_translation_dataset(folder, "en", "es", splits=("train",))["train"]
+    split = tokenize_split(train, tokenizer, "en", "es", max_source_length=8, max_target_length=8)
+    assert (len(split), split.count(data.TOO_LONG), split.count(data.WITHOUT_TEXT)) == (40, 1, 2)
+    assert split.rows.tolist() == list(range(40))
+    first = split.pairs.with_format("arrow")[[3]]
+    assert first.column("input_ids").to_pylist() == [tokenizer(train[3]["translation"]["en"]).input_ids]
+    assert first.column("labels").to_pylist() == [tokenizer(text_target=train[3]["translation"]["es"]).input_ids]
+    assert split.pairs.features["input_ids"].feature.dtype == "int32"
+    assert (split.source_lengths == [len(tokenizer(t["en"]).input_ids) for t in train[:40]["translation"]]).all()
+    cut = tokenize_split(train, tokenizer, "en", "es", 8, 8, long_pairs="truncate")
+    assert (len(cut), cut.count(data.TRUNCATED), cut.count(data.WITHOUT_TEXT)) == (41, 1, 2)
+    longest = cut.pairs.with_format("arrow")[[40]].column("input_ids").to_pylist()[0]
+    assert len(longest) == 8 and longest[-1] == tokenizer.eos_token_id  # cut, ending in </s>
+
+
+def test_the_second_tokenization_maps_the_cache_and_runs_no_tokenizer(saved_corpus, monkeypatch):
+    from transformers import AutoTokenizer
+
+    folder, tokenizer_dir = saved_corpus
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    first = tokenize_split(data.load_translation_dataset(folder, "en", "es", ("train",))["train"], tokenizer, "en",
+                           "es", num_proc=2)
+    assert not first.from_cache
+    cached = sorted(path.name for path in (folder / "train").glob("vaswani-tokens-*.arrow"))
+    assert len(cached) == 3  # two tokenized shards (num_proc=2) and the usable rows
+
+    def no_tokenizing(*args, **kwargs):
+        raise AssertionError("tokenized again")
+
+    monkeypatch.setattr(data, "encode_pairs", no_tokenizing)
+    again = tokenize_split(data.load_translation_dataset(folder, "en", "es", ("train",))["train"], tokenizer, "en",
+                           "es", num_proc=2)
+    assert again.from_cache and sorted(p.name for p in (folder / "train").glob("vaswani-tokens-*")) == cached
+    assert again.pairs.to_dict() == first.pairs.to_dict()
+    # Other limits, or another tokenizer, are another cache.
+    monkeypatch.undo()
+    train = data.load_translation_dataset(folder, "en", "es", ("train",))["train"]
+    assert not tokenize_split(train, tokenizer, "en", "es", max_source_length=8).from_cache
+    bigger = AutoTokenizer.from_pretrained(make_tokenizer(folder.parent / "bigger", extra_words=["extra"]))
+    assert data.tokenizer_fingerprint(bigger) != data.tokenizer_fingerprint(tokenizer)
+
+
+# --- Batches as tensors. ---
+
+
+def test_collated_batches_are_padded_and_shifted_like_the_model_expects(saved_corpus):
+    from transformers import AutoTokenizer
+
+    folder, tokenizer_dir = saved_corpus
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    train = data.load_translation_dataset(folder, "en", "es", ("train",))["train"]
+    split = tokenize_split(train, tokenizer, "en", "es")
+    batch = PairCollator(0, 1)(split.pairs.with_format("arrow")[[0, 4, 9]])
+    expected = tokenizer([pair["en"] for pair in train.select([0, 4, 9])["translation"]], padding=True,
+                         return_tensors="pt")
+    assert torch.equal(batch["input_ids"], expected["input_ids"])
+    assert torch.equal(batch["attention_mask"], expected["attention_mask"])
+    assert batch["labels"].dtype == torch.int64 and (batch["labels"] == -100).any()
+    assert torch.equal(batch["decoder_input_ids"], shift_tokens_right(batch["labels"], 0, 1))
+
+
+def test_worker_processes_give_the_same_batches(saved_corpus):
+    from transformers import AutoTokenizer
+
+    folder, tokenizer_dir = saved_corpus
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    split = tokenize_split(data.load_translation_dataset(folder, "en", "es", ("train",))["train"], tokenizer, "en",
+                           "es")
+    sampler = TokenBucketSampler(split.source_lengths, split.target_lengths, 60, seed=2)
+    collator = PairCollator(tokenizer.pad_token_id, tokenizer.bos_token_id)
+    in_process = list(pair_loader(split, sampler, collator))
+    in_workers = list(pair_loader(split, sampler, collator, num_workers=2))
+    assert len(in_process) == len(sampler) > 3
+    for one, other in zip(in_process, in_workers):
+        assert all(torch.equal(one[key], other[key]) for key in one)

@@ -1,0 +1,372 @@
+"""Section 5.1, the training data: translation pairs tokenized once into Arrow, and batches of about a set number of
+tokens ("sentence pairs were batched together by approximate sequence length").
+
+At WMT scale (4.5M pairs for English-German, 36M for English-French) nothing here holds the corpus in Python objects:
+- `tokenize_split` tokenizes a split once with `datasets.map(batched=True, num_proc=...)` into int32 Arrow columns
+  (source and target ids, their lengths), cached next to the dataset under a key made of the dataset's fingerprint,
+  the tokenizer and the length limits, so that every later run, every resumed run and every other process maps the
+  same files;
+- `TokenBucketSampler` groups pairs of similar length from the two length columns alone (numpy), deals the batches
+  out to the processes, and keeps a state of two integers (epoch, position) that checkpoints save;
+- `PairCollator` pads a batch read straight from the memory-mapped Arrow table, in `DataLoader` workers if wanted.
+
+A user's own loop:
+
+    split = tokenize_split(load_translation_dataset("data/wmt14")["train"], tokenizer, "en", "de")
+    sampler = TokenBucketSampler(split.source_lengths, split.target_lengths, max_tokens=6250)
+    loader = pair_loader(split, sampler, PairCollator(tokenizer.pad_token_id, tokenizer.bos_token_id))
+    for epoch in range(epochs):
+        sampler.set_epoch(epoch)
+        for batch in loader: ...
+"""
+
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import torch
+from datasets import Dataset, DatasetDict, Features, List, Translation, Value, load_from_disk
+from datasets.fingerprint import Hasher
+
+# What tokenization did with each pair, stored per row so that the counts come from the cache as well.
+KEPT, TRUNCATED, TOO_LONG, WITHOUT_TEXT = range(4)
+# Bumped whenever the layout of the tokenized files changes, so that an older cache is never read as a newer one.
+CACHE_FORMAT = 1
+CACHE_PREFIX = "vaswani-tokens"
+TOKENIZED_FEATURES = Features({
+    "input_ids": List(Value("int32")),
+    "labels": List(Value("int32")),
+    "source_length": Value("int32"),
+    "target_length": Value("int32"),
+    "status": Value("int8"),
+})
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The corpus: any DatasetDict in the Hugging Face translation layout ({"translation": {lang: text}} rows).
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def translation_languages(split, name="the split"):
+    """The languages of a split's `translation` column, from its features (no row is read).
+
+    `datasets.Translation` names them; a Parquet or JSON folder without dataset metadata has a struct of strings.
+    """
+    if "translation" not in split.column_names:
+        raise ValueError(f"{name} has no 'translation' column (columns: {split.column_names}).")
+    feature = split.features["translation"]
+    if isinstance(feature, Translation):
+        return sorted(feature.languages)
+    if isinstance(feature, dict):
+        return sorted(feature)
+    raise ValueError(f"the 'translation' column of {name} is {feature}, not one text per language.")
+
+
+def load_translation_dataset(dataset_dir, source_lang, target_lang, splits=("train", "validation")):
+    """The DatasetDict saved by scripts/prepare_data.py (memory-mapped), checked for `splits` and both languages."""
+    path = Path(dataset_dir)
+    if not path.is_dir():
+        raise ValueError(f"--dataset_dir {path} does not exist; create it with scripts/prepare_data.py "
+                         f"--output_dir {path}.")
+    try:
+        dataset = load_from_disk(str(path))
+    except Exception as error:  # datasets raises FileNotFoundError or its own errors for a foreign folder
+        raise ValueError(f"--dataset_dir {path} is not a dataset saved with save_to_disk ({error}).") from error
+    if not isinstance(dataset, DatasetDict):
+        raise ValueError(f"--dataset_dir {path} holds a single Dataset; expected a DatasetDict with "
+                         f"{' and '.join(splits)} splits.")
+    for name in splits:
+        if name not in dataset:
+            raise ValueError(f"--dataset_dir {path} has no {name!r} split (it has {sorted(dataset)}).")
+        languages = translation_languages(dataset[name], f"the {name} split")
+        if len(dataset[name]) == 0:
+            raise ValueError(f"the {name} split of {path} is empty.")
+        for language in (source_lang, target_lang):
+            if language not in languages:
+                raise ValueError(f"language {language!r} is not in the {name} split's translation column (it has "
+                                 f"{languages}); set --source_lang/--target_lang.")
+    return dataset
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Tokenization, once per (dataset, tokenizer, limits), into Arrow.
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def tokenizer_fingerprint(tokenizer):
+    """A hash of everything that decides the ids: the fast tokenizer's whole pipeline (normalizer, pre-tokenizer,
+    vocabulary and merges, post-processor), else datasets' own hash of the tokenizer object."""
+    if getattr(tokenizer, "is_fast", False):
+        return hashlib.sha256(tokenizer.backend_tokenizer.to_str().encode()).hexdigest()
+    return Hasher.hash(tokenizer)
+
+
+def encode_pairs(batch, tokenizer, source_lang, target_lang, max_source_length, max_target_length, long_pairs):
+    """`datasets.map` function: token ids (ending in </s>), their lengths and a status per pair.
+
+    A pair with a side that is not text (None in a dataset not made by prepare_data.py) gets WITHOUT_TEXT; a pair
+    longer than the limits gets TOO_LONG with long_pairs="filter", or is cut (keeping its final </s>) and gets
+    TRUNCATED with long_pairs="truncate". Every row stays, so that the counts are read from the cache.
+    """
+    pairs = [pair if isinstance(pair, dict) else {} for pair in batch["translation"]]
+    has_text = [isinstance(pair.get(source_lang), str) and isinstance(pair.get(target_lang), str) for pair in pairs]
+    texts = [i for i, ok in enumerate(has_text) if ok]
+    sources = tokenizer([pairs[i][source_lang] for i in texts], return_attention_mask=False)["input_ids"]
+    targets = tokenizer(text_target=[pairs[i][target_lang] for i in texts], return_attention_mask=False)["input_ids"]
+    size = len(pairs)
+    columns = {"input_ids": [[] for _ in range(size)], "labels": [[] for _ in range(size)],
+               "source_length": [0] * size, "target_length": [0] * size, "status": [WITHOUT_TEXT] * size}
+    eos = tokenizer.eos_token_id
+    for i, source, target in zip(texts, sources, targets):
+        status = KEPT
+        if len(source) > max_source_length or len(target) > max_target_length:
+            if long_pairs == "filter":
+                columns["status"][i] = TOO_LONG
+                continue
+            status = TRUNCATED
+            source = source if len(source) <= max_source_length else source[:max_source_length - 1] + [eos]
+            target = target if len(target) <= max_target_length else target[:max_target_length - 1] + [eos]
+        columns["input_ids"][i], columns["labels"][i] = source, target
+        columns["source_length"][i], columns["target_length"][i] = len(source), len(target)
+        columns["status"][i] = status
+    return columns
+
+
+@dataclass
+class TokenizedSplit:
+    """The usable pairs of one split, tokenized and memory-mapped.
+
+    `pairs` has the columns input_ids, labels, source_length and target_length; `status` holds, for every row of
+    the original split, what tokenization did with it (KEPT, TRUNCATED, TOO_LONG, WITHOUT_TEXT).
+    """
+
+    pairs: Dataset
+    status: np.ndarray
+    from_cache: bool
+
+    def count(self, status):
+        return int(np.count_nonzero(self.status == status))
+
+    @property
+    def rows(self):
+        """The row of the original split of each usable pair (for its texts, e.g. BLEU references)."""
+        return np.flatnonzero(self.status <= TRUNCATED)
+
+    @property
+    def source_lengths(self):
+        return self._column("source_length")
+
+    @property
+    def target_lengths(self):
+        return self._column("target_length")
+
+    def _column(self, name):
+        return self.pairs.select_columns([name]).with_format("arrow")[:].column(name).to_numpy()
+
+    def __len__(self):
+        return len(self.pairs)
+
+
+def usable(status):
+    """`datasets.filter` predicate: the pairs that train (kept whole or truncated)."""
+    return [value <= TRUNCATED for value in status]
+
+
+def tokenize_split(split, tokenizer, source_lang, target_lang, max_source_length=256, max_target_length=256,
+                   long_pairs="filter", num_proc=None):
+    """Tokenize a split once into Arrow next to its own files; later calls with the same inputs map the cache.
+
+    The cache key is the split's datasets fingerprint (its files and every transform that made it), the tokenizer's
+    fingerprint, the languages, the limits and `long_pairs`. Run it in one process first (accelerate's
+    `main_process_first`); the others then find the files and only map them.
+    """
+    if long_pairs not in ("filter", "truncate"):
+        raise ValueError(f"long_pairs must be 'filter' or 'truncate', not {long_pairs!r}")
+    for name, limit in (("max_source_length", max_source_length), ("max_target_length", max_target_length)):
+        if limit < 2:
+            raise ValueError(f"{name} must be at least 2 (a token and </s>), not {limit}")
+    key = Hasher.hash([CACHE_FORMAT, split._fingerprint, tokenizer_fingerprint(tokenizer), source_lang, target_lang,
+                       max_source_length, max_target_length, long_pairs])
+    cache = {"tokens": None, "usable": None}  # an in-memory split (no files): datasets uses a temporary cache
+    if split.cache_files:
+        folder = os.path.dirname(split.cache_files[0]["filename"])
+        cache = {name: os.path.join(folder, f"{CACHE_PREFIX}-{key}-{name}.arrow") for name in cache}
+    from_cache = cache["usable"] is not None and os.path.exists(cache["usable"])
+    encoded = split.map(
+        encode_pairs, batched=True, batch_size=2000, num_proc=None if from_cache else num_proc,
+        remove_columns=split.column_names, features=TOKENIZED_FEATURES, cache_file_name=cache["tokens"],
+        new_fingerprint=key, desc=f"tokenizing {len(split):,} pairs",
+        fn_kwargs={"tokenizer": tokenizer, "source_lang": source_lang, "target_lang": target_lang,
+                   "max_source_length": max_source_length, "max_target_length": max_target_length,
+                   "long_pairs": long_pairs})
+    status = encoded.select_columns(["status"]).with_format("arrow")[:].column("status").to_numpy()
+    # The usable rows as a memory-mapped indices file, written once (the last file: its presence marks the cache
+    # complete).
+    pairs = encoded.filter(usable, input_columns="status", batched=True, batch_size=10_000,
+                           cache_file_name=cache["usable"], new_fingerprint=f"{key}-usable", desc="keeping usable pairs")
+    return TokenizedSplit(pairs.select_columns(["input_ids", "labels", "source_length", "target_length"]), status,
+                          from_cache)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Section 5.1's batches: pairs of similar length, about `max_tokens` padded tokens each.
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+class TokenBucketSampler(torch.utils.data.Sampler):
+    """Batches of pairs of similar length whose padded size, pairs x (longest source + longest target), stays within
+    `max_tokens`, dealt out to `num_replicas` processes.
+
+    An epoch's batches depend only on (seed, epoch): pairs are sorted by (source length, target length) with ties in
+    a random order, cut greedily into batches, and the batches shuffled. Process `rank` takes every
+    `num_replicas`-th batch. With `drop_remainder` (training), the epoch is first cut to a multiple of
+    num_replicas x batches_per_step batches, so that every process takes the same number of optimizer steps (a
+    process waiting for a gradient exchange that never comes would hang DDP); without it (validation), every batch is
+    used. Only the two length arrays are read; a batch is a list of row indices.
+
+    The state is (epoch, position): `set_epoch(epoch, position)` starts an epoch at the position-th batch of this
+    process, which is how a resumed run continues with exactly the batches an uninterrupted run would have used.
+    """
+
+    def __init__(self, source_lengths, target_lengths, max_tokens, *, seed=0, shuffle=True, num_replicas=1, rank=0,
+                 batches_per_step=1, drop_remainder=True):
+        self.source_lengths = np.asarray(source_lengths, dtype=np.int32)
+        self.target_lengths = np.asarray(target_lengths, dtype=np.int32)
+        if self.source_lengths.ndim != 1 or self.source_lengths.shape != self.target_lengths.shape:
+            raise ValueError(f"source and target lengths must be two 1-D arrays of one size, not "
+                             f"{self.source_lengths.shape} and {self.target_lengths.shape}")
+        if len(self.source_lengths) == 0:
+            raise ValueError("there are no pairs to batch")
+        if min(self.source_lengths.min(), self.target_lengths.min()) < 1:
+            raise ValueError("every source and target holds at least one token (</s>)")
+        longest = int((self.source_lengths + self.target_lengths).max())
+        if longest > max_tokens:
+            raise ValueError(f"the batch size of {max_tokens} tokens is smaller than the longest pair ({longest} "
+                             "tokens); raise it or lower the maximum lengths")
+        if not 0 <= rank < num_replicas or batches_per_step < 1:
+            raise ValueError(f"rank {rank} of {num_replicas} processes, {batches_per_step} batches per step: "
+                             "impossible")
+        self.max_tokens, self.seed, self.shuffle = max_tokens, seed, shuffle
+        self.num_replicas, self.rank, self.batches_per_step = num_replicas, rank, batches_per_step
+        self.drop_remainder = drop_remainder
+        self.epoch, self.position = 0, 0
+        self._cached = (None, None)
+
+    def epoch_batches(self, epoch):
+        """All processes' batches of an epoch, in the order they are dealt: (pair order, batch bounds, batch order).
+
+        Batch k holds `order[bounds[k]:bounds[k + 1]]`.
+        """
+        rng = np.random.default_rng([self.seed, epoch])
+        count = len(self.source_lengths)
+        order = rng.permutation(count) if self.shuffle else np.arange(count)
+        # Stable: pairs of equal lengths keep the random order.
+        order = order[np.lexsort((self.target_lengths[order], self.source_lengths[order]))]
+        bounds = greedy_bounds(self.source_lengths[order], self.target_lengths[order], self.max_tokens)
+        batch_order = np.arange(len(bounds) - 1)
+        if self.shuffle:
+            rng.shuffle(batch_order)
+        return order, bounds, batch_order
+
+    def _replica_batches(self, epoch):
+        """This process's batches of an epoch (cached: the epoch under way is asked for at every iteration)."""
+        if self._cached[0] != epoch:
+            order, bounds, batch_order = self.epoch_batches(epoch)
+            usable = len(batch_order)
+            if self.drop_remainder:
+                group = self.num_replicas * self.batches_per_step
+                usable = usable // group * group
+            self._cached = (epoch, (order, bounds, batch_order[self.rank:usable:self.num_replicas]))
+        return self._cached[1]
+
+    def set_epoch(self, epoch, position=0):
+        """Iterate over `epoch` from this process's `position`-th batch on."""
+        if not 0 <= position <= self.batches_in_epoch(epoch):
+            raise ValueError(f"position {position} is outside epoch {epoch}, which has "
+                             f"{self.batches_in_epoch(epoch)} batches on this process")
+        self.epoch, self.position = epoch, position
+
+    def batches_in_epoch(self, epoch):
+        """This process's number of batches in `epoch` (epochs differ slightly: ties fall differently)."""
+        return len(self._replica_batches(epoch)[2])
+
+    def __len__(self):
+        return self.batches_in_epoch(self.epoch)
+
+    def __iter__(self):
+        order, bounds, mine = self._replica_batches(self.epoch)
+        for batch in mine[self.position:]:
+            yield order[bounds[batch]:bounds[batch + 1]].tolist()
+
+    def state_dict(self):
+        return {"epoch": self.epoch, "position": self.position}
+
+    def load_state_dict(self, state):
+        self.set_epoch(state["epoch"], state["position"])
+
+
+def greedy_bounds(source_lengths, target_lengths, max_tokens):
+    """Cut pairs sorted by source length into runs, each as long as its padded size allows: the bounds of the runs.
+
+    A run of k pairs from position s costs k x (longest source + longest target); with sources sorted, its longest
+    source is its last, and the cost only grows with k, so the longest run that fits is found by a binary search
+    over the window of pairs that could possibly fit. The loop is over batches, not pairs.
+    """
+    bounds, start, count = [0], 0, len(source_lengths)
+    while start < count:
+        width = max(1, max_tokens // (int(source_lengths[start]) + int(target_lengths[start])))
+        window = slice(start, start + width)
+        longest = source_lengths[window].astype(np.int64) + np.maximum.accumulate(target_lengths[window])
+        cost = np.arange(1, len(longest) + 1) * longest
+        start += max(1, int(np.searchsorted(cost, max_tokens, side="right")))
+        bounds.append(start)
+    return np.array(bounds)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Batches as tensors.
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+class PairCollator:
+    """A padded batch from an Arrow table of pairs: source ids and mask, target labels (-100 on padding), and the
+    decoder input, the labels shifted right behind the decoder start token (section 3)."""
+
+    def __init__(self, pad_token_id, decoder_start_token_id):
+        self.pad_token_id, self.decoder_start_token_id = pad_token_id, decoder_start_token_id
+
+    def __call__(self, table: pa.Table):
+        source_lengths = table.column("source_length").to_numpy()
+        target_lengths = table.column("target_length").to_numpy()
+        input_ids = padded(table.column("input_ids"), source_lengths, self.pad_token_id)
+        labels = padded(table.column("labels"), target_lengths, -100)
+        decoder_input_ids = np.full_like(labels, self.pad_token_id)
+        decoder_input_ids[:, 0] = self.decoder_start_token_id
+        decoder_input_ids[:, 1:] = np.where(labels[:, :-1] == -100, self.pad_token_id, labels[:, :-1])
+        attention_mask = (np.arange(input_ids.shape[1]) < source_lengths[:, None]).astype(np.int64)
+        return {"input_ids": torch.from_numpy(input_ids), "attention_mask": torch.from_numpy(attention_mask),
+                "decoder_input_ids": torch.from_numpy(decoder_input_ids), "labels": torch.from_numpy(labels)}
+
+
+def padded(column, lengths, value):
+    """Rows of a list<int32> Arrow column as one int64 matrix, right-padded with `value`."""
+    matrix = np.full((len(lengths), int(lengths.max())), value, dtype=np.int64)
+    matrix[np.arange(matrix.shape[1]) < lengths[:, None]] = column.combine_chunks().flatten().to_numpy()
+    return matrix
+
+
+def pair_loader(split, sampler, collator, num_workers=0):
+    """A DataLoader that reads the sampler's batches from the memory-mapped pairs (one Arrow `take` per batch) and
+    pads them, in `num_workers` worker processes that prepare the next batches while the model trains.
+
+    It has a random generator of its own: a DataLoader draws a seed from the global one each time it is iterated,
+    which would shift the dropout masks of every later step by when the loader was iterated (a resumed run starts
+    its iterator at another step than the uninterrupted run did).
+    """
+    return torch.utils.data.DataLoader(
+        split.pairs.with_format("arrow"), sampler=sampler, batch_size=None, collate_fn=collator,
+        num_workers=num_workers, persistent_workers=num_workers > 0, prefetch_factor=4 if num_workers else None,
+        generator=torch.Generator())
