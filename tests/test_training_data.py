@@ -129,6 +129,17 @@ def saved_corpus(tmp_path):
     return tmp_path / "data", make_tokenizer(tmp_path / "tokenizer")
 
 
+def test_ids_are_those_the_tokenizer_call_gives(saved_corpus):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(saved_corpus[1])
+    texts = ["the red cat sees a dog", "a big bird eats", "unknown words here", ""]
+    assert data.token_ids(tokenizer, texts) == tokenizer(texts).input_ids
+    assert data.token_ids(tokenizer, texts, target=True) == tokenizer(text_target=texts).input_ids
+    tokenizer.backend_tokenizer.enable_truncation(3)  # the backend alone would now cut; the tokenizer call does not
+    assert data.token_ids(tokenizer, texts) == tokenizer(texts).input_ids and len(tokenizer(texts).input_ids[0]) == 7
+
+
 def test_pairs_are_tokenized_with_lengths_and_long_or_textless_pairs_counted(saved_corpus):
     from transformers import AutoTokenizer
 
