@@ -2,7 +2,8 @@
 
 Read top to bottom, this file follows the paper:
   5.1  data: sentence pairs batched by approximate length, each batch holding a set number of tokens
-       rather than a set number of sentences;
+       rather than a set number of sentences (vaswani.training.data: the corpus is tokenized once into Arrow files
+       cached next to the dataset, which every process and every later run memory-maps);
   5.2  hardware and schedule: one optimizer step per batch, `--max_steps` of them (base: 100k, big: 300k);
   5.3  optimizer: Adam(beta1=0.9, beta2=0.98, eps=1e-9) with the warmup-then-inverse-square-root learning rate;
   5.4  regularisation: dropout (from the preset) and label smoothing 0.1;
@@ -53,9 +54,6 @@ from transformers import AutoTokenizer
 
 from vaswani import PRESETS, VaswaniConfig, VaswaniForConditionalGeneration, label_smoothed_cross_entropy
 from vaswani.training.data import (
-    TRUNCATED,
-    TOO_LONG,
-    WITHOUT_TEXT,
     PairCollator,
     TokenBucketSampler,
     load_translation_dataset,
@@ -703,7 +701,7 @@ def main(argv=None):
         accelerator.wait_for_everyone()
     if not len(train):
         fail(f"no training pair fits --max_source_length {args.max_source_length} / --max_target_length "
-             f"{args.max_target_length} ({train.count(WITHOUT_TEXT)} of them are not text).")
+             f"{args.max_target_length} ({train.without_text} of them are not text).")
     if not len(valid):
         fail("the validation split has no pair with text on both sides.")
     try:
@@ -725,9 +723,9 @@ def main(argv=None):
     bleu_rows = valid.rows[:args.eval_bleu_samples].tolist()
     bleu_texts = dataset["validation"].select(bleu_rows)["translation"] if bleu_rows else []
     bleu_pairs = ([pair[args.source_lang] for pair in bleu_texts], [pair[args.target_lang] for pair in bleu_texts])
-    say(f"train: {len(train)} pairs ({train.count(TOO_LONG)} longer than the maximum lengths dropped, "
-        f"{train.count(TRUNCATED)} truncated, {train.count(WITHOUT_TEXT)} without text dropped); validation: "
-        f"{len(valid)} pairs ({valid.count(WITHOUT_TEXT)} without text dropped); tokenized "
+    say(f"train: {len(train)} pairs ({train.too_long} longer than the maximum lengths dropped, "
+        f"{train.truncated} truncated, {train.without_text} without text dropped); validation: "
+        f"{len(valid)} pairs ({valid.without_text} without text dropped); tokenized "
         + ("earlier, read from the cache" if train.from_cache else "now and cached") + " next to the dataset")
     say(f"batches of <= {args.batch_tokens} padded tokens x {args.grad_accum} accumulated x "
         f"{accelerator.num_processes} processes = <= {args.batch_tokens * args.grad_accum * accelerator.num_processes}"
@@ -927,8 +925,8 @@ def main(argv=None):
     load_weights_into(final_model, average_checkpoints(averaged_paths))
     final_model.to(accelerator.device).eval()
     final_checksum = weights_checksum(final_model)
-    checksums = gather_object([{"rank": accelerator.process_index, "trained": trained_checksum,
-                                "averaged": final_checksum}])
+    processes = gather_object([{"rank": accelerator.process_index, "trained": trained_checksum,
+                                "averaged": final_checksum, "tokenized": not train.from_cache}])
     final_eval = validate(accelerator, final_model, tokenizer, valid_loader, bleu_pairs, args)
     accelerator.log({f"final/{k}": v for k, v in final_eval.items() if isinstance(v, float)}, step=step)
 
@@ -957,13 +955,13 @@ def main(argv=None):
             "averaged_checkpoints": [p.name for p in averaged_paths],
             "num_parameters": sum(p.numel() for p in final_model.parameters()),
             "train_pairs": len(train),
-            "train_pairs_dropped": train.count(TOO_LONG),
-            "train_pairs_truncated": train.count(TRUNCATED),
-            "train_pairs_without_text": train.count(WITHOUT_TEXT),
+            "train_pairs_dropped": train.too_long,
+            "train_pairs_truncated": train.truncated,
+            "train_pairs_without_text": train.without_text,
             "skipped_steps": state["skipped_steps"],
             "hardware": hardware_description(accelerator),
             "world_size": accelerator.num_processes,
-            "weight_checksums": checksums,
+            "processes": processes,  # per process: checksums of its weights, and whether it tokenized the corpus
             "resumed_from": str(resume_from) if resume_from else None,
             "command": " ".join(shlex.quote(a) for a in [sys.executable, *sys.argv]),
             "launched_by_accelerate": "ACCELERATE_MIXED_PRECISION" in os.environ,

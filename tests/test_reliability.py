@@ -459,13 +459,13 @@ def test_bad_dataset_folders_are_named(corpus, tmp_path):
 
 
 def test_pairs_without_text_are_dropped_and_counted(corpus, tmp_path):
-    from vaswani.training.data import WITHOUT_TEXT, tokenize_split
+    from vaswani.training.data import tokenize_split
 
     rows = datasets.Dataset.from_dict({"translation": [{"en": "the cat", "es": "el gato"}, {"en": None, "es": "un"},
                                                        {"en": "a dog", "es": None}, None]})
     tokenizer = train.load_and_check_tokenizer(str(corpus[1]))
     split = tokenize_split(rows, tokenizer, "en", "es")
-    assert (split.count(WITHOUT_TEXT), len(split), split.rows.tolist()) == (3, 1, [0])
+    assert (split.without_text, len(split), split.rows.tolist()) == (3, 1, [0])
     datasets.DatasetDict(train=rows, validation=rows).save_to_disk(str(tmp_path / "data"))
     sources, references = evaluate.load_pairs(str(tmp_path / "data"), "validation", "en", "es")
     assert (sources.to_pylist(), references.to_pylist()) == (["the cat"], ["el gato"])

@@ -171,18 +171,28 @@ def test_training_writes_model_logs_plots_and_summary(trained, corpus):
     assert model.generation_config.num_beams == 4 and model.generation_config.length_penalty == 0.6
 
 
-def test_two_ddp_processes_train_together_and_end_identical(corpus, tmp_path):
-    data, tokenizer = corpus
+def tokenized_files(data):
+    return sorted(path.name for path in Path(data).glob("*/vaswani-tokens-*"))
+
+
+def test_two_ddp_processes_train_together_from_one_tokenization_and_end_identical(corpus, tmp_path):
+    tokenizer = corpus[1]
+    data = make_dataset(tmp_path / "data", {"train": 1200, "validation": 40})  # not tokenized yet
     output_dir = tmp_path / "ddp"
     launcher = ["-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
                 "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", free_port()]
-    run_script("train", "--dataset_dir", data, "--tokenizer", tokenizer, "--output_dir", output_dir, *FAST,
-               "--batch_tokens", 300, "--max_steps", 30, "--save_every", 15, "--eval_every", 0,
-               "--eval_bleu_samples", 6, "--report_to", "none", launcher=[str(a) for a in launcher])
+    result = run_script("train", "--dataset_dir", data, "--tokenizer", tokenizer, "--output_dir", output_dir, *FAST,
+                        "--batch_tokens", 300, "--max_steps", 30, "--save_every", 15, "--eval_every", 0,
+                        "--eval_bleu_samples", 6, "--report_to", "none", launcher=[str(a) for a in launcher])
+    assert "tokenized now and cached next to the dataset" in result.stdout
     summary = json.loads((output_dir / "training_summary.json").read_text())
     assert summary["world_size"] == 2 and summary["hardware"]["distributed_type"] == "MULTI_CPU"
-    ranks = summary["weight_checksums"]
+    ranks = summary["processes"]
     assert [r["rank"] for r in ranks] == [0, 1]
+    # The main process tokenized; the other one mapped the files it wrote (2 tokenized shards and the counts of
+    # each split: one tokenization each).
+    assert [r["tokenized"] for r in ranks] == [True, False]
+    assert len(tokenized_files(data)) == 6
     assert ranks[0]["trained"] == ranks[1]["trained"] and ranks[0]["averaged"] == ranks[1]["averaged"]
     assert ranks[0]["trained"] != ranks[0]["averaged"]  # the average of steps 15 and 30 is another model
     # Each process saved its own random states; a step holds batches of both.
@@ -191,6 +201,34 @@ def test_two_ddp_processes_train_together_and_end_identical(corpus, tmp_path):
     losses = [r for r in read_log(output_dir) if "loss" in r]
     assert losses[0]["tokens_per_step"] > 300  # two processes' batches of <= 300 tokens each
     assert losses[-1]["loss"] < losses[0]["loss"] - 0.5
+
+
+def test_two_machines_on_the_loopback_train_from_one_cache_and_end_identical(corpus, tmp_path):
+    """configs/multi_node.yaml as a user runs it on two machines, here two launchers on 127.0.0.1 with one gloo
+    process each, sharing a file system: machine 0 tokenizes, machine 1 maps its files, both end with one model."""
+    tokenizer = corpus[1]
+    data = make_dataset(tmp_path / "data", {"train": 600, "validation": 20})
+    output_dir, port = tmp_path / "out", free_port()
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    machines = []
+    for rank in (0, 1):
+        command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+                   str(REPO_ROOT / "configs" / "multi_node.yaml"), "--num_machines", "2", "--num_processes", "2",
+                   "--machine_rank", str(rank), "--main_process_ip", "127.0.0.1", "--main_process_port", str(port),
+                   "--mixed_precision", "no", "--dynamo_backend", "no", str(SCRIPTS / "train.py"),
+                   "--dataset_dir", str(data), "--tokenizer", str(tokenizer), "--output_dir", str(output_dir),
+                   *map(str, FAST), "--batch_tokens", "300", "--max_steps", "12", "--save_every", "6",
+                   "--eval_every", "0", "--eval_bleu_samples", "0", "--report_to", "none"]
+        machines.append(subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE,
+                                         stderr=subprocess.STDOUT, text=True))
+    outputs = [machine.communicate(timeout=300)[0] for machine in machines]
+    assert [machine.returncode for machine in machines] == [0, 0], "\n\n".join(o[-3000:] for o in outputs)
+    summary = json.loads((output_dir / "training_summary.json").read_text())
+    assert summary["world_size"] == 2
+    ranks = summary["processes"]
+    assert [(r["rank"], r["tokenized"]) for r in ranks] == [(0, True), (1, False)]
+    assert ranks[0]["trained"] == ranks[1]["trained"] and ranks[0]["averaged"] == ranks[1]["averaged"]
+    assert len(tokenized_files(data)) == 6
 
 
 def test_resumed_run_ends_exactly_like_an_uninterrupted_one(corpus, tmp_path):

@@ -147,7 +147,7 @@ def test_pairs_are_tokenized_with_lengths_and_long_or_textless_pairs_counted(sav
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     train = data.load_translation_dataset(folder, "en", "es", splits=("train",))["train"]
     split = tokenize_split(train, tokenizer, "en", "es", max_source_length=8, max_target_length=8)
-    assert (len(split), split.count(data.TOO_LONG), split.count(data.WITHOUT_TEXT)) == (40, 1, 2)
+    assert (len(split), split.too_long, split.without_text, split.truncated) == (40, 1, 2, 0)
     assert split.rows.tolist() == list(range(40))
     first = split.pairs.with_format("arrow")[[3]]
     assert first.column("input_ids").to_pylist() == [tokenizer(train[3]["translation"]["en"]).input_ids]
@@ -155,7 +155,8 @@ def test_pairs_are_tokenized_with_lengths_and_long_or_textless_pairs_counted(sav
     assert split.pairs.features["input_ids"].feature.dtype == "int32"
     assert (split.source_lengths == [len(tokenizer(t["en"]).input_ids) for t in train[:40]["translation"]]).all()
     cut = tokenize_split(train, tokenizer, "en", "es", 8, 8, long_pairs="truncate")
-    assert (len(cut), cut.count(data.TRUNCATED), cut.count(data.WITHOUT_TEXT)) == (41, 1, 2)
+    assert (len(cut), cut.truncated, cut.too_long, cut.without_text) == (41, 1, 0, 2)
+    assert cut.pairs["status"][40] == data.TRUNCATED and cut.rows[40] == 40
     longest = cut.pairs.with_format("arrow")[[40]].column("input_ids").to_pylist()[0]
     assert len(longest) == 8 and longest[-1] == tokenizer.eos_token_id  # cut, ending in </s>
 
@@ -168,8 +169,8 @@ def test_the_second_tokenization_maps_the_cache_and_runs_no_tokenizer(saved_corp
     first = tokenize_split(data.load_translation_dataset(folder, "en", "es", ("train",))["train"], tokenizer, "en",
                            "es", num_proc=2)
     assert not first.from_cache
-    cached = sorted(path.name for path in (folder / "train").glob("vaswani-tokens-*.arrow"))
-    assert len(cached) == 3  # two tokenized shards (num_proc=2) and the usable rows
+    cached = sorted(path.name for path in (folder / "train").glob("vaswani-tokens-*"))
+    assert len(cached) == 3  # two tokenized shards (num_proc=2) and the counts
 
     def no_tokenizing(*args, **kwargs):
         raise AssertionError("tokenized again")
@@ -179,6 +180,7 @@ def test_the_second_tokenization_maps_the_cache_and_runs_no_tokenizer(saved_corp
                            "es", num_proc=2)
     assert again.from_cache and sorted(p.name for p in (folder / "train").glob("vaswani-tokens-*")) == cached
     assert again.pairs.to_dict() == first.pairs.to_dict()
+    assert (again.too_long, again.without_text) == (first.too_long, first.without_text) == (0, 2)
     # Other limits, or another tokenizer, are another cache.
     monkeypatch.undo()
     train = data.load_translation_dataset(folder, "en", "es", ("train",))["train"]

@@ -22,6 +22,7 @@ A user's own loop:
 
 import hashlib
 import itertools
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,16 +34,17 @@ import torch
 from datasets import Dataset, DatasetDict, Features, List, Translation, Value, load_from_disk
 from datasets.fingerprint import Hasher
 
-# What tokenization did with each pair, stored per row so that the counts come from the cache as well.
-KEPT, TRUNCATED, TOO_LONG, WITHOUT_TEXT = range(4)
+# Whether a pair that trains was kept whole or cut to the length limits.
+KEPT, TRUNCATED = 0, 1
 # Bumped whenever the layout of the tokenized files changes, so that an older cache is never read as a newer one.
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2
 CACHE_PREFIX = "vaswani-tokens"
 TOKENIZED_FEATURES = Features({
     "input_ids": List(Value("int32")),
     "labels": List(Value("int32")),
     "source_length": Value("int32"),
     "target_length": Value("int32"),
+    "row": Value("int64"),
     "status": Value("int8"),
 })
 
@@ -118,26 +120,32 @@ def token_ids(tokenizer, texts, target=False):
     return tokenizer(**encode, return_attention_mask=False)["input_ids"]
 
 
-def encode_pairs(batch, tokenizer, source_lang, target_lang, max_source_length, max_target_length, long_pairs):
-    """`datasets.map` function over Arrow batches: token ids (ending in </s>), their lengths and a status per pair.
+def text_pairs(translations, source_lang, target_lang):
+    """The two sides of an Arrow `translation` column, and where both are text (a row or side may be null)."""
+    sources, targets = pc.struct_field(translations, source_lang), pc.struct_field(translations, target_lang)
+    return sources, targets, pc.and_(pc.is_valid(sources), pc.is_valid(targets))
 
-    A pair with a side that is not text (None in a dataset not made by prepare_data.py) gets WITHOUT_TEXT; a pair
-    longer than the limits gets TOO_LONG with long_pairs="filter", or is cut (keeping its final </s>) and gets
-    TRUNCATED with long_pairs="truncate". Every row stays, so that the counts are read from the cache. Only the
-    tokenizer works per sentence: the columns are built with numpy and written as Arrow arrays.
+
+def encode_pairs(batch, indices, tokenizer, source_lang, target_lang, max_source_length, max_target_length,
+                 long_pairs):
+    """`datasets.map` function over Arrow batches: the pairs that train, with their token ids (ending in </s>).
+
+    A pair with a side that is not text (None in a dataset not made by prepare_data.py) is left out; so is a pair
+    longer than the limits with long_pairs="filter", while with long_pairs="truncate" it is cut (keeping its final
+    </s>) and its status says TRUNCATED. `row` is the pair's row in the split. Only the tokenizer works per sentence:
+    the columns are built with numpy and written as Arrow arrays.
     """
-    pairs = batch.column("translation")
-    sources, targets = pc.struct_field(pairs, source_lang), pc.struct_field(pairs, target_lang)
-    has_text = pc.and_(pc.is_valid(sources), pc.is_valid(targets))
-    texts = np.flatnonzero(has_text.to_numpy(zero_copy_only=False))
+    sources, targets, has_text = text_pairs(batch.column("translation"), source_lang, target_lang)
+    rows = np.asarray(indices, dtype=np.int64)[has_text.to_numpy(zero_copy_only=False)]
     source_ids = token_ids(tokenizer, sources.filter(has_text).to_pylist())
     target_ids = token_ids(tokenizer, targets.filter(has_text).to_pylist(), target=True)
-    source_lengths = np.fromiter(map(len, source_ids), dtype=np.int32, count=len(texts))
-    target_lengths = np.fromiter(map(len, target_ids), dtype=np.int32, count=len(texts))
-    status = np.full(len(pairs), WITHOUT_TEXT, dtype=np.int8)
+    source_lengths = np.fromiter(map(len, source_ids), dtype=np.int32, count=len(rows))
+    target_lengths = np.fromiter(map(len, target_ids), dtype=np.int32, count=len(rows))
     too_long = (source_lengths > max_source_length) | (target_lengths > max_target_length)
-    status[texts] = np.where(too_long, TOO_LONG if long_pairs == "filter" else TRUNCATED, KEPT)
-    if long_pairs == "truncate":  # keep the beginning and the final </s>
+    if long_pairs == "filter":
+        keep = np.flatnonzero(~too_long)
+    else:  # keep the beginning and the final </s>
+        keep = np.arange(len(rows))
         eos = tokenizer.eos_token_id
         for i in np.flatnonzero(too_long):
             source_ids[i] = source_ids[i][:max_source_length - 1] + [eos] if source_lengths[i] > max_source_length \
@@ -146,70 +154,64 @@ def encode_pairs(batch, tokenizer, source_lang, target_lang, max_source_length, 
                 else target_ids[i]
         source_lengths = np.minimum(source_lengths, max_source_length)
         target_lengths = np.minimum(target_lengths, max_target_length)
-    used = status[texts] <= TRUNCATED
-    rows = texts[used]
     return pa.table({
-        "input_ids": ragged([source_ids[k] for k in np.flatnonzero(used)], per_row(source_lengths[used], rows, pairs)),
-        "labels": ragged([target_ids[k] for k in np.flatnonzero(used)], per_row(target_lengths[used], rows, pairs)),
-        "source_length": per_row(source_lengths[used], rows, pairs),
-        "target_length": per_row(target_lengths[used], rows, pairs),
-        "status": status,
+        "input_ids": ragged([source_ids[i] for i in keep], source_lengths[keep]),
+        "labels": ragged([target_ids[i] for i in keep], target_lengths[keep]),
+        "source_length": source_lengths[keep],
+        "target_length": target_lengths[keep],
+        "row": rows[keep],
+        "status": np.where(too_long[keep], TRUNCATED, KEPT).astype(np.int8),
     })
 
 
-def per_row(values, rows, pairs):
-    """An int32 value for each row of the batch: `values` at `rows`, 0 elsewhere."""
-    column = np.zeros(len(pairs), dtype=np.int32)
-    column[rows] = values
-    return column
-
-
 def ragged(sequences, lengths):
-    """A list<int32> Arrow column whose rows hold `sequences` in order, `lengths[i]` ids in row i (0: empty)."""
+    """A list<int32> Arrow column whose rows hold `sequences`, of `lengths` ids each."""
     values = np.fromiter(itertools.chain.from_iterable(sequences), dtype=np.int32, count=int(lengths.sum()))
     offsets = np.zeros(len(lengths) + 1, dtype=np.int32)
     np.cumsum(lengths, out=offsets[1:])
     return pa.ListArray.from_arrays(pa.array(offsets), pa.array(values))
 
 
+def count_without_text(split, source_lang, target_lang):
+    """How many rows of a split lack text on a side, counted in Arrow batch by batch (no text becomes Python)."""
+    missing = 0
+    for batch in split.select_columns(["translation"]).with_format("arrow").iter(batch_size=100_000):
+        missing += len(batch) - pc.sum(text_pairs(batch.column("translation"), source_lang, target_lang)[2]).as_py()
+    return missing
+
+
 @dataclass
 class TokenizedSplit:
-    """The usable pairs of one split, tokenized and memory-mapped.
+    """The pairs of one split that train, tokenized into memory-mapped Arrow files, and what was left out.
 
-    `pairs` has the columns input_ids, labels, source_length and target_length; `status` holds, for every row of
-    the original split, what tokenization did with it (KEPT, TRUNCATED, TOO_LONG, WITHOUT_TEXT).
+    `pairs` has the columns input_ids, labels (int32 ids ending in </s>), source_length, target_length, row (the
+    pair's row in the original split, e.g. for its texts) and status (KEPT or TRUNCATED). It has no indices mapping:
+    a batch is one Arrow `take`, and a whole column is read without Python objects.
     """
 
     pairs: Dataset
-    status: np.ndarray
+    truncated: int
+    too_long: int
+    without_text: int
     from_cache: bool
-
-    def count(self, status):
-        return int(np.count_nonzero(self.status == status))
 
     @property
     def rows(self):
-        """The row of the original split of each usable pair (for its texts, e.g. BLEU references)."""
-        return np.flatnonzero(self.status <= TRUNCATED)
+        return self.column("row")
 
     @property
     def source_lengths(self):
-        return self._column("source_length")
+        return self.column("source_length")
 
     @property
     def target_lengths(self):
-        return self._column("target_length")
+        return self.column("target_length")
 
-    def _column(self, name):
-        return self.pairs.select_columns([name]).with_format("arrow")[:].column(name).to_numpy()
+    def column(self, name):
+        return self.pairs.data.column(name).to_numpy()
 
     def __len__(self):
         return len(self.pairs)
-
-
-def usable(status):
-    """`datasets.filter` predicate: the pairs that train (kept whole or truncated)."""
-    return [value <= TRUNCATED for value in status]
 
 
 def tokenize_split(split, tokenizer, source_lang, target_lang, max_source_length=256, max_target_length=256,
@@ -217,8 +219,9 @@ def tokenize_split(split, tokenizer, source_lang, target_lang, max_source_length
     """Tokenize a split once into Arrow next to its own files; later calls with the same inputs map the cache.
 
     The cache key is the split's datasets fingerprint (its files and every transform that made it), the tokenizer's
-    fingerprint, the languages, the limits and `long_pairs`. Run it in one process first (accelerate's
-    `main_process_first`); the others then find the files and only map them.
+    fingerprint, the languages, the limits and `long_pairs`. A JSON file with the counts of what was left out is
+    written last and marks the cache complete. Run it in one process first (accelerate's `main_process_first`); the
+    others then find the files and only map them.
     """
     if long_pairs not in ("filter", "truncate"):
         raise ValueError(f"long_pairs must be 'filter' or 'truncate', not {long_pairs!r}")
@@ -227,26 +230,28 @@ def tokenize_split(split, tokenizer, source_lang, target_lang, max_source_length
             raise ValueError(f"{name} must be at least 2 (a token and </s>), not {limit}")
     key = Hasher.hash([CACHE_FORMAT, split._fingerprint, tokenizer_fingerprint(tokenizer), source_lang, target_lang,
                        max_source_length, max_target_length, long_pairs])
-    cache = {"tokens": None, "usable": None}  # an in-memory split (no files): datasets uses a temporary cache
+    cache_file = counts_file = None  # an in-memory split (no files): datasets uses a temporary cache
     if split.cache_files:
-        folder = os.path.dirname(split.cache_files[0]["filename"])
-        cache = {name: os.path.join(folder, f"{CACHE_PREFIX}-{key}-{name}.arrow") for name in cache}
-    from_cache = cache["usable"] is not None and os.path.exists(cache["usable"])
-    encoded = split.with_format("arrow").map(
-        encode_pairs, batched=True, batch_size=2000, num_proc=None if from_cache else num_proc,
-        remove_columns=split.column_names, features=TOKENIZED_FEATURES, cache_file_name=cache["tokens"],
-        new_fingerprint=key, desc=f"tokenizing {len(split):,} pairs",
+        prefix = os.path.join(os.path.dirname(split.cache_files[0]["filename"]), f"{CACHE_PREFIX}-{key}")
+        cache_file, counts_file = Path(f"{prefix}.arrow"), Path(f"{prefix}.json")
+    from_cache = counts_file is not None and counts_file.is_file()
+    pairs = split.with_format("arrow").map(
+        encode_pairs, batched=True, batch_size=2000, with_indices=True, num_proc=None if from_cache else num_proc,
+        remove_columns=split.column_names, features=TOKENIZED_FEATURES,
+        cache_file_name=str(cache_file) if cache_file else None, new_fingerprint=key,
+        desc=f"tokenizing {len(split):,} pairs",
         fn_kwargs={"tokenizer": tokenizer, "source_lang": source_lang, "target_lang": target_lang,
                    "max_source_length": max_source_length, "max_target_length": max_target_length,
-                   "long_pairs": long_pairs})
-    encoded = encoded.with_format(None)
-    status = encoded.select_columns(["status"]).with_format("arrow")[:].column("status").to_numpy()
-    # The usable rows as a memory-mapped indices file, written once (the last file: its presence marks the cache
-    # complete).
-    pairs = encoded.filter(usable, input_columns="status", batched=True, batch_size=10_000,
-                           cache_file_name=cache["usable"], new_fingerprint=f"{key}-usable", desc="keeping usable pairs")
-    return TokenizedSplit(pairs.select_columns(["input_ids", "labels", "source_length", "target_length"]), status,
-                          from_cache)
+                   "long_pairs": long_pairs}).with_format(None)
+    if from_cache:
+        counts = json.loads(counts_file.read_text())
+    else:
+        without_text = count_without_text(split, source_lang, target_lang)
+        counts = {"truncated": int(np.count_nonzero(pairs.data.column("status").to_numpy() == TRUNCATED)),
+                  "too_long": len(split) - len(pairs) - without_text, "without_text": without_text}
+        if counts_file is not None:
+            counts_file.write_text(json.dumps(counts))
+    return TokenizedSplit(pairs, **counts, from_cache=from_cache)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -369,6 +374,9 @@ def greedy_bounds(source_lengths, target_lengths, max_tokens):
 # ---------------------------------------------------------------------------------------------------------------------
 
 
+COLLATED = ("input_ids", "labels", "source_length", "target_length")  # the columns a batch is made of
+
+
 class PairCollator:
     """A padded batch from an Arrow table of pairs: source ids and mask, target labels (-100 on padding), and the
     decoder input, the labels shifted right behind the decoder start token (section 3)."""
@@ -405,6 +413,7 @@ def pair_loader(split, sampler, collator, num_workers=0):
     its iterator at another step than the uninterrupted run did).
     """
     return torch.utils.data.DataLoader(
-        split.pairs.with_format("arrow"), sampler=sampler, batch_size=None, collate_fn=collator,
+        split.pairs.select_columns(list(COLLATED)).with_format("arrow"), sampler=sampler, batch_size=None,
+        collate_fn=collator,
         num_workers=num_workers, persistent_workers=num_workers > 0, prefetch_factor=4 if num_workers else None,
         generator=torch.Generator())
