@@ -704,15 +704,16 @@ def main(argv=None):
              f"{args.max_target_length} ({train.without_text} of them are not text).")
     if not len(valid):
         fail("the validation split has no pair with text on both sides.")
-    try:
-        sampler = TokenBucketSampler(train.source_lengths, train.target_lengths, args.batch_tokens, seed=args.seed,
-                                     num_replicas=accelerator.num_processes, rank=accelerator.process_index,
-                                     batches_per_step=args.grad_accum)
-        valid_sampler = TokenBucketSampler(valid.source_lengths, valid.target_lengths, args.batch_tokens,
-                                           shuffle=False, num_replicas=accelerator.num_processes,
-                                           rank=accelerator.process_index, drop_remainder=False)
-    except ValueError as error:
-        fail(f"--batch_tokens {args.batch_tokens}: {error}")
+    samplers = {}
+    for name, split in (("training", train), ("validation", valid)):
+        try:
+            samplers[name] = TokenBucketSampler(
+                split.source_lengths, split.target_lengths, args.batch_tokens, seed=args.seed,
+                shuffle=name == "training", num_replicas=accelerator.num_processes, rank=accelerator.process_index,
+                batches_per_step=args.grad_accum if name == "training" else 1, drop_remainder=name == "training")
+        except ValueError as error:
+            fail(f"--batch_tokens {args.batch_tokens}, {name} split: {error}")
+    sampler, valid_sampler = samplers["training"], samplers["validation"]
     steps_per_epoch = sampler.batches_in_epoch(0) // args.grad_accum
     if steps_per_epoch == 0:
         fail(f"the training split makes fewer batches of --batch_tokens {args.batch_tokens} than processes x "

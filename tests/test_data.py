@@ -276,7 +276,7 @@ def write_wmt14_folder(folder, pairs_per_split):
         datasets.Dataset.from_list(rows).to_parquet(str(folder / "de-en" / f"{split}-00000-of-00001.parquet"))
 
 
-def test_a_local_folder_in_the_wmt14_layout_goes_through_load_dataset_like_a_hub_name(tmp_path):
+def test_a_local_folder_in_the_wmt14_layout_goes_through_load_dataset_like_a_hub_name(tmp_path, capsys):
     write_wmt14_folder(tmp_path / "wmt14", {"train": 300, "validation": 7, "test": 9})
     out = tmp_path / "data"
     result = run_script("--output_dir", out, "--dataset", tmp_path / "wmt14", "--dataset_config", "de-en",
@@ -290,13 +290,13 @@ def test_a_local_folder_in_the_wmt14_layout_goes_through_load_dataset_like_a_hub
     # A JSON Lines folder without a card: the languages come from the struct of the rows.
     (tmp_path / "jsonl").mkdir()
     dataset["train"].select(range(50)).to_json(str(tmp_path / "jsonl" / "train.jsonl"))
-    result = run_script("--output_dir", tmp_path / "from_json", "--dataset", tmp_path / "jsonl",
-                        "--source_lang", "de", "--target_lang", "en", "--valid_fraction", 0.2, "--test_fraction", 0.2)
-    assert result.returncode == 0, result.stderr
-    assert "kept 50 pairs, dropped 0" in result.stdout
-    result = run_script("--output_dir", tmp_path / "from_json", "--dataset", tmp_path / "jsonl",
-                        "--source_lang", "de", "--target_lang", "fr")
-    assert result.returncode != 0 and "not ['fr']" in result.stderr
+    prepare_data.main(["--output_dir", str(tmp_path / "from_json"), "--dataset", str(tmp_path / "jsonl"),
+                       "--source_lang", "de", "--target_lang", "en", "--valid_fraction", "0.2",
+                       "--test_fraction", "0.2"])
+    assert "kept 50 pairs, dropped 0" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match=r"has translation languages \['de', 'en'\], not \['fr'\]"):
+        prepare_data.main(["--output_dir", str(tmp_path / "from_json"), "--dataset", str(tmp_path / "jsonl"),
+                           "--source_lang", "de", "--target_lang", "fr"])
 
 
 def test_to_dataset_dict_uses_the_translation_layout():

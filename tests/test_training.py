@@ -352,6 +352,12 @@ def test_clear_errors_before_training(corpus, trained, tmp_path):
     with pytest.raises(SystemExit, match="vocab_size is 36 but the tokenizer has 38"):
         train.main(["--dataset_dir", str(data), "--tokenizer", str(other_tokenizer), "--preset", "tiny",
                     "--output_dir", str(resume_dir), "--resume"])
+    # Batches smaller than a pair (found once the corpus is tokenized, in every process alike).
+    result = subprocess.run([sys.executable, str(SCRIPTS / "train.py"), "--dataset_dir", str(data), *base,
+                             "--batch_tokens", "10", "--output_dir", str(tmp_path / "o5")], capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 1 and "train.py: error: --batch_tokens 10, training split: the batch size of 10 " \
+        "tokens is smaller than the longest pair" in result.stderr
     # A tokenizer that does not end sequences with </s>.
     backend = Tokenizer(models.WordLevel({"<pad>": 0, "<s>": 1, "</s>": 2, "<unk>": 3, "a": 4}, unk_token="<unk>"))
     PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", bos_token="<s>", eos_token="</s>",

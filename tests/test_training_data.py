@@ -181,8 +181,14 @@ def test_the_second_tokenization_maps_the_cache_and_runs_no_tokenizer(saved_corp
     assert again.from_cache and sorted(p.name for p in (folder / "train").glob("vaswani-tokens-*")) == cached
     assert again.pairs.to_dict() == first.pairs.to_dict()
     assert (again.too_long, again.without_text) == (first.too_long, first.without_text) == (0, 2)
-    # Other limits, or another tokenizer, are another cache.
+    # Without its Arrow files, the counts alone are no cache.
     monkeypatch.undo()
+    for shard in (folder / "train").glob("vaswani-tokens-*.arrow"):
+        shard.unlink()
+    rebuilt = tokenize_split(data.load_translation_dataset(folder, "en", "es", ("train",))["train"], tokenizer, "en",
+                             "es", num_proc=2)
+    assert not rebuilt.from_cache and rebuilt.pairs.to_dict() == first.pairs.to_dict()
+    # Other limits, or another tokenizer, are another cache.
     train = data.load_translation_dataset(folder, "en", "es", ("train",))["train"]
     assert not tokenize_split(train, tokenizer, "en", "es", max_source_length=8).from_cache
     bigger = AutoTokenizer.from_pretrained(make_tokenizer(folder.parent / "bigger", extra_words=["extra"]))

@@ -3,16 +3,16 @@ tokens ("sentence pairs were batched together by approximate sequence length").
 
 At WMT scale (4.5M pairs for English-German, 36M for English-French) nothing here holds the corpus in Python objects:
 - `tokenize_split` tokenizes a split once with `datasets.map(batched=True, num_proc=...)` into int32 Arrow columns
-  (source and target ids, their lengths), cached next to the dataset under a key made of the dataset's fingerprint,
-  the tokenizer and the length limits, so that every later run, every resumed run and every other process maps the
-  same files;
+  (source and target ids, their lengths) of the pairs that train, cached next to the dataset under a key made of the
+  dataset's fingerprint, the tokenizer, the languages and the length limits, so that every later run, every resumed
+  run and every other process maps the same files;
 - `TokenBucketSampler` groups pairs of similar length from the two length columns alone (numpy), deals the batches
   out to the processes, and keeps a state of two integers (epoch, position) that checkpoints save;
 - `PairCollator` pads a batch read straight from the memory-mapped Arrow table, in `DataLoader` workers if wanted.
 
 A user's own loop:
 
-    split = tokenize_split(load_translation_dataset("data/wmt14")["train"], tokenizer, "en", "de")
+    split = tokenize_split(load_translation_dataset("data/wmt14", "en", "de")["train"], tokenizer, "en", "de")
     sampler = TokenBucketSampler(split.source_lengths, split.target_lengths, max_tokens=6250)
     loader = pair_loader(split, sampler, PairCollator(tokenizer.pad_token_id, tokenizer.bos_token_id))
     for epoch in range(epochs):
@@ -20,6 +20,7 @@ A user's own loop:
         for batch in loader: ...
 """
 
+import glob
 import hashlib
 import itertools
 import json
@@ -234,7 +235,7 @@ def tokenize_split(split, tokenizer, source_lang, target_lang, max_source_length
     if split.cache_files:
         prefix = os.path.join(os.path.dirname(split.cache_files[0]["filename"]), f"{CACHE_PREFIX}-{key}")
         cache_file, counts_file = Path(f"{prefix}.arrow"), Path(f"{prefix}.json")
-    from_cache = counts_file is not None and counts_file.is_file()
+    from_cache = counts_file is not None and counts_file.is_file() and bool(glob.glob(f"{prefix}*.arrow"))
     pairs = split.with_format("arrow").map(
         encode_pairs, batched=True, batch_size=2000, with_indices=True, num_proc=None if from_cache else num_proc,
         remove_columns=split.column_names, features=TOKENIZED_FEATURES,
