@@ -193,6 +193,11 @@ def test_the_second_tokenization_maps_the_cache_and_runs_no_tokenizer(saved_corp
     assert not tokenize_split(train, tokenizer, "en", "es", max_source_length=8).from_cache
     bigger = AutoTokenizer.from_pretrained(make_tokenizer(folder.parent / "bigger", extra_words=["extra"]))
     assert data.tokenizer_fingerprint(bigger) != data.tokenizer_fingerprint(tokenizer)
+    # A call that truncates leaves its setting on the backend; the ids of an untruncated call, and the key, are the
+    # same as before it.
+    fingerprint = data.tokenizer_fingerprint(tokenizer)
+    tokenizer(["the red cat"], truncation=True, max_length=2)
+    assert data.tokenizer_fingerprint(tokenizer) == fingerprint
 
 
 # --- Batches as tensors. ---

@@ -103,9 +103,12 @@ def load_translation_dataset(dataset_dir, source_lang, target_lang, splits=("tra
 
 def tokenizer_fingerprint(tokenizer):
     """A hash of everything that decides the ids: the fast tokenizer's whole pipeline (normalizer, pre-tokenizer,
-    vocabulary and merges, post-processor), else datasets' own hash of the tokenizer object."""
+    vocabulary and merges, post-processor), else datasets' own hash of the tokenizer object. Truncation and padding
+    are left out: `transformers` sets and resets them on the backend at every call."""
     if getattr(tokenizer, "is_fast", False):
-        return hashlib.sha256(tokenizer.backend_tokenizer.to_str().encode()).hexdigest()
+        pipeline = json.loads(tokenizer.backend_tokenizer.to_str())
+        pipeline.pop("truncation", None), pipeline.pop("padding", None)
+        return hashlib.sha256(json.dumps(pipeline, sort_keys=True).encode()).hexdigest()
     return Hasher.hash(tokenizer)
 
 
