@@ -246,8 +246,11 @@ def test_resumed_run_ends_exactly_like_an_uninterrupted_one(corpus, tmp_path):
     # What a kill during a save would leave behind: neither may be taken for the latest checkpoint.
     (stopped / "tmp_step_0000006").mkdir()
     (stopped / "step_0000007").mkdir()
-    result = run_script("train", *common, "--output_dir", tmp_path / "stopped", "--resume")
+    # Resumed with the batches read and padded in two worker processes: the same batches, the same weights.
+    result = run_script("train", *common, "--output_dir", tmp_path / "stopped", "--resume",
+                        "--dataloader_num_workers", 2)
     assert "resumed from" in result.stdout and "step_0000004" in result.stdout
+    assert "tokenized earlier, read from the cache" in result.stdout  # the corpus is tokenized once, not per run
     at_stop = json.loads((stopped / "step_0000004" / "train_state.json").read_text())
     assert (at_stop["step"], at_stop["epoch"], at_stop["batch_index"]) == (4, 0, 8)
     assert json.loads((stopped / "step_0000008" / "train_state.json").read_text())["epoch"] == 1
