@@ -1,4 +1,7 @@
-"""The benchmark script runs end to end on the tiny preset (it is checked to work, not timed)."""
+"""The benchmark script runs end to end on the tiny preset (it is checked to work, not timed).
+
+Running it takes a minute of timing workers, so those tests are marked `benchmark` (python -m pytest tests -m
+benchmark); the FLOP count behind its MFU figures is a correctness test and stays in the default suite."""
 
 import json
 
@@ -19,6 +22,7 @@ def report(tmp_path_factory):
     return output_dir
 
 
+@pytest.mark.benchmark
 def test_benchmark_writes_one_row_per_implementation(report):
     data = json.loads((report / "cpu_tiny_float32.json").read_text())
     names = [row["implementation"] for row in data["rows"]]
@@ -32,6 +36,7 @@ def test_benchmark_writes_one_row_per_implementation(report):
     assert all(row["train_peak_memory_mib"] > 0 for row in trained)
 
 
+@pytest.mark.benchmark
 def test_benchmark_sweeps_length_and_batch_tokens(report):
     data = json.loads((report / "cpu_tiny_float32.json").read_text())
     by_axis = {(p["sweep_axis"], p["implementation"]): p for p in data["sweep"]}
@@ -41,6 +46,7 @@ def test_benchmark_sweeps_length_and_batch_tokens(report):
     assert "| vaswani |" in markdown and "vs Marian" in markdown and "against sequence length" in markdown
 
 
+@pytest.mark.benchmark
 def test_benchmark_reports_mfu_against_the_measured_matmul_ceiling(report):
     data = json.loads((report / "cpu_tiny_float32.json").read_text())
     assert data["matmul_ceiling"]["flops_per_s"] > 0
@@ -68,6 +74,7 @@ def test_model_flops_of_a_training_step_match_torch_flop_counter(preset):
 
 
 @pytest.mark.slow
+@pytest.mark.benchmark
 def test_benchmark_compiled_generation_writes_its_own_table(tmp_path):
     benchmark.main([
         "--preset", "tiny", "--rounds", "1", "--repeats", "1", "--warmup", "1", "--batch_tokens", "128",
