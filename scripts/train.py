@@ -275,7 +275,8 @@ def save_checkpoint(accelerator, model, config, checkpoint_root, train_state, ke
 
     Written into a temporary folder, flushed to disk and renamed into place, so that a run killed at any moment (even
     by SIGKILL or a power cut) leaves no folder that --resume could take for a checkpoint; train_state.json is written
-    last as the completeness mark. A failed write (a full disk) removes the temporary folder and raises OSError.
+    last as the completeness mark. A failed write (a full disk) removes the temporary folder and raises what the
+    writer raised (OSError from Python, SafetensorError from safetensors, RuntimeError from torch.save).
 
     `interim` marks a checkpoint written off the --save_every grid (on SIGTERM/SIGINT, or at --stop_after): the
     next checkpoint replaces it and averaging ignores it, so that a stopped and resumed run keeps the same
@@ -302,7 +303,7 @@ def save_checkpoint(accelerator, model, config, checkpoint_root, train_state, ke
                 remove_checkpoint(final)
             os.replace(temporary, final)
             flush_to_disk(final.parent)  # the rename itself
-    except OSError:
+    except BaseException:  # a full disk raises OSError, or safetensors' and torch's own errors around it
         if accelerator.is_main_process:
             shutil.rmtree(temporary, ignore_errors=True)  # give back what the half-written checkpoint took
         raise
@@ -790,7 +791,7 @@ def main(argv=None):
         try:
             return save_checkpoint(accelerator, model, config, checkpoint_root, {**state, "log_window": window},
                                    keep, interim)
-        except OSError as error:
+        except Exception as error:  # whatever the writer raised: the previous checkpoint is intact
             complete = list_checkpoints(checkpoint_root)
             fail(f"could not write the checkpoint of step {state['step']} in {checkpoint_root} ({error}). The steps "
                  f"since {complete[-1] if complete else 'the start'} are lost, nothing else. Free some space, then "

@@ -291,6 +291,45 @@ def test_a_full_disk_and_a_kill_during_a_checkpoint_lose_only_the_steps_since_th
     assert_ends_like(straight, output_dir)
 
 
+FILES_LIMITED_AT_STEP_12 = """
+    import resource
+    import signal
+
+    save_checkpoint = train.save_checkpoint
+
+    def limited(accelerator, model, config, checkpoint_root, train_state, *args, **kwargs):
+        if train_state["step"] == 12:  # from here on the kernel refuses to grow a file past 64 KiB (EFBIG)
+            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+            resource.setrlimit(resource.RLIMIT_FSIZE, (2**16, resource.RLIM_INFINITY))
+        return save_checkpoint(accelerator, model, config, checkpoint_root, train_state, *args, **kwargs)
+
+    train.save_checkpoint = limited
+"""
+
+
+@pytest.mark.parametrize("processes", [1, 2])
+def test_writes_the_kernel_refuses_during_a_checkpoint_keep_the_last_one_and_end_every_rank(corpus, tmp_path,
+                                                                                           processes):
+    """Not a simulated error: the kernel fails the checkpoint's writes (RLIMIT_FSIZE), and safetensors and torch
+    report it in their own exception types. One process, or two DDP ranks: all exit non-zero, soon."""
+    output_dir = tmp_path / "out"
+    command = train_command(*arguments_for(corpus, output_dir), patch=FILES_LIMITED_AT_STEP_12)
+    if processes == 2:
+        script = tmp_path / "limited_train.py"
+        script.write_text(command[2])
+        command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+                   "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+                   "--main_process_port", str(free_port()), str(script), *command[3:]]
+    started = time.monotonic()
+    result = run(command, timeout=240)
+    assert result.returncode != 0 and time.monotonic() - started < 200
+    assert re.search(r"could not write the checkpoint of step 12 in \S+ \(.*\)\. The steps since \S+step_0000006 "
+                     r"are lost, nothing else\. Free some space, then continue with:\n  .*train\.py .*--resume",
+                     result.stderr), result.stderr[-3000:]
+    assert sorted(path.name for path in (output_dir / "checkpoints").iterdir()) == ["step_0000006"]
+    assert load_file(str(output_dir / "checkpoints" / "step_0000006" / "model.safetensors"))  # still readable
+
+
 def test_a_kill_while_an_old_checkpoint_is_deleted_leaves_no_checkpoint_without_its_files(tmp_path, monkeypatch):
     old = tmp_path / "checkpoints" / "step_0000006"
     old.mkdir(parents=True)
