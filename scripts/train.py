@@ -59,6 +59,7 @@ from vaswani.training.data import (
     load_translation_dataset,
     pair_loader,
     tokenize_split,
+    tokenizer_fingerprint,
 )
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -70,6 +71,12 @@ from push_to_hub import PushError, push_to_hub  # noqa: E402  (scripts/push_to_h
 logging.getLogger("accelerate.utils.other").setLevel(logging.ERROR)
 
 CHECKPOINT_NAME = re.compile(r"^step_(\d{7})$")
+# The flags that decide the sequence of steps: which batches, in which order, with which random streams, learning
+# rates and updates. A resumed run continues exactly only with the values its checkpoint was written with
+# (--max_steps, checkpointing, validation, logging and data-loader workers may change).
+STEP_SETTINGS = ("batch_tokens", "grad_accum", "seed", "preset", "dropout", "attention_dropout", "source_lang",
+                 "target_lang", "max_source_length", "max_target_length", "long_pairs", "lr_schedule", "warmup_steps",
+                 "lr_scale", "peak_lr", "adam_beta1", "adam_beta2", "adam_eps", "label_smoothing", "max_grad_norm")
 TRAIN_STATE_FILE = "train_state.json"  # written last into a checkpoint: its presence marks the checkpoint complete
 
 
@@ -145,6 +152,9 @@ def parse_args(argv=None):
                         help="average the last K checkpoints into the final model (paper: 5 base, 20 big); 1: none")
     output.add_argument("--resume", nargs="?", const="latest", default=None,
                         help="continue from the latest complete checkpoint in OUTPUT_DIR (or from this folder)")
+    output.add_argument("--resume_with_changes", action="store_true",
+                        help="resume although settings that decide the steps (batches, data, random streams, "
+                             "learning rates) differ from the checkpoint's; the run then no longer continues exactly")
     output.add_argument("--stop_after", type=int, default=None,
                         help="checkpoint and exit after this step, as if killed there (for testing --resume)")
     output.add_argument("--push_to_hub", action="store_true",
@@ -756,26 +766,34 @@ def main(argv=None):
     # --- Where to start: step 0, or exactly where a checkpoint left off. ---
     # skipped_steps: steps without an update (non-finite loss, fp16 overflow); bad_streak: non-finite losses in a
     # row; good_weights_step: the weights after this step were the last to give a finite loss (known to be good).
+    settings = {**{name: getattr(args, name) for name in STEP_SETTINGS}, "num_processes": accelerator.num_processes,
+                "mixed_precision": accelerator.mixed_precision, "dataset": dataset["train"]._fingerprint,
+                "tokenizer": tokenizer_fingerprint(tokenizer)}
     state = {"step": 0, "epoch": 0, "batch_index": 0, "tokens_seen": 0, "target_tokens_seen": 0,
              "train_seconds": 0.0, "skipped_steps": 0, "bad_streak": 0, "good_weights_step": 0,
-             "num_processes": accelerator.num_processes}
+             "num_processes": accelerator.num_processes, "settings": settings}
     window = {"loss": 0.0, "nll": 0.0, "target_tokens": 0, "tokens": 0, "seconds": 0.0, "steps": 0, "skipped": 0}
     log_path = output_dir / "train_log.jsonl"
     set_seed(args.seed, device_specific=True)  # a different dropout stream on each process
     if resume_from is not None:
         saved_state = json.loads((resume_from / TRAIN_STATE_FILE).read_text())
-        saved_processes = saved_state.get("num_processes", accelerator.num_processes)
-        if saved_processes != accelerator.num_processes:
-            say(f"warning: {resume_from} was written by {saved_processes} processes and this run has "
-                f"{accelerator.num_processes}: the data order and the random states will not be those of an "
-                "uninterrupted run.")
+        # Checkpoints written before the settings were recorded hold the process count only.
+        saved = saved_state.pop("settings", {"num_processes": saved_state.get("num_processes")})
+        changes = [f"{name} was {saved[name]!r} and is now {value!r}" for name, value in settings.items()
+                   if name in saved and saved[name] != value]
+        if changes and not args.resume_with_changes:
+            fail(f"checkpoint {resume_from} was written with other settings that decide the steps: "
+                 + "; ".join(changes) + ". Resume with those, or pass --resume_with_changes to continue anyway "
+                 "(the run is then no longer the one an uninterrupted run would have been).")
+        if changes:
+            say("warning: resuming with changed settings (--resume_with_changes): " + "; ".join(changes))
         try:  # weights, Adam moments, schedule, every process's RNG states
             accelerator.load_state(str(resume_from))
         except Exception as error:  # a damaged file, or a pickle holding more than tensors (read with weights_only)
             fail(f"cannot load checkpoint {resume_from} ({type(error).__name__}: {error}).")
         window = saved_state.pop("log_window", window)  # the steps since the last log line, for the next one
         saved_state.pop("interim", None)
-        state.update(saved_state, num_processes=accelerator.num_processes)
+        state.update(saved_state, num_processes=accelerator.num_processes, settings=settings)
         say(f"resumed from {resume_from}: step {state['step']}, epoch {state['epoch']}, batch {state['batch_index']}")
     if main_process:  # drop log lines written after the checkpoint by the run that stopped
         kept = [r for r in read_jsonl(log_path) if r["step"] <= state["step"] and not r.get("final")]

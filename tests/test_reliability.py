@@ -582,6 +582,27 @@ def test_resume_refuses_checkpoints_that_do_not_fit(corpus, straight, tmp_path):
     assert "pad_token_id is 0 but the tokenizer's is 1; bos_token_id is 1 but the tokenizer's is 0" in message
 
 
+def test_resume_refuses_settings_that_change_the_steps_unless_told(corpus, straight, tmp_path):
+    source = train.list_checkpoints(straight / "checkpoints")[-1]
+    copy_checkpoint(source, tmp_path / "out")
+    resume = [*arguments_for(corpus, tmp_path / "out"), "--resume"]
+    refused = run(train_command(*resume, "--batch_tokens", "900", "--seed", "3", "--grad_accum", "2"))
+    assert refused.returncode == 1
+    assert ("was written with other settings that decide the steps: batch_tokens was 800 and is now 900; "
+            "grad_accum was 1 and is now 2; seed was 0 and is now 3. Resume with those, or pass "
+            "--resume_with_changes") in refused.stderr, refused.stderr[-2000:]
+    # The same word ids from a tokenizer that is not the same tokenizer (it decodes differently).
+    same_ids = word_tokenizer(tmp_path / "same_ids", ["<pad>", "<s>", "</s>", "<unk>"])
+    other = run(train_command(*[same_ids if a == corpus[1] else a for a in resume]))
+    assert other.returncode == 1 and re.search(r"settings that decide the steps: tokenizer was '\w+' and is now",
+                                               other.stderr), other.stderr[-2000:]
+    # Told: it resumes, and says what changed.
+    allowed = run(train_command(*resume, "--seed", "3", "--resume_with_changes"))
+    assert allowed.returncode == 0, allowed.stderr[-2000:]
+    assert "warning: resuming with changed settings (--resume_with_changes): seed was 0 and is now 3" in (
+        allowed.stdout)
+
+
 def test_resume_refuses_a_pickle_that_would_run_code(corpus, straight, tmp_path):
     """accelerate reads optimizer.bin with torch.load(weights_only=True): a pickle that calls a function is refused."""
     marker = tmp_path / "code_ran"
