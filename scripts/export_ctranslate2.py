@@ -81,12 +81,14 @@ def build_spec(model) -> transformer_spec.TransformerSpec:
 
 
 def vocabulary(model, tokenizer=None) -> list[str]:
-    """One token string per id. Without a tokenizer (random-weight benchmarks) the tokens are placeholders."""
+    """One token string per id. Without a tokenizer (random-weight benchmarks) the tokens are placeholders, with
+    `<unk>` at the first id the special tokens leave free."""
     config = model.config
     if tokenizer is None:
         tokens = [f"t{i}" for i in range(config.vocab_size)]
         for name, token in (("pad", "<pad>"), ("bos", "<s>"), ("eos", "</s>")):
             tokens[getattr(config, f"{name}_token_id")] = token
+        tokens[next(i for i, token in enumerate(tokens) if token == f"t{i}")] = "<unk>"
         return tokens
     if len(tokenizer) > config.vocab_size:
         raise ValueError(f"The tokenizer has {len(tokenizer)} tokens but the model only {config.vocab_size}.")
@@ -97,8 +99,8 @@ def vocabulary(model, tokenizer=None) -> list[str]:
 class VaswaniConverter(ctranslate2.converters.Converter):
     """CTranslate2's converter interface around `build_spec`: it validates, quantises and writes the model."""
 
-    def __init__(self, model, tokens: list[str]):
-        self.model, self.tokens = model, tokens
+    def __init__(self, model, tokens: list[str], unk_token: str):
+        self.model, self.tokens, self.unk_token = model, tokens, unk_token
 
     def _load(self):
         spec = build_spec(self.model)
@@ -108,13 +110,17 @@ class VaswaniConverter(ctranslate2.converters.Converter):
         spec.config.bos_token = self.tokens[config.bos_token_id]
         spec.config.eos_token = self.tokens[config.eos_token_id]
         spec.config.decoder_start_token = self.tokens[config.decoder_start_token_id]
-        spec.config.unk_token = "<unk>" if "<unk>" in self.tokens else self.tokens[config.pad_token_id]
+        spec.config.unk_token = self.unk_token
         return spec
 
 
 def export(model, output_dir: str | Path, tokenizer=None, quantization: str | None = None) -> Path:
     """Write `model` as a CTranslate2 model folder (overwriting it), with `tokenizer`'s vocabulary if given."""
-    converter = VaswaniConverter(model.eval(), vocabulary(model, tokenizer))
+    if tokenizer is not None and tokenizer.unk_token is None:
+        raise ValueError("The tokenizer has no unk token; CTranslate2 maps input outside the vocabulary to one. Give "
+                         "the tokenizer an unk token (its special tokens) and export again.")
+    converter = VaswaniConverter(model.eval(), vocabulary(model, tokenizer),
+                                 "<unk>" if tokenizer is None else tokenizer.unk_token)
     return Path(converter.convert(str(output_dir), quantization=quantization, force=True))
 
 

@@ -79,3 +79,22 @@ def test_script_exports_int8_and_checks(trained, tmp_path):
     )
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "ct2_int8" / "model.bin").stat().st_size < (tmp_path / "ct2" / "model.bin").stat().st_size
+
+
+def test_the_unknown_token_is_the_tokenizers_own(trained, tmp_path):
+    """CTranslate2 maps input outside the vocabulary to the unk token: the tokenizer's, whatever its spelling; a
+    tokenizer without one is refused rather than given <pad> in its place."""
+    import json
+
+    model, tokenizer, _ = trained
+    renamed = train_bpe_tokenizer([text for pair in PAIRS for text in pair] * 20, vocab_size=300)
+    renamed.backend_tokenizer.add_special_tokens(["[UNK]"])
+    renamed.unk_token = "[UNK]"
+    spelled = VaswaniForConditionalGeneration(VaswaniConfig.from_preset("tiny", vocab_size=len(renamed)))
+    export(spelled, tmp_path / "renamed", renamed)
+    assert json.loads((tmp_path / "renamed" / "config.json").read_text())["unk_token"] == "[UNK]"
+    renamed.unk_token = None
+    with pytest.raises(ValueError, match="The tokenizer has no unk token"):
+        export(spelled, tmp_path / "none", renamed)
+    export(model, tmp_path / "placeholders")  # no tokenizer: the benchmark's placeholder vocabulary has one
+    assert json.loads((tmp_path / "placeholders" / "config.json").read_text())["unk_token"] == "<unk>"

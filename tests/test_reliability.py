@@ -500,14 +500,17 @@ def test_bad_dataset_folders_are_named(corpus, tmp_path):
 def test_pairs_without_text_are_dropped_and_counted(corpus, tmp_path):
     from vaswani.training.data import tokenize_split
 
-    rows = datasets.Dataset.from_dict({"translation": [{"en": "the cat", "es": "el gato"}, {"en": None, "es": "un"},
-                                                       {"en": "a dog", "es": None}, None]})
+    # The first row has no translation at all: the languages come from the column's features, never from a row.
+    rows = datasets.Dataset.from_dict({"translation": [None, {"en": "the cat", "es": "el gato"},
+                                                       {"en": None, "es": "un"}, {"en": "a dog", "es": None}]})
     tokenizer = train.load_and_check_tokenizer(str(corpus[1]))
     split = tokenize_split(rows, tokenizer, "en", "es")
-    assert (split.without_text, len(split), split.rows.tolist()) == (3, 1, [0])
+    assert (split.without_text, len(split), split.rows.tolist()) == (3, 1, [1])
     datasets.DatasetDict(train=rows, validation=rows).save_to_disk(str(tmp_path / "data"))
     sources, references = evaluate.load_pairs(str(tmp_path / "data"), "validation", "en", "es")
     assert (sources.to_pylist(), references.to_pylist()) == (["the cat"], ["el gato"])
+    assert len(train_tokenizer.load_split(tmp_path / "data", ("en", "es"))) == 4
+    assert len(train.load_translation_dataset(tmp_path / "data", "en", "es")["train"]) == 4
     # prepare_data.py's Hugging Face path: the same pairs are invalid_text, counted, not a crash.
     splits, dropped = prepare_data.prepare_translation_dataset(datasets.DatasetDict(train=rows), "en", "es",
                                                                valid_fraction=0.0, test_fraction=0.0)
