@@ -2,8 +2,9 @@
 
 transformers 5 removed its built-in translation pipeline; a saved vaswani folder declares this one in its config
 (`custom_pipelines`), and the library loads it from the folder like the model's own code. It takes one text or a list
-of texts and answers `[{"translation_text": ...}]` per text, as the built-in pipeline did. Decoding follows the model's
-generation config (the paper's beam 4 and length penalty 0.6) unless the call passes other `generate()` arguments.
+of texts and answers `[{"translation_text": ...}]` per text, as the built-in pipeline did (a list of such answers per
+text with `num_return_sequences` > 1). Decoding follows the model's generation config (the paper's beam 4 and length
+penalty 0.6) unless the call passes other `generate()` arguments.
 """
 
 from transformers import Pipeline
@@ -19,8 +20,12 @@ class VaswaniTranslationPipeline(Pipeline):
     _load_feature_extractor = False
 
     def __call__(self, texts: str | list[str], **kwargs):
+        """One text: a list of `num_return_sequences` answers. A list of texts: one answer per text, or a list of
+        `num_return_sequences` answers per text when that is more than one (the removed built-in's shapes)."""
         results = super().__call__(texts, **kwargs)
-        return [result[0] for result in results] if isinstance(texts, list) else results
+        if isinstance(texts, list) and all(len(result) == 1 for result in results):
+            return [result[0] for result in results]
+        return results
 
     def _sanitize_parameters(self, max_source_length=None, generate_kwargs=None, **generation_parameters):
         preprocess_kwargs = {} if max_source_length is None else {"max_source_length": max_source_length}

@@ -116,3 +116,27 @@ def test_generation_config_round_trips(tiny_model, tmp_path):
     tiny_model.save_pretrained(tmp_path)
     loaded = VaswaniForConditionalGeneration.from_pretrained(tmp_path)
     assert loaded.generation_config.num_beams == 4 and loaded.generation_config.length_penalty == 0.6
+
+
+def test_translation_pipeline_returns_every_requested_hypothesis(tmp_path):
+    """num_return_sequences=n: n answers for one text, and n answers for each text of a list (none dropped)."""
+    from test_training import make_tokenizer
+    from transformers import AutoTokenizer
+
+    from vaswani import VaswaniConfig, VaswaniTranslationPipeline
+
+    tokenizer = AutoTokenizer.from_pretrained(make_tokenizer(tmp_path / "tokenizer"))
+    torch.manual_seed(0)
+    model = VaswaniForConditionalGeneration(VaswaniConfig.from_preset("tiny", vocab_size=len(tokenizer))).eval()
+    translate = VaswaniTranslationPipeline(model=model, tokenizer=tokenizer)
+    texts = ["the red cat", "a dog sees the big house"]
+    options = {"num_beams": 3, "num_return_sequences": 3, "max_new_tokens": 6}
+    single = translate(texts[0], **options)
+    batch = translate(texts, **options)
+    assert len(single) == 3 and all(set(answer) == {"translation_text"} for answer in single)
+    assert [len(answers) for answers in batch] == [3, 3] and batch[0] == single
+    alone = translate(texts[1], **options)
+    assert batch[1] == alone
+    one_each = translate(texts, num_beams=3, max_new_tokens=6)
+    assert [answer["translation_text"] for answer in one_each] == [single[0]["translation_text"],
+                                                                    alone[0]["translation_text"]]
