@@ -94,7 +94,7 @@ def load_pairs(dataset_dir, split, source_lang, target_lang, max_samples=None):
     string arrays read from its memory-mapped files."""
     from datasets import DatasetDict, load_from_disk
 
-    from vaswani.training.data import translation_languages
+    from vaswani.training.data import text_pairs, translation_languages
 
     if not Path(dataset_dir).is_dir():
         raise SystemExit(f"evaluate.py: error: dataset directory {dataset_dir} does not exist.")
@@ -119,8 +119,7 @@ def load_pairs(dataset_dir, split, source_lang, target_lang, max_samples=None):
     pairs = rows.select_columns(["translation"]).with_format("arrow")[:].column("translation").combine_chunks()
     # A row without a translation, or a side that is not text (None in a dataset not made by prepare_data.py),
     # cannot be translated or scored.
-    sources, references = pc.struct_field(pairs, source_lang), pc.struct_field(pairs, target_lang)
-    usable = pc.and_(pc.is_valid(sources), pc.is_valid(references))
+    sources, references, usable = text_pairs(pairs, source_lang, target_lang)
     sources, references = sources.filter(usable), references.filter(usable)
     if len(sources) < len(pairs):
         print(f"skipped {len(pairs) - len(sources)} pairs of {split} without text on both sides")

@@ -449,7 +449,7 @@ def to_dataset_dict(splits, source_lang, target_lang):
 def check_output_dir(path):
     """Exit before any work if `path` cannot be created or written; the check itself leaves nothing behind."""
     path = Path(path).absolute()
-    existing = next(folder for folder in (path, *path.parents) if folder.exists())
+    existing = nearest_existing_folder(path)
     if not existing.is_dir():
         sys.exit(f"error: cannot write to --output_dir {path}: {existing} is a file")
     try:

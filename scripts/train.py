@@ -715,16 +715,15 @@ def main(argv=None):
              f"{args.max_target_length} ({train.without_text} of them are not text).")
     if not len(valid):
         fail("the validation split has no pair with text on both sides.")
-    samplers = {}
-    for name, split in (("training", train), ("validation", valid)):
+    def bucket_sampler(split, name, **options):
         try:
-            samplers[name] = TokenBucketSampler(
-                split.source_lengths, split.target_lengths, args.batch_tokens, seed=args.seed,
-                shuffle=name == "training", num_replicas=accelerator.num_processes, rank=accelerator.process_index,
-                batches_per_step=args.grad_accum if name == "training" else 1, drop_remainder=name == "training")
+            return TokenBucketSampler(split.source_lengths, split.target_lengths, args.batch_tokens,
+                                      num_replicas=accelerator.num_processes, rank=accelerator.process_index, **options)
         except ValueError as error:
             fail(f"--batch_tokens {args.batch_tokens}, {name} split: {error}")
-    sampler, valid_sampler = samplers["training"], samplers["validation"]
+
+    sampler = bucket_sampler(train, "training", seed=args.seed, batches_per_step=args.grad_accum)
+    valid_sampler = bucket_sampler(valid, "validation", shuffle=False, drop_remainder=False)
     steps_per_epoch = sampler.batches_in_epoch(0) // args.grad_accum
     if steps_per_epoch == 0:
         fail(f"the training split makes fewer batches of --batch_tokens {args.batch_tokens} than processes x "
@@ -770,15 +769,14 @@ def main(argv=None):
                 "mixed_precision": accelerator.mixed_precision, "dataset": dataset["train"]._fingerprint,
                 "tokenizer": tokenizer_fingerprint(tokenizer)}
     state = {"step": 0, "epoch": 0, "batch_index": 0, "tokens_seen": 0, "target_tokens_seen": 0,
-             "train_seconds": 0.0, "skipped_steps": 0, "bad_streak": 0, "good_weights_step": 0,
-             "num_processes": accelerator.num_processes, "settings": settings}
+             "train_seconds": 0.0, "skipped_steps": 0, "bad_streak": 0, "good_weights_step": 0, "settings": settings}
     window = {"loss": 0.0, "nll": 0.0, "target_tokens": 0, "tokens": 0, "seconds": 0.0, "steps": 0, "skipped": 0}
     log_path = output_dir / "train_log.jsonl"
     set_seed(args.seed, device_specific=True)  # a different dropout stream on each process
     if resume_from is not None:
         saved_state = json.loads((resume_from / TRAIN_STATE_FILE).read_text())
         # Checkpoints written before the settings were recorded hold the process count only.
-        saved = saved_state.pop("settings", {"num_processes": saved_state.get("num_processes")})
+        saved = saved_state.pop("settings", {"num_processes": saved_state.pop("num_processes", None)})
         changes = [f"{name} was {saved[name]!r} and is now {value!r}" for name, value in settings.items()
                    if name in saved and saved[name] != value]
         if changes and not args.resume_with_changes:
@@ -793,7 +791,7 @@ def main(argv=None):
             fail(f"cannot load checkpoint {resume_from} ({type(error).__name__}: {error}).")
         window = saved_state.pop("log_window", window)  # the steps since the last log line, for the next one
         saved_state.pop("interim", None)
-        state.update(saved_state, num_processes=accelerator.num_processes, settings=settings)
+        state.update(saved_state)
         say(f"resumed from {resume_from}: step {state['step']}, epoch {state['epoch']}, batch {state['batch_index']}")
     if main_process:  # drop log lines written after the checkpoint by the run that stopped
         kept = [r for r in read_jsonl(log_path) if r["step"] <= state["step"] and not r.get("final")]

@@ -148,14 +148,11 @@ def encode_pairs(batch, indices, tokenizer, source_lang, target_lang, max_source
     too_long = (source_lengths > max_source_length) | (target_lengths > max_target_length)
     if long_pairs == "filter":
         keep = np.flatnonzero(~too_long)
-    else:  # keep the beginning and the final </s>
+    else:
         keep = np.arange(len(rows))
-        eos = tokenizer.eos_token_id
         for i in np.flatnonzero(too_long):
-            source_ids[i] = source_ids[i][:max_source_length - 1] + [eos] if source_lengths[i] > max_source_length \
-                else source_ids[i]
-            target_ids[i] = target_ids[i][:max_target_length - 1] + [eos] if target_lengths[i] > max_target_length \
-                else target_ids[i]
+            source_ids[i] = cut(source_ids[i], max_source_length, tokenizer.eos_token_id)
+            target_ids[i] = cut(target_ids[i], max_target_length, tokenizer.eos_token_id)
         source_lengths = np.minimum(source_lengths, max_source_length)
         target_lengths = np.minimum(target_lengths, max_target_length)
     return pa.table({
@@ -166,6 +163,11 @@ def encode_pairs(batch, indices, tokenizer, source_lang, target_lang, max_source
         "row": rows[keep],
         "status": np.where(too_long[keep], TRUNCATED, KEPT).astype(np.int8),
     })
+
+
+def cut(ids, limit, eos):
+    """At most `limit` ids: the beginning, and the final </s> kept."""
+    return ids if len(ids) <= limit else ids[:limit - 1] + [eos]
 
 
 def ragged(sequences, lengths):
