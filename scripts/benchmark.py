@@ -30,9 +30,14 @@ import statistics
 import subprocess
 import sys
 import time
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import torch
+
+from vaswani.training.checks import UsageError
+from vaswani.training.cli import command, parse_arguments
 
 SPECIAL_IDS = dict(pad_token_id=0, bos_token_id=1, eos_token_id=2, decoder_start_token_id=1)
 VOCAB_SIZE = 32000
@@ -187,7 +192,7 @@ def measure_ctranslate2(args, quantization: str, num_beams: int) -> dict:
 
     import ctranslate2
 
-    from export_ctranslate2 import export, translate_ids, vocabulary
+    from vaswani.training.export import export, translate_ids, vocabulary
 
     model = build_model("vaswani", args.preset, args.max_positions).eval()
     with tempfile.TemporaryDirectory() as folder:
@@ -220,7 +225,7 @@ def worker(args) -> dict:
 
 
 def run_worker(args, implementation: str, sweep_point=None) -> dict:
-    command = [sys.executable, __file__, "--worker", implementation, *args.forwarded]
+    command = [sys.executable, __file__, "--implementation", implementation, *args.forwarded()]
     if sweep_point:
         command += ["--sweep_point", *map(str, sweep_point)]
     done = subprocess.run(command, capture_output=True, text=True)
@@ -302,47 +307,51 @@ def sweep_table(title: str, points: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    parser.add_argument("--preset", default="small", choices=["tiny", "small", "base", "big"])
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    parser.add_argument("--batch_tokens", type=int, default=4096, help="source tokens per training step (target alike)")
-    parser.add_argument("--train_length", type=int, default=32, help="sentence length of the training batch")
-    parser.add_argument("--gen_batch", type=int, default=16, help="sentences per generate() call")
-    parser.add_argument("--gen_source_length", type=int, default=24)
-    parser.add_argument("--gen_length", type=int, default=24, help="forced number of generated tokens")
-    parser.add_argument("--repeats", type=int, default=5, help="timed repetitions in each process")
-    parser.add_argument("--rounds", type=int, default=3, help="processes per implementation for the main table")
-    parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--sweep_lengths", type=int, nargs="*", default=[32, 64, 128, 256, 512, 1024])
-    parser.add_argument("--sweep_batch_tokens", type=int, nargs="*", default=[1024, 2048, 4096, 8192])
-    parser.add_argument("--no_ctranslate2", action="store_true", help="leave out the CTranslate2 rows")
-    parser.add_argument("--compile", action="store_true",
-                        help="generate with a static KV cache and torch.compile (vaswani and Marian alike)")
-    parser.add_argument("--output_dir", default="docs/benchmarks")
-    parser.add_argument("--worker", help=argparse.SUPPRESS)
-    parser.add_argument("--sweep_point", type=int, nargs=2, help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
-    args.max_positions = max([*args.sweep_lengths, args.train_length, args.gen_source_length + args.gen_length]) + 1
-    forwarded = []
-    for name in ("device", "preset", "dtype", "batch_tokens", "train_length", "gen_batch", "gen_source_length",
-                 "gen_length", "repeats", "warmup"):
-        forwarded += [f"--{name}", str(getattr(args, name))]
-    forwarded += ["--compile"] if args.compile else []
-    forwarded += ["--sweep_lengths", *map(str, args.sweep_lengths)]
-    args.forwarded = forwarded
-    return args
+@dataclass
+class BenchmarkArguments:
+    device: Literal["cpu", "cuda"] = "cpu"
+    preset: Literal["tiny", "small", "base", "big"] = "small"
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    batch_tokens: int = field(default=4096, metadata={"help": "source tokens per training step (target alike)"})
+    train_length: int = field(default=32, metadata={"help": "sentence length of the training batch"})
+    gen_batch: int = field(default=16, metadata={"help": "sentences per generate() call"})
+    gen_source_length: int = 24
+    gen_length: int = field(default=24, metadata={"help": "forced number of generated tokens"})
+    repeats: int = field(default=5, metadata={"help": "timed repetitions in each process"})
+    rounds: int = field(default=3, metadata={"help": "processes per implementation for the main table"})
+    warmup: int = 2
+    sweep_lengths: list[int] = field(default_factory=lambda: [32, 64, 128, 256, 512, 1024])
+    sweep_batch_tokens: list[int] = field(default_factory=lambda: [1024, 2048, 4096, 8192])
+    no_ctranslate2: bool = field(default=False, metadata={"help": "leave out the CTranslate2 rows"})
+    compile: bool = field(default=False, metadata={
+        "help": "generate with a static KV cache and torch.compile (vaswani and Marian alike)"})
+    output_dir: str = "docs/benchmarks"
+    # What the main process tells a measuring process (run_worker): which implementation, which sweep point.
+    implementation: str | None = field(default=None, metadata={"help": argparse.SUPPRESS})
+    sweep_point: list[int] | None = field(default=None, metadata={"help": argparse.SUPPRESS})
+
+    @property
+    def max_positions(self):
+        return max([*self.sweep_lengths, self.train_length, self.gen_source_length + self.gen_length]) + 1
+
+    def forwarded(self):
+        """The arguments a measuring process needs to measure what this one would."""
+        forwarded = []
+        for name in ("device", "preset", "dtype", "batch_tokens", "train_length", "gen_batch", "gen_source_length",
+                     "gen_length", "repeats", "warmup"):
+            forwarded += [f"--{name}", str(getattr(self, name))]
+        forwarded += ["--compile"] if self.compile else []
+        return [*forwarded, "--sweep_lengths", *map(str, self.sweep_lengths)]
 
 
-def main(argv=None) -> dict:
-    args = parse_args(argv)
-    if args.worker:
-        args.implementation = args.worker
+@command
+def main(argv) -> dict:
+    (args,) = parse_arguments([BenchmarkArguments], argv, description=__doc__.split("\n\n")[0])
+    if args.implementation:
         print(json.dumps(worker(args)))
         return {}
     if args.device == "cuda" and not torch.cuda.is_available():
-        raise SystemExit("--device cuda asked for, but torch sees no CUDA device.")
+        raise UsageError("--device cuda asked for, but torch sees no CUDA device.")
     from tqdm import tqdm
 
     implementations = ["vaswani", "marian"]
@@ -392,7 +401,7 @@ def main(argv=None) -> dict:
     output_dir = Path(args.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     stem = f"{args.device}_{args.preset}_{args.dtype}" + ("_compile" if args.compile else "")
-    report = {"settings": {k: v for k, v in vars(args).items() if k not in ("forwarded",)}, "device": device_name,
+    report = {"settings": asdict(args), "device": device_name,
               "torch": torch.__version__, "matmul_ceiling": ceiling, "rows": rows, "raw": results,
               "sweep": sweep_points}
     (output_dir / f"{stem}.json").write_text(json.dumps(report, indent=2))

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Install vaswani (editable) with its test extras. torch comes first and pinned: an unpinned torch from PyPI
+# Install vaswani (editable) with its test and lint extras (the `dev` extra). torch comes first and pinned: an unpinned torch from PyPI
 # is the multi-GB CUDA build, and pip keeps an installed torch that satisfies the package's range.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 -m pip install --quiet --disable-pip-version-check "torch==2.13.0"
-python3 -m pip install --quiet --disable-pip-version-check -e ".[test]"
+python3 -m pip install --quiet --disable-pip-version-check -e ".[dev]"

@@ -46,10 +46,10 @@ stage "training: $PRESET preset, $STEPS steps, warmup then inverse square root p
     --save_every 50 --average_last 5 --eval_every 200 --eval_bleu_samples 100 --log_every 10
 unset OMP_NUM_THREADS
 
-stage "test BLEU with the paper's decoding: beam 4, length penalty 0.6 (scripts/evaluate.py)"
+stage "test BLEU with the paper's decoding: beam 4, length penalty 0.6 (scripts/evaluate_bleu.py)"
 samples=()
 [ "$TEST_SAMPLES" != all ] && samples=(--max_samples "$TEST_SAMPLES")
-python3 scripts/evaluate.py --model "$OUT/model" --dataset_dir "$OUT/data" --split test "${samples[@]}" \
+python3 scripts/evaluate_bleu.py --model "$OUT/model" --dataset_dir "$OUT/data" --split test "${samples[@]}" \
     --num_examples 5
 
 stage "pictures: positional encoding and attention of one sentence (scripts/visualize.py)"

@@ -16,24 +16,32 @@ Usage:
 Without --target, the model's own greedy translation of --text is used.
 """
 
-import argparse
-import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import matplotlib
+
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer  # noqa: E402
 
-try:  # registers model_type "vaswani" with the Auto classes; without the package, the saved code is used
-    import vaswani  # noqa: F401
-except ImportError:
-    vaswani = None
+import vaswani  # noqa: E402, F401  (registers model_type "vaswani" with the Auto classes)
+from vaswani.training.checks import check_safetensors_weights  # noqa: E402
+from vaswani.training.cli import command, parse_arguments  # noqa: E402
+from vaswani.training.evaluation import translate  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from evaluate import translate  # noqa: E402
+
+@dataclass
+class VisualizeArguments:
+    model: str = field(metadata={"help": "folder written by scripts/train.py"})
+    text: str = field(metadata={"help": "source sentence"})
+    output_dir: str = field(metadata={"help": "where the pictures go"})
+    tokenizer: str | None = field(default=None, metadata={"help": "default: the tokenizer saved with the model"})
+    target: str | None = field(default=None, metadata={"help": "target sentence; default: the model's greedy "
+                                                                "translation"})
+    num_positions: int = field(default=100, metadata={"help": "positions shown in the encoding plot"})
 
 
 def positional_encoding(model, num_positions):
@@ -94,25 +102,15 @@ def readable(tokens):
     return [token.replace("Ġ", "_").replace("▁", "_") for token in tokens]
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--model", required=True, help="folder written by scripts/train.py")
-    parser.add_argument("--tokenizer", default=None, help="default: the tokenizer saved with the model")
-    parser.add_argument("--text", required=True, help="source sentence")
-    parser.add_argument("--target", default=None, help="target sentence; default: the model's greedy translation")
-    parser.add_argument("--output_dir", required=True)
-    parser.add_argument("--num_positions", type=int, default=100, help="positions shown in the encoding plot")
-    args = parser.parse_args(argv)
-
-    if not Path(args.model).is_dir():
-        raise SystemExit(f"visualize.py: error: model folder {args.model} does not exist.")
+@command
+def main(argv):
+    (args,) = parse_arguments([VisualizeArguments], argv, description=__doc__.split("\n\n")[0])
+    check_safetensors_weights(args.model)
     output_dir = Path(args.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or args.model)
     # The fused attention kernels never form the weight matrix; the eager implementation returns it.
-    model = AutoModelForSeq2SeqLM.from_pretrained(args.model, attn_implementation="eager",
-                                                  trust_remote_code=vaswani is None).eval()
+    model = AutoModelForSeq2SeqLM.from_pretrained(args.model, attn_implementation="eager").eval()
     target = args.target if args.target is not None else translate(model, tokenizer, [args.text], num_beams=1)[0]
     print(f"source: {args.text}\ntarget: {target}" + ("" if args.target is not None else "  (greedy translation)"))
 
@@ -138,4 +136,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    main()

@@ -1,6 +1,5 @@
-"""Shared fixtures: tiny models for fast CPU tests, and the scripts folder on the import path."""
+"""Shared fixtures: tiny models for fast CPU tests."""
 
-import sys
 from pathlib import Path
 
 import pytest
@@ -8,8 +7,8 @@ import torch
 
 from vaswani import VaswaniConfig, VaswaniForConditionalGeneration
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO_ROOT / "scripts"))
+
+REPO_ROOT = Path(__file__).resolve().parent.parent  # for the files the tests run or read: scripts, configs, docs
 
 VOCAB_SIZE = 100
 

@@ -25,7 +25,8 @@ commit sha, URL-quoted when it holds a slash):
     GET  /api/TYPEs/REPO/tree/REV[/PATH]      files and folders under PATH; ?recursive=true for the whole subtree
     GET  /api/TYPEs/REPO/refs                 branches and tags
     GET  /api/TYPEs/REPO/commits/REV          history of REV, newest first
-    POST /api/TYPEs/REPO/preupload/REV        for each file: upload mode ("regular" or "lfs") and its oid at REV
+    POST /api/TYPEs/REPO/preupload/REV        for each file: upload mode ("regular" or "lfs"), its oid at REV, and
+                                              whether .gitignore ignores it (the request's "gitIgnore", else REV's)
     POST /api/TYPEs/REPO/commit/REV           ndjson: a header, then file / lfsFile / deletedFile / deletedFolder lines
     POST /api/TYPEs/REPO/branch/BRANCH        {"startingPoint": REV}, default the main branch
     DELETE /api/TYPEs/REPO/branch/BRANCH
@@ -51,6 +52,10 @@ Behaviour that the clients rely on and that follows the real Hub:
 * Commit, tree and blob ids are real git object ids (sha1 of the git object), and every commit is a full snapshot,
   so any earlier commit still resolves. A commit is applied atomically: it either moves its branch to the new commit
   or changes nothing. A `parentCommit` that is no longer the branch head fails with 412.
+* A file that `.gitignore` ignores is answered `shouldIgnore: true` by the preupload endpoint, and the client leaves
+  it out of the commit. The rules are git's: the last matching pattern wins, `!` re-includes, a trailing `/` matches
+  folders only, a pattern with a `/` elsewhere is anchored at the root, `**` spans folders, and a file in an ignored
+  folder cannot be re-included.
 * Tokens: requests carry `Authorization: Bearer <token>`. An unknown token is refused with 401 on every endpoint.
   Writing needs the token of the namespace's user (or of a member of the organization); reading a private repo too.
   A repo that cannot be seen answers 401 to anonymous requests and 404 otherwise, with `X-Error-Code: RepoNotFound`.
@@ -76,15 +81,15 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 import yaml
 
+
 REPO_TYPES = ("model", "dataset", "space")
 URL_PREFIXES = {"model": "", "dataset": "datasets/", "space": "spaces/"}  # before REPO in resolve and LFS URLs
 MAX_REGULAR_FILE_SIZE = 10 * 1024 * 1024
-DEFAULT_LFS_PATTERNS = (
-    "*.7z", "*.arrow", "*.bin", "*.bz2", "*.ckpt", "*.ftz", "*.gz", "*.h5", "*.joblib", "*.lfs.*", "*.mlmodel",
-    "*.model", "*.msgpack", "*.npy", "*.npz", "*.onnx", "*.ot", "*.parquet", "*.pb", "*.pickle", "*.pkl", "*.pt",
-    "*.pth", "*.rar", "*.safetensors", "saved_model/**/*", "*.tar.*", "*.tar", "*.tflite", "*.tgz", "*.wasm", "*.xz",
-    "*.zip", "*.zst", "*tfevents*",
-)
+DEFAULT_LFS_PATTERNS = """
+*.7z *.arrow *.bin *.bz2 *.ckpt *.ftz *.gz *.h5 *.joblib *.lfs.* *.mlmodel *.model *.msgpack *.npy *.npz *.onnx
+*.ot *.parquet *.pb *.pickle *.pkl *.pt *.pth *.rar *.safetensors saved_model/**/* *.tar.* *.tar *.tflite *.tgz
+*.wasm *.xz *.zip *.zst *tfevents*
+""".split()
 INITIAL_GITATTRIBUTES = "".join(f"{pattern} filter=lfs diff=lfs merge=lfs -text\n" for pattern in DEFAULT_LFS_PATTERNS)
 
 
@@ -99,6 +104,56 @@ def git_object_id(kind: str, body: bytes) -> str:
 def lfs_pointer(sha256: str, size: int) -> bytes:
     """The small text file git stores in place of an LFS file."""
     return f"version https://git-lfs.github.com/spec/v1\noid sha256:{sha256}\nsize {size}\n".encode()
+
+
+# --- .gitignore --------------------------------------------------------------------------------------------------
+
+
+def gitignore_rules(text: str) -> list[tuple[bool, bool, bool, re.Pattern]]:
+    """(negated, anchored, folders only, regex) for each pattern of a .gitignore."""
+    rules = []
+    for line in text.splitlines():
+        pattern = line.rstrip()
+        if not pattern or pattern.startswith("#"):
+            continue
+        negated = pattern.startswith("!")
+        pattern = pattern[1:] if negated else pattern.removeprefix("\\")  # "\#", "\!": a literal first character
+        folders_only = pattern.endswith("/")
+        pattern = pattern.rstrip("/")
+        anchored = "/" in pattern
+        regex, i = "", 0
+        pattern = pattern.lstrip("/")
+        while i < len(pattern):
+            if pattern.startswith("**/", i):
+                regex, i = regex + "(?:.*/)?", i + 3
+            elif pattern.startswith("/**", i) and i + 3 == len(pattern):
+                regex, i = regex + "/.*", i + 3
+            elif pattern.startswith("**", i):
+                regex, i = regex + ".*", i + 2
+            elif pattern[i] == "*":
+                regex, i = regex + "[^/]*", i + 1
+            elif pattern[i] == "?":
+                regex, i = regex + "[^/]", i + 1
+            elif pattern[i] == "[" and "]" in pattern[i + 2 :]:
+                end = pattern.index("]", i + 2)
+                members = pattern[i + 1 : end]
+                regex, i = regex + "[" + ("^" + members[1:] if members.startswith("!") else members) + "]", end + 1
+            else:
+                regex, i = regex + re.escape(pattern[i]), i + 1
+        rules.append((negated, anchored, folders_only, re.compile(regex)))
+    return rules
+
+
+def is_ignored(path: str, rules: list, folder: bool = False) -> bool:
+    """Whether the rules ignore `path`: a file in an ignored folder is ignored whatever later rules say."""
+    parent, _, name = path.rpartition("/")
+    if parent and is_ignored(parent, rules, folder=True):
+        return True
+    ignored = False
+    for negated, anchored, folders_only, regex in rules:
+        if (folder or not folders_only) and regex.fullmatch(path if anchored else name):
+            ignored = not negated
+    return ignored
 
 
 @dataclass(frozen=True)
@@ -126,7 +181,7 @@ def tree_ids(files: dict[str, FileEntry]) -> dict[str, str]:
         children: dict[str, FileEntry | None] = {}  # name -> file, or None for a subfolder
         for path, entry in files.items():
             if path.startswith(prefix):
-                name, slash, _ = path[len(prefix):].partition("/")
+                name, slash, _ = path[len(prefix) :].partition("/")
                 children[name] = None if slash else entry
         body = b""
         for name in sorted(children, key=lambda n: n + "/" if children[n] is None else n):  # git's order
@@ -170,8 +225,7 @@ class Repo:
 class HubError(Exception):
     """An error answer: HTTP status, message, and the X-Error-Code the client dispatches on."""
 
-    def __init__(self, status: int, message: str, error_code: str | None = None, headers: dict | None = None,
-                 **body):
+    def __init__(self, status: int, message: str, error_code: str | None = None, headers: dict | None = None, **body):
         super().__init__(message)
         self.status, self.message, self.error_code, self.headers = status, message, error_code, headers or {}
         self.body = {"error": message, **body}
@@ -246,7 +300,9 @@ class Hub:
     def must_use_lfs(self, path: str, size: int, sample: bytes, files: dict[str, FileEntry]) -> bool:
         """The Hub's rule: LFS for what `.gitattributes` lists, for large files and for binary files."""
         name = path.rsplit("/", 1)[-1]
-        listed = any(fnmatch.fnmatch(path if "/" in pattern else name, pattern) for pattern in self.lfs_patterns(files))
+        listed = any(
+            fnmatch.fnmatch(path if "/" in pattern else name, pattern) for pattern in self.lfs_patterns(files)
+        )
         return listed or size > MAX_REGULAR_FILE_SIZE or b"\0" in sample[:512]
 
     # Writing
@@ -270,8 +326,16 @@ class Hub:
             self.repos[(repo_type, repo_id)] = repo
             return repo
 
-    def add_commit(self, repo: Repo, branch: str, parent: str | None, files: dict[str, FileEntry], title: str,
-                   description: str, author: str) -> Commit:
+    def add_commit(
+        self,
+        repo: Repo,
+        branch: str,
+        parent: str | None,
+        files: dict[str, FileEntry],
+        title: str,
+        description: str,
+        author: str,
+    ) -> Commit:
         """Record a snapshot as a new commit and move `branch` to it (the caller holds the lock)."""
         date, timestamp = now_iso(), int(time.time())
         body = f"tree {tree_ids(files)['']}\n" + (f"parent {parent}\n" if parent else "")
@@ -314,14 +378,18 @@ class Hub:
                 raise HubError(400, f"Unsupported encoding for {path}: {value.get('encoding')!r}")
             content = base64.b64decode(value["content"])
             if content and self.must_use_lfs(path, len(content), content[:512], files):  # empty files may be inline
-                raise HubError(400, f"Your push was rejected because {path} must be stored with LFS (binary, large, "
-                                    "or listed in .gitattributes)")
+                raise HubError(
+                    400,
+                    f"Your push was rejected because {path} must be stored with LFS (binary, large, "
+                    "or listed in .gitattributes)",
+                )
             files[path] = FileEntry(size=len(content), content=content)
         elif key == "lfsFile":
             sha256 = value.get("oid", "")
             if value.get("algo", "sha256") != "sha256" or sha256 not in repo.lfs_objects:
-                raise HubError(422, f"Your push was rejected because the LFS object of {path} ({sha256}) was never "
-                                    "uploaded")
+                raise HubError(
+                    422, f"Your push was rejected because the LFS object of {path} ({sha256}) was never uploaded"
+                )
             files[path] = FileEntry(size=len(repo.lfs_objects[sha256]), lfs_sha256=sha256)
         elif key == "deletedFile":
             if path not in files:
@@ -363,7 +431,9 @@ class Hub:
 
     def storage_link(self, action: str, repo: Repo, sha256: str, size: int) -> str:
         signature = self.sign(action, repo.repo_type, repo.repo_id, sha256, str(size))
-        return f"{self.storage_url}/{action}/{repo.repo_type}/{repo.repo_id}/{sha256}?size={size}&signature={signature}"
+        return (
+            f"{self.storage_url}/{action}/{repo.repo_type}/{repo.repo_id}/{sha256}?size={size}&signature={signature}"
+        )
 
 
 # --- HTTP --------------------------------------------------------------------------------------------------------
@@ -461,7 +531,7 @@ class _BaseHandler(BaseHTTPRequestHandler):
         if start >= len(content):
             return self.send(416, b"", {"Content-Range": f"bytes */{len(content)}", **headers})
         content_range = f"bytes {start}-{end}/{len(content)}"
-        return self.send(206, content[start:end + 1], {"Content-Range": content_range, **headers})
+        return self.send(206, content[start : end + 1], {"Content-Range": content_range, **headers})
 
 
 TYPE = r"(?P<kind>models|datasets|spaces)"
@@ -506,7 +576,9 @@ class _HubHandler(_BaseHandler):
         except json.JSONDecodeError as error:
             raise HubError(400, f"Invalid JSON body: {error}") from None
 
-    def get_repo(self, kind: str | None = None, repo: str = "", prefix: str | None = None, write: bool = False) -> Repo:
+    def get_repo(
+        self, kind: str | None = None, repo: str = "", prefix: str | None = None, write: bool = False
+    ) -> Repo:
         """The repo of an /api/{kind}/REPO URL, or of a /[{prefix}/]REPO URL (resolve, LFS)."""
         repo_type = kind[:-1] if kind else {"datasets": "dataset", "spaces": "space"}.get(prefix, "model")
         return self.hub.repo(repo_type, repo, self.user, write=write)
@@ -522,8 +594,16 @@ class _HubHandler(_BaseHandler):
             raise HubError(401, "You must be authenticated")
         orgs = [{"name": org, "type": "org"} for org, members in self.hub.orgs.items() if user in members]
         token = {"displayName": f"{user}-token", "role": "write"}
-        return self.send(200, {"type": "user", "name": user, "fullname": user, "orgs": orgs,
-                               "auth": {"type": "access_token", "accessToken": token}})
+        return self.send(
+            200,
+            {
+                "type": "user",
+                "name": user,
+                "fullname": user,
+                "orgs": orgs,
+                "auth": {"type": "access_token", "accessToken": token},
+            },
+        )
 
     def agent_harnesses(self) -> int:
         """The client's best-effort telemetry asks which AI agents exist; none here."""
@@ -557,13 +637,28 @@ class _HubHandler(_BaseHandler):
         repo = self.get_repo(kind, repo)
         commit = self.hub.resolve(repo, revision)
         with_blobs = self.query.get("blobs", "").lower() in ("1", "true")
-        siblings = [self.describe_file(path, entry, "rfilename") if with_blobs else {"rfilename": path}
-                    for path, entry in sorted(commit.files.items())]
-        return self.send(200, {
-            "_id": repo.repo_id, "id": repo.repo_id, "author": repo.namespace, "sha": commit.oid,
-            "private": repo.private, "gated": False, "disabled": False, "downloads": 0, "likes": 0, "tags": [],
-            "createdAt": repo.created_at, "lastModified": commit.date, "siblings": siblings,
-        })
+        siblings = [
+            self.describe_file(path, entry, "rfilename") if with_blobs else {"rfilename": path}
+            for path, entry in sorted(commit.files.items())
+        ]
+        return self.send(
+            200,
+            {
+                "_id": repo.repo_id,
+                "id": repo.repo_id,
+                "author": repo.namespace,
+                "sha": commit.oid,
+                "private": repo.private,
+                "gated": False,
+                "disabled": False,
+                "downloads": 0,
+                "likes": 0,
+                "tags": [],
+                "createdAt": repo.created_at,
+                "lastModified": commit.date,
+                "siblings": siblings,
+            },
+        )
 
     @staticmethod
     def describe_file(path: str, entry: FileEntry, path_key: str = "path") -> dict:
@@ -571,8 +666,12 @@ class _HubHandler(_BaseHandler):
         description = {"type": "file", path_key: path, "size": entry.size, "oid": entry.oid, "blobId": entry.oid}
         if entry.lfs_sha256 is not None:
             pointer_size = len(lfs_pointer(entry.lfs_sha256, entry.size))
-            description["lfs"] = {"oid": entry.lfs_sha256, "sha256": entry.lfs_sha256, "size": entry.size,
-                                  "pointerSize": pointer_size}
+            description["lfs"] = {
+                "oid": entry.lfs_sha256,
+                "sha256": entry.lfs_sha256,
+                "size": entry.size,
+                "pointerSize": pointer_size,
+            }
         return description
 
     # Reading
@@ -588,11 +687,11 @@ class _HubHandler(_BaseHandler):
         prefix = f"{path}/" if path else ""
         entries = []
         for folder in sorted(folders):
-            relative = folder[len(prefix):] if folder.startswith(prefix) else None  # "" for the listed folder
+            relative = folder[len(prefix) :] if folder.startswith(prefix) else None  # "" for the listed folder
             if relative and (recursive or "/" not in relative):
                 entries.append({"type": "directory", "oid": folders[folder], "size": 0, "path": folder})
         for file_path, entry in sorted(commit.files.items()):
-            relative = file_path[len(prefix):] if file_path.startswith(prefix) else None
+            relative = file_path[len(prefix) :] if file_path.startswith(prefix) else None
             if relative and (recursive or "/" not in relative):
                 entries.append(self.describe_file(file_path, entry))
         return self.send(200, entries)
@@ -601,18 +700,33 @@ class _HubHandler(_BaseHandler):
         repo = self.get_repo(kind, repo)
 
         def listing(refs: dict[str, str], kind: str) -> list[dict]:
-            return [{"name": name, "ref": f"refs/{kind}/{name}", "targetCommit": oid}
-                    for name, oid in sorted(refs.items())]
+            return [
+                {"name": name, "ref": f"refs/{kind}/{name}", "targetCommit": oid} for name, oid in sorted(refs.items())
+            ]
 
-        return self.send(200, {"branches": listing(repo.branches, "heads"), "tags": listing(repo.tags, "tags"),
-                               "converts": [], "pullRequests": []})
+        return self.send(
+            200,
+            {
+                "branches": listing(repo.branches, "heads"),
+                "tags": listing(repo.tags, "tags"),
+                "converts": [],
+                "pullRequests": [],
+            },
+        )
 
     def commits(self, kind: str, repo: str, revision: str) -> int:
         repo = self.get_repo(kind, repo)
         commit, history = self.hub.resolve(repo, revision), []
         while commit is not None:
-            history.append({"id": commit.oid, "title": commit.title, "message": commit.description,
-                            "authors": [{"user": commit.author}], "date": commit.date})
+            history.append(
+                {
+                    "id": commit.oid,
+                    "title": commit.title,
+                    "message": commit.description,
+                    "authors": [{"user": commit.author}],
+                    "date": commit.date,
+                }
+            )
             commit = repo.commits.get(commit.parent) if commit.parent else None
         return self.send(200, history)
 
@@ -635,15 +749,26 @@ class _HubHandler(_BaseHandler):
     def preupload(self, kind: str, repo: str, revision: str) -> int:
         repo = self.get_repo(kind, repo, write=True)
         files = self.hub.resolve(repo, revision).files  # of the commit the client's commit will build on
+        body = self.json_body()
+        gitignore = body.get("gitIgnore")  # the client sends the .gitignore that its commit adds
+        if gitignore is None and files.get(".gitignore") is not None and files[".gitignore"].content is not None:
+            gitignore = files[".gitignore"].content.decode("utf-8", "replace")
+        rules = gitignore_rules(gitignore or "")
         answers = []
-        for file in self.json_body().get("files", []):
+        for file in body.get("files", []):
             sample = base64.b64decode(file.get("sample", ""))
             lfs = self.hub.must_use_lfs(file["path"], int(file["size"]), sample, files)
             existing = files.get(file["path"])
             # The oid the client compares its local file with: sha256 for LFS files, git blob sha1 for the others.
             oid = None if existing is None else existing.lfs_sha256 or existing.oid
-            answers.append({"path": file["path"], "uploadMode": "lfs" if lfs else "regular", "shouldIgnore": False,
-                            "oid": oid})
+            answers.append(
+                {
+                    "path": file["path"],
+                    "uploadMode": "lfs" if lfs else "regular",
+                    "shouldIgnore": is_ignored(file["path"], rules),
+                    "oid": oid,
+                }
+            )
         return self.send(200, {"files": answers})
 
     def commit(self, kind: str, repo: str, revision: str) -> int:
@@ -655,8 +780,15 @@ class _HubHandler(_BaseHandler):
         except json.JSONDecodeError as error:
             raise HubError(400, f"Invalid ndjson commit payload: {error}") from None
         commit = self.hub.commit(repo, revision, lines, self.user)
-        return self.send(200, {"success": True, "commitOid": commit.oid,
-                               "commitUrl": f"{self.repo_url(repo)}/commit/{commit.oid}", "hookOutput": ""})
+        return self.send(
+            200,
+            {
+                "success": True,
+                "commitOid": commit.oid,
+                "commitUrl": f"{self.repo_url(repo)}/commit/{commit.oid}",
+                "hookOutput": "",
+            },
+        )
 
     def create_branch(self, kind: str, repo: str, branch: str) -> int:
         repo = self.get_repo(kind, repo, write=True)
@@ -696,17 +828,27 @@ class _HubHandler(_BaseHandler):
         for obj in body.get("objects", []):
             sha256, size = obj.get("oid", ""), obj.get("size")
             if not re.fullmatch(r"[0-9a-f]{64}", sha256) or not isinstance(size, int) or size < 0:
-                objects.append({"oid": str(sha256), "size": size if isinstance(size, int) else 0,
-                                "error": {"code": 422, "message": "Invalid oid or size"}})
+                objects.append(
+                    {
+                        "oid": str(sha256),
+                        "size": size if isinstance(size, int) else 0,
+                        "error": {"code": 422, "message": "Invalid oid or size"},
+                    }
+                )
                 continue
             answer = {"oid": sha256, "size": size, "authenticated": True}
             if sha256 not in repo.lfs_objects:  # otherwise already stored: no actions, nothing to upload
                 verify = f"{self.repo_url(repo)}.git/info/lfs/objects/verify"
-                answer["actions"] = {"upload": {"href": self.hub.storage_link("upload", repo, sha256, size)},
-                                     "verify": {"href": verify}}
+                answer["actions"] = {
+                    "upload": {"href": self.hub.storage_link("upload", repo, sha256, size)},
+                    "verify": {"href": verify},
+                }
             objects.append(answer)
-        return self.send(200, {"transfer": "basic", "objects": objects, "hash_algo": "sha256"},
-                         {"Content-Type": "application/vnd.git-lfs+json"})
+        return self.send(
+            200,
+            {"transfer": "basic", "objects": objects, "hash_algo": "sha256"},
+            {"Content-Type": "application/vnd.git-lfs+json"},
+        )
 
     def lfs_verify(self, repo: str, prefix: str | None = None) -> int:
         repo = self.get_repo(repo=repo, prefix=prefix, write=True)
@@ -785,7 +927,7 @@ class HubServer:
 
     @property
     def requests(self) -> list[str]:
-        """"METHOD path status" of every request served so far, Hub and storage, for debugging (never headers)."""
+        """ "METHOD path status" of every request served so far, Hub and storage, for debugging (never headers)."""
         return [*self._servers[0].hub_requests, *self._servers[1].hub_requests]
 
     def start(self) -> "HubServer":

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-import benchmark
+from vaswani.scripts import benchmark
 
 
 @pytest.fixture(scope="module")

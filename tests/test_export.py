@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from conftest import REPO_ROOT
-from export_ctranslate2 import export, translate_ids, vocabulary
-from train_tokenizer import train_bpe_tokenizer
+from vaswani.training.export import export, translate_ids, vocabulary
+from vaswani.training.tokenizer import train_bpe_tokenizer
 from vaswani import VaswaniConfig, VaswaniForConditionalGeneration
 
 PAIRS = [
@@ -67,7 +67,7 @@ def test_script_exports_int8_and_checks(trained, tmp_path):
     _, _, folder = trained
     done = subprocess.run(
         [sys.executable, str(REPO_ROOT / "scripts" / "export_ctranslate2.py"), "--model", str(folder),
-         "--output_dir", str(tmp_path / "ct2"), "--check", *[source for source, _ in PAIRS]],
+         "--output_dir", str(tmp_path / "ct2"), "--check", "--check_sentences", *[source for source, _ in PAIRS]],
         capture_output=True, text=True,
     )
     assert done.returncode == 0, done.stderr

@@ -1,8 +1,9 @@
-"""scripts/finetune.py: Seq2SeqTrainer fine-tuning of a saved model on a new pair set.
+"""scripts/finetune.py (vaswani-finetune): Seq2SeqTrainer fine-tuning of a saved model on a new pair set.
 
 Everything runs on the CPU with a tiny model, a word-level tokenizer and a few dozen made-up English-Spanish pairs.
 """
 
+import dataclasses
 import json
 import shutil
 
@@ -11,18 +12,23 @@ import pytest
 import torch
 from safetensors.torch import load_file
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
-from transformers import AutoTokenizer, GenerationConfig, PreTrainedTokenizerFast
+from transformers import AutoTokenizer, GenerationConfig, PreTrainedTokenizerFast, Seq2SeqTrainingArguments
 from transformers.trainer_pt_utils import LabelSmoother
 
-import finetune
 from vaswani import VaswaniConfig, VaswaniForConditionalGeneration
+from vaswani.scripts import finetune
+from vaswani.training.checks import UsageError
+
 
 SPECIAL_TOKENS = ["<pad>", "<s>", "</s>", "<unk>"]  # ids 0-3, the model's defaults
 NOUNS = {"cat": "gato", "dog": "perro", "boy": "niño", "bird": "pájaro", "horse": "caballo", "man": "hombre"}
 VERBS = {"eats": "come", "runs": "corre", "sleeps": "duerme", "sings": "canta", "jumps": "salta", "reads": "lee"}
 # 36 pairs of 5 and 6 words: long enough for 4-grams, so that BLEU can be above zero.
-PAIRS = [{"en": f"the {noun} {verb} every day", "es": f"el {noun_es} {verb_es} todos los días"}
-         for noun, noun_es in NOUNS.items() for verb, verb_es in VERBS.items()]
+PAIRS = [
+    {"en": f"the {noun} {verb} every day", "es": f"el {noun_es} {verb_es} todos los días"}
+    for noun, noun_es in NOUNS.items()
+    for verb, verb_es in VERBS.items()
+]
 WORDS = sorted({word for pair in PAIRS for sentence in pair.values() for word in sentence.split()})
 
 
@@ -34,15 +40,17 @@ def word_tokenizer(special_tokens=SPECIAL_TOKENS, extra_words=()):
     tokenizer.post_processor = processors.TemplateProcessing(
         single="$A </s>", special_tokens=[("</s>", vocab["</s>"])]
     )
-    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token="<pad>", bos_token="<s>", eos_token="</s>",
-                                   unk_token="<unk>")
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, pad_token="<pad>", bos_token="<s>", eos_token="</s>", unk_token="<unk>"
+    )
 
 
 def save_model(folder, tokenizer, seed=0, vocab_size=None, dropout=0.1):
     """A 'pretrained' tiny model (random weights) saved with its tokenizer, as finetune.py --model expects."""
     torch.manual_seed(seed)
-    config = VaswaniConfig.from_preset("tiny", vocab_size=vocab_size or len(tokenizer), dropout=dropout,
-                                       max_position_embeddings=64)
+    config = VaswaniConfig.from_preset(
+        "tiny", vocab_size=vocab_size or len(tokenizer), dropout=dropout, max_position_embeddings=64
+    )
     VaswaniForConditionalGeneration(config).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
@@ -57,12 +65,12 @@ def save_pairs(folder, pairs):
 
 def run_finetune(model, dataset_dir, output_dir, *flags):
     """finetune.main with the flags every test wants: CPU, no reporting, greedy and short evaluation translations."""
-    return finetune.main([
-        "--model", str(model), "--dataset_dir", str(dataset_dir), "--output_dir", str(output_dir),
-        "--use_cpu", "--report_to", "none", "--num_beams", "1", "--generation_max_length", "12",
-        "--eval_strategy", "no", "--save_strategy", "no", "--logging_steps", "1", "--warmup_steps", "0",
-        *flags,
-    ])
+    paths = ["--model", str(model), "--dataset_dir", str(dataset_dir), "--output_dir", str(output_dir)]
+    common = (
+        "--use_cpu --report_to none --generation_num_beams 1 --generation_max_length 12 --eval_strategy no "
+        "--save_strategy no --logging_steps 1 --warmup_steps 0"
+    )
+    return finetune.main([*paths, *common.split(), *flags])
 
 
 @pytest.fixture(scope="module")
@@ -80,8 +88,8 @@ def workspace(tmp_path_factory):
 
 def test_finetuning_lowers_eval_loss_and_raises_bleu(workspace, tmp_path):
     output_dir = tmp_path / "finetuned"
-    metrics = run_finetune(workspace["model"], workspace["data"], output_dir, "--eval_on_start", "--max_steps", "30",
-                           "--learning_rate", "5e-3", "--per_device_train_batch_size", "8")
+    flags = "--eval_on_start --max_steps 30 --learning_rate 5e-3 --per_device_train_batch_size 8".split()
+    metrics = run_finetune(workspace["model"], workspace["data"], output_dir, *flags)
 
     state = json.loads((output_dir / "trainer_state.json").read_text())
     before = next(entry for entry in state["log_history"] if "eval_bleu" in entry)  # --eval_on_start, step 0
@@ -99,7 +107,9 @@ def test_finetuning_lowers_eval_loss_and_raises_bleu(workspace, tmp_path):
     assert reloaded.generate(**source, num_beams=1).shape[0] == 1
     saved = GenerationConfig.from_pretrained(output_dir)
     pretrained = GenerationConfig.from_pretrained(workspace["model"])
-    assert (saved.max_length, saved.num_beams) == (pretrained.max_length, 4), "evaluation changed the generation config"
+    assert (saved.max_length, saved.num_beams) == (pretrained.max_length, 4), (
+        "evaluation changed the generation config"
+    )
 
 
 def final_weights(folder):
@@ -107,8 +117,8 @@ def final_weights(folder):
 
 
 def test_resumed_run_ends_with_the_weights_of_an_uninterrupted_run(workspace, tmp_path):
-    flags = ("--max_steps", "6", "--save_strategy", "steps", "--save_steps", "3", "--learning_rate", "1e-3",
-             "--per_device_train_batch_size", "4", "--max_eval_samples", "4", "--gradient_checkpointing")
+    flags = "--max_steps 6 --save_strategy steps --save_steps 3 --learning_rate 1e-3 --per_device_train_batch_size 4"
+    flags = (*flags.split(), "--max_eval_samples", "4", "--activation_checkpointing")
     uninterrupted = tmp_path / "uninterrupted"
     run_finetune(workspace["model"], workspace["data"], uninterrupted, *flags)
 
@@ -151,8 +161,8 @@ def pad_batch(examples):
     input_ids = torch.zeros(len(examples), source_length, dtype=torch.long)
     labels = torch.full((len(examples), target_length), -100)
     for row, (source, target) in enumerate(examples):
-        input_ids[row, :len(source)] = source
-        labels[row, :len(target)] = target
+        input_ids[row, : len(source)] = source
+        labels[row, : len(target)] = target
     return {"input_ids": input_ids, "attention_mask": (input_ids != 0).long(), "labels": labels}
 
 
@@ -167,8 +177,11 @@ def smoothed_loss(model, batch, num_items_in_batch=None):
     """Trainer's label smoothing (finetune.py's default, epsilon 0.1): the model gets no labels, only the decoder
     input that the collator builds from them."""
     labels = batch["labels"]
-    outputs = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                    decoder_input_ids=model.prepare_decoder_input_ids_from_labels(labels))
+    outputs = model(
+        input_ids=batch["input_ids"],
+        attention_mask=batch["attention_mask"],
+        decoder_input_ids=model.prepare_decoder_input_ids_from_labels(labels),
+    )
     return LabelSmoother(epsilon=0.1)(outputs, labels, num_items_in_batch=num_items_in_batch)
 
 
@@ -207,20 +220,25 @@ def test_gradient_accumulation_matches_one_double_batch(tiny_model, loss_fn):
 def test_trainer_step_with_accumulation_equals_one_double_batch_step(workspace, tmp_path):
     """finetune.py's trainer, one SGD step: 2 accumulated micro-batches of 4 pairs against one batch of 8."""
     # 37 labelled tokens in all, an odd number: however the 8 pairs are split, the two halves differ.
-    pairs = [{"en": pair["en"], "es": " ".join(pair["es"].split()[:words])}
-             for pair, words in zip(PAIRS, [1, 1, 2, 3, 4, 5, 6, 7])]
+    pairs = [
+        {"en": pair["en"], "es": " ".join(pair["es"].split()[:words])}
+        for pair, words in zip(PAIRS, [1, 1, 2, 3, 4, 5, 6, 7])
+    ]
     train = datasets.Dataset.from_dict({"translation": pairs})
     model_dir = save_model(tmp_path / "no_dropout", workspace["tokenizer"], dropout=0.0)
 
     def one_step(batch_size, accumulation):
-        args = finetune.parse_args([
-            "--model", str(model_dir), "--dataset_dir", "unused", "--output_dir", str(tmp_path / f"ga{accumulation}"),
-            "--use_cpu", "--report_to", "none", "--save_strategy", "no", "--eval_strategy", "no",
-            "--optim", "sgd", "--learning_rate", "1.0", "--max_grad_norm", "0", "--max_steps", "1",
-            "--per_device_train_batch_size", str(batch_size), "--gradient_accumulation_steps", str(accumulation),
-        ])
+        output_dir = str(tmp_path / f"ga{accumulation}")
+        flags = (
+            "--use_cpu --report_to none --save_strategy no --eval_strategy no --optim sgd --learning_rate 1.0 "
+            f"--max_grad_norm 0 --max_steps 1 --per_device_train_batch_size {batch_size} "
+            f"--gradient_accumulation_steps {accumulation}"
+        )
+        _, data_args, training_args = finetune.parse_args(
+            ["--model", str(model_dir), "--dataset_dir", "unused", "--output_dir", output_dir, *flags.split()]
+        )
         model = VaswaniForConditionalGeneration.from_pretrained(model_dir)
-        trainer = finetune.build_trainer(args, model, workspace["tokenizer"], train, train)
+        trainer = finetune.build_trainer(data_args, training_args, model, workspace["tokenizer"], train, train)
         trainer.train()
         return {name: parameter.detach().clone() for name, parameter in model.named_parameters()}
 
@@ -233,17 +251,23 @@ def test_trainer_step_with_accumulation_equals_one_double_batch_step(workspace, 
 
 def test_missing_target_language_is_named(workspace, tmp_path):
     data = save_pairs(tmp_path / "en_fr", [{"en": "the cat", "fr": "le chat"}] * 4)
-    with pytest.raises(SystemExit, match=r"target language column 'es'.*\['en', 'fr'\]"):
+    with pytest.raises(SystemExit, match=r"'es'.*\['en', 'fr'\]"):
         run_finetune(workspace["model"], data, tmp_path / "out")
 
 
 @pytest.mark.parametrize(
     ("tokenizer", "vocab_size", "message"),
     [
-        (word_tokenizer(extra_words=("extra",)), len(WORDS) + 4,
-         rf"tokenizer has {len(WORDS) + 5} tokens but the model's vocabulary has only {len(WORDS) + 4}"),
-        (word_tokenizer(special_tokens=["<s>", "<pad>", "</s>", "<unk>"]), None,
-         r"pad token id differs: the tokenizer's is 1 \('<pad>'\), the model's config.pad_token_id is 0"),
+        (
+            word_tokenizer(extra_words=("extra",)),
+            len(WORDS) + 4,
+            rf"tokenizer has {len(WORDS) + 5} tokens but the vocabulary of the model .* only {len(WORDS) + 4}",
+        ),
+        (
+            word_tokenizer(special_tokens=["<s>", "<pad>", "</s>", "<unk>"]),
+            None,
+            r"config.pad_token_id of the model .* is 0 but the tokenizer's id is 1",
+        ),
     ],
     ids=["tokenizer_bigger_than_model", "pad_id_differs"],
 )
@@ -252,3 +276,109 @@ def test_tokenizer_that_disagrees_with_the_model_is_refused(workspace, tmp_path,
     tokenizer.save_pretrained(tmp_path / "tokenizer")
     with pytest.raises(SystemExit, match=message):
         run_finetune(model_dir, workspace["data"], tmp_path / "out", "--tokenizer", str(tmp_path / "tokenizer"))
+
+
+def parse(tmp_path, flags="", dataset_dir="d"):
+    """finetune.parse_args with the required flags: (ModelArguments, DataArguments, FinetuningArguments)."""
+    paths = ["--model", "m", "--dataset_dir", str(dataset_dir), "--output_dir", str(tmp_path / "out")]
+    return finetune.parse_args([*paths, *flags.split()])
+
+
+def test_defaults_are_the_scripts_not_the_librarys(tmp_path):
+    _, data_args, args = parse(tmp_path, "--use_cpu")
+    expected = {
+        "optim": "adamw_torch",
+        "per_device_train_batch_size": 32,
+        "per_device_eval_batch_size": 32,
+        "label_smoothing_factor": 0.1,
+        "bf16": False,
+        "logging_steps": 50,
+        "eval_strategy": "steps",
+        "eval_steps": 500,
+        "save_steps": 500,
+        "save_total_limit": 3,
+        "predict_with_generate": True,
+        "generation_num_beams": 4,
+        "generation_max_length": None,
+        "report_to": [],
+        "resume_from_checkpoint": None,
+    }
+    assert {name: getattr(args, name) for name in expected} == expected
+    library = Seq2SeqTrainingArguments(output_dir=str(tmp_path))
+    assert library.label_smoothing_factor == 0.0 and not library.predict_with_generate  # so the defaults matter
+    assert (data_args.source_lang, data_args.target_lang, data_args.max_source_length) == ("en", "es", 256)
+
+    # The flags of the script before it took every Seq2SeqTrainingArguments flag, spelled as they were.
+    assert parse(tmp_path, "--resume_from_checkpoint")[2].resume_from_checkpoint == "latest"
+    assert parse(tmp_path, "--resume_from_checkpoint runs/a/checkpoint-3")[2].resume_from_checkpoint.endswith("-3")
+    _, _, args = parse(tmp_path, "--num_beams 2 --hub_private_repo --use_cpu --bf16 false --gradient_checkpointing")
+    parsed = (args.generation_num_beams, args.hub_private_repo, args.bf16, args.activation_checkpointing)
+    assert parsed == (2, True, False, True)
+
+
+def test_without_the_evaluation_split_part_of_the_training_split_is_held_out(tmp_path):
+    folder = tmp_path / "train_only"
+    datasets.DatasetDict(train=datasets.Dataset.from_dict({"translation": PAIRS})).save_to_disk(folder)
+    _, data_args, args = parse(tmp_path, dataset_dir=folder)
+    train, evaluation = finetune.load_splits(data_args, args.seed)
+    assert (len(train), len(evaluation)) == (len(PAIRS) - 1, 1)  # a 20th, at least one
+    assert evaluation[0]["translation"] not in train["translation"]
+
+
+def test_evaluation_split_is_checked_like_the_training_split(tmp_path):
+    folder = tmp_path / "bad_validation"
+    train = datasets.Dataset.from_dict({"translation": PAIRS})
+    validation = datasets.Dataset.from_dict({"translation": [{"en": "the cat", "fr": "le chat"}] * 2})
+    datasets.DatasetDict(train=train, validation=validation).save_to_disk(folder)
+    _, data_args, args = parse(tmp_path, dataset_dir=folder)
+    with pytest.raises(UsageError, match=r"validation.*'es'"):
+        finetune.load_splits(data_args, args.seed)
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        ("--model m --dataset_dir d", "the following arguments are required: --output_dir"),
+        ("--model m --output_dir o", "give exactly one of --dataset_dir and --dataset"),
+        ("--model m --dataset_dir d --dataset x --output_dir o", "give exactly one of --dataset_dir and --dataset"),
+    ],
+    ids=["no_output_dir", "no_dataset", "two_datasets"],
+)
+def test_bad_arguments_end_with_the_usage(capsys, flags, message):
+    with pytest.raises(SystemExit) as exit_info:
+        finetune.main(flags.split())
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_missing_checkpoint_is_named_before_any_work(tmp_path):
+    flags = ["--model", "m", "--dataset_dir", "d", "--output_dir", str(tmp_path), "--resume_from_checkpoint"]
+    with pytest.raises(SystemExit, match=r"checkpoint .*/missing does not exist"):
+        finetune.main([*flags, str(tmp_path / "missing")])
+
+
+def test_help_lists_every_seq2seq_training_argument(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        finetune.main(["--help"])
+    listed = set(capsys.readouterr().out.split())
+    assert exit_info.value.code == 0
+    fields = [field.name for field in dataclasses.fields(Seq2SeqTrainingArguments) if field.init]
+    assert [name for name in fields if f"--{name}" not in listed] == []
+    assert {"--model", "--dataset_dir", "--source_lang", "--max_target_length", "--num_beams"} <= listed
+
+
+def test_a_flag_the_script_does_not_name_reaches_the_trainer(workspace, tmp_path):
+    """Here Adam's beta2 (0.98 in section 5.3) and the scheduler's kwargs, two Seq2SeqTrainingArguments fields."""
+    train = datasets.Dataset.from_dict({"translation": PAIRS[:4]})
+    flags = "--use_cpu --adam_beta2 0.98 --lr_scheduler_type cosine_with_min_lr --learning_rate 1e-3 --max_steps 10"
+    _, data_args, args = finetune.parse_args(
+        ["--model", "m", "--dataset_dir", "d", "--output_dir", str(tmp_path), *flags.split()]
+        + ["--lr_scheduler_kwargs", '{"min_lr": 1e-6}']
+    )
+    model = VaswaniForConditionalGeneration.from_pretrained(workspace["model"])
+    trainer = finetune.build_trainer(data_args, args, model, workspace["tokenizer"], train, train)
+    trainer.create_optimizer_and_scheduler(num_training_steps=args.max_steps)
+    assert trainer.optimizer.param_groups[0]["betas"] == (0.9, 0.98)
+    for _ in range(args.max_steps):
+        trainer.optimizer.step()
+        trainer.lr_scheduler.step()
+    assert trainer.lr_scheduler.get_last_lr()[0] == pytest.approx(1e-6)

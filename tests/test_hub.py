@@ -1,6 +1,6 @@
-"""Sharing through the Hub: scripts/push_to_hub.py uploads a saved model to a local stand-in of the Hub
-(tests/hub_server.py), and the real `huggingface_hub` and `transformers` clients load it back from there, in fresh
-processes, with and without this package installed.
+"""Sharing through the Hub: the push_to_hub command (vaswani.training.hub) uploads a saved model to a local stand-in
+of the Hub (tests/hub_server.py), and the real `huggingface_hub` and `transformers` clients load it back from there, in
+fresh processes, with and without this package installed.
 
 The pushes of this module build one repo, `alice/vaswani-tiny`:
     main      the model v1 (seed 0) with its tokenizer, records and a plot; tag v1.0 points at that commit
@@ -9,6 +9,7 @@ and a few others on the side (private, pushed after `hf auth login`, re-shared w
 All client work runs in subprocesses or through `HfApi(endpoint=hub.url)`: the clients read HF_ENDPOINT at import.
 """
 
+import hashlib
 import json
 import os
 import subprocess
@@ -16,30 +17,40 @@ import sys
 import textwrap
 from dataclasses import dataclass
 from http.client import HTTPConnection
+from importlib import resources
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
 import torch
-from huggingface_hub import HfApi
+from conftest import VOCAB_SIZE
+from hub_server import HubServer
+from huggingface_hub import CommitOperationAdd, HfApi, ModelCard
 from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError
+from huggingface_hub.utils.sha import git_hash
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
 from transformers import PreTrainedTokenizerFast
 
 from vaswani import VaswaniConfig, VaswaniForConditionalGeneration
+from vaswani.training.checks import UsageError
+from vaswani.training.hub import PushError, check_model_dir, push_to_hub, step
+from vaswani.training.model_card import render_model_card
 
-import push_to_hub
-from conftest import REPO_ROOT, VOCAB_SIZE
-from hub_server import HubServer
 
 ALICE_TOKEN = "hf_aliceSecretToken0123456789"
 BOB_TOKEN = "hf_bobSecretToken9876543210"
 REPO = "alice/vaswani-tiny"
-PUSH_SCRIPT = REPO_ROOT / "scripts" / "push_to_hub.py"
+SCRIPTS = resources.files("vaswani.scripts")  # run as files, as `python scripts/push_to_hub.py` is
+PUSH_SCRIPT = SCRIPTS / "push_to_hub.py"
 TEXTS = ["w5 w17 w33 w60 w7", "w8 w9"]
 DECODER_INPUT_IDS = torch.tensor([[1, 5, 6, 7], [1, 9, 10, 11]])
-TRAINING_SUMMARY = {"preset": "tiny", "steps": 120, "final_val_loss": 3.2109, "final_val_bleu": None,
-                    "args": {"lr": 0.0007, "warmup_steps": 4000}}
+TRAINING_SUMMARY = {
+    "preset": "tiny",
+    "steps": 120,
+    "final_val_loss": 3.2109,
+    "final_val_bleu": None,
+    "args": {"lr": 0.0007, "warmup_steps": 4000},
+}
 EVAL_RESULTS = {"eval_loss": 3.25, "eval_bleu": 12.3456, "epoch": 2.0}
 PNG = b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR" + bytes(range(256))  # binary: the Hub stores it with LFS
 
@@ -51,10 +62,17 @@ def tiny_tokenizer() -> PreTrainedTokenizerFast:
     vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, "<unk>": 3, **{f"w{i}": i for i in range(4, VOCAB_SIZE)}}
     tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tokenizer.post_processor = processors.TemplateProcessing(single="$A </s>", pair="$A </s> $B </s>",
-                                                             special_tokens=[("</s>", 2)])
-    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token="<pad>", bos_token="<s>", eos_token="</s>",
-                                   unk_token="<unk>", model_input_names=["input_ids", "attention_mask"])
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="$A </s>", pair="$A </s> $B </s>", special_tokens=[("</s>", 2)]
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        pad_token="<pad>",
+        bos_token="<s>",
+        eos_token="</s>",
+        unk_token="<unk>",
+        model_input_names=["input_ids", "attention_mask"],
+    )
 
 
 def seeded_model(seed: int) -> VaswaniForConditionalGeneration:
@@ -79,8 +97,15 @@ def save_model_folder(folder: Path, model, records: bool = True) -> Path:
 def client_env(hub: HubServer, home: Path, token: str | None = ALICE_TOKEN) -> dict:
     """The environment of a client process: this Hub, no Xet, its own HF_HOME, no settings inherited."""
     env = {key: value for key, value in os.environ.items() if not key.startswith(("HF_", "HUGGINGFACE_"))}
-    env.update(HF_ENDPOINT=hub.url, HF_HUB_DISABLE_XET="1", HF_HOME=str(home), HF_HUB_DISABLE_TELEMETRY="1",
-               HF_HUB_DISABLE_PROGRESS_BARS="1", NO_PROXY="127.0.0.1", no_proxy="127.0.0.1")
+    env.update(
+        HF_ENDPOINT=hub.url,
+        HF_HUB_DISABLE_XET="1",
+        HF_HOME=str(home),
+        HF_HUB_DISABLE_TELEMETRY="1",
+        HF_HUB_DISABLE_PROGRESS_BARS="1",
+        NO_PROXY="127.0.0.1",
+        no_proxy="127.0.0.1",
+    )
     if token is not None:
         env["HF_TOKEN"] = token
     return env
@@ -144,14 +169,25 @@ def test_push_makes_one_commit_with_weights_code_tokenizer_records_and_card(hub,
 
     files = {entry.path: entry for entry in api.list_repo_tree(REPO, recursive=True)}
     assert set(files) == {
-        ".gitattributes", "README.md", "config.json", "generation_config.json", "configuration_vaswani.py",
-        "modeling_vaswani.py", "pipeline_vaswani.py", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
-        "training_summary.json", "eval_results.json", "training_curves.png",
+        ".gitattributes",
+        "README.md",
+        "config.json",
+        "generation_config.json",
+        "configuration_vaswani.py",
+        "modeling_vaswani.py",
+        "pipeline_vaswani.py",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "training_summary.json",
+        "eval_results.json",
+        "training_curves.png",
     }  # not optimizer.pt, not the checkpoint folder
     assert files["model.safetensors"].lfs is not None and files["training_curves.png"].lfs is not None
     assert files["config.json"].lfs is None and files["modeling_vaswani.py"].lfs is None
-    assert files["model.safetensors"].lfs.sha256 == push_to_hub.sha256_of(published.v1_dir / "model.safetensors")
-    assert files["config.json"].blob_id == push_to_hub.git_blob_id((published.v1_dir / "config.json").read_bytes())
+    weights = (published.v1_dir / "model.safetensors").read_bytes()
+    assert files["model.safetensors"].lfs.sha256 == hashlib.sha256(weights).hexdigest()
+    assert files["config.json"].blob_id == git_hash((published.v1_dir / "config.json").read_bytes())
 
 
 def test_a_changed_folder_commits_its_changes_only_and_deletes_what_it_no_longer_has(api, published):
@@ -161,7 +197,7 @@ def test_a_changed_folder_commits_its_changes_only_and_deletes_what_it_no_longer
     assert set(v1) - set(v2) == {"eval_results.json", "training_curves.png"}  # no longer in the v2 folder
     changed = {path for path in v2 if v2[path] != v1.get(path)}
     assert changed - {"README.md"} == {"model.safetensors"}
-    cards = [push_to_hub.render_model_card(folder, REPO) for folder in (published.v1_dir, published.v2_dir)]
+    cards = [render_model_card(folder, REPO) for folder in (published.v1_dir, published.v2_dir)]
     assert ("README.md" in changed) == (cards[0] != cards[1])  # e.g. the evaluation is now "not measured"
 
 
@@ -180,32 +216,161 @@ def test_model_card_is_rendered_from_the_records_without_invented_numbers(tmp_pa
     folder = save_model_folder(tmp_path / "model", seeded_model(seed=0))
     (folder / "eval_results.json").unlink()
     template = tmp_path / "model_card.md"
-    template.write_text("# {{ model_name }} ({{repo_id}})\nd_model={{ config.d_model }} params={{ parameters }}\n"
-                        "loss={{ training.final_val_loss }} bleu={{ training.final_val_bleu }} "
-                        "lr={{ training.args.lr }} eval={{ eval.eval_bleu }} other={{ training.missing_key }}\n"
-                        "{{ eval_table }}\n{{ training_table }}\n{{ plots }}\n")
-    card = push_to_hub.render_model_card(folder, "alice/x", template_path=template)
+    template.write_text(
+        "---\n{{ card_data }}\n---\n# {{ model_name }} ({{repo_id}})\n"
+        "d_model={{ config.d_model }} params={{ parameters }}\n"
+        "loss={{ training.final_val_loss }} bleu={{ training.final_val_bleu }} "
+        "lr={{ training.args.lr }} eval={{ eval.eval_bleu }} other={{ training.missing_key }}\n"
+        "{{ eval_table }}\n{{ training_table }}\n{{ plots }}\n"
+    )
+    card = ModelCard(render_model_card(folder, "alice/x", template_path=template))
     params = sum(p.numel() for p in seeded_model(seed=0).parameters())
-    assert card.startswith(f"# x (alice/x)\nd_model=64 params={params:,}\n")
+    assert card.text.startswith(f"# x (alice/x)\nd_model=64 params={params:,}\n")
     # measured values as recorded; a null, a missing key and a missing file all read "not measured"
-    assert "loss=3.211 bleu=not measured lr=0.0007 eval=not measured other=not measured\n" in card
-    assert "Not measured: the model folder has no eval_results.json." in card
-    assert "| args.warmup_steps | 4000 |" in card and "| final_val_bleu | not measured |" in card
-    assert "![training_curves](training_curves.png)" in card
+    assert "loss=3.211 bleu=not measured lr=0.0007 eval=not measured other=not measured\n" in card.text
+    assert "Not measured: the model folder has no eval_results.json." in card.text
+    assert "| args.warmup_steps | 4000 |" in card.text and "| final_val_bleu | not measured |" in card.text
+    assert "![training_curves](training_curves.png)" in card.text
+    # no languages in the records, no BLEU score measured: no languages, metrics or model-index in the metadata
+    assert card.data.to_dict() == {
+        "library_name": "transformers",
+        "license": "apache-2.0",
+        "pipeline_tag": "translation",
+        "tags": ["vaswani", "transformer", "translation", "attention-is-all-you-need"],
+    }
 
     # A config field an older save did not record reads as not measured; an unknown placeholder is an error.
     template.write_text("{{ config.no_such_field }}")
-    assert push_to_hub.render_model_card(folder, "alice/x", template_path=template) == "not measured"
+    assert ModelCard(render_model_card(folder, "alice/x", template_path=template)).text == "not measured"
     template.write_text("{{ eval.eval_bleu }} {{ no_such_value }}")
-    with pytest.raises(push_to_hub.PushError, match="unknown placeholder {{ no_such_value }}"):
-        push_to_hub.render_model_card(folder, "alice/x", template_path=template)
+    with pytest.raises(UsageError, match="unknown placeholder {{ no_such_value }}"):
+        render_model_card(folder, "alice/x", template_path=template)
+
+
+def run_records(**changes) -> dict:
+    """training_summary.json of a run of the training command, with `changes` to its arguments."""
+    args = {
+        "dataset_dir": "/data/wmt14-de-en",
+        "source_lang": "de",
+        "target_lang": "en",
+        "lr_schedule": "paper",
+        "warmup_steps": 4000,
+        "lr_scale": 1.0,
+        "peak_lr": 0.001,
+        "adam_beta1": 0.9,
+        "adam_beta2": 0.98,
+        "adam_eps": 1e-9,
+        "label_smoothing": 0.1,
+        "eval_num_beams": 1,
+        "eval_length_penalty": 0.6,
+    }
+    return {
+        "steps": 100000,
+        "epochs": 19.3,
+        "tokens_seen": 1189190000,
+        "tokens_per_step": 11891.9,
+        "train_seconds": 43210.5,
+        "train_pairs": 4500966,
+        "final_val_loss": 1.91,
+        "final_val_bleu": 25.41,
+        "bleu_signature": "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.5.1",
+        "bleu_samples": 500,
+        "averaged_checkpoints": ["step_0099000", "step_0100000"],
+        "args": {**args, **changes},
+    }
+
+
+def card_for(folder: Path, training: dict, evaluation: dict | None = None) -> ModelCard:
+    (folder / "training_summary.json").write_text(json.dumps(training))
+    if evaluation is not None:
+        (folder / "eval_results.json").write_text(json.dumps(evaluation))
+    return ModelCard(render_model_card(folder, "alice/x"))
+
+
+def prose(card: ModelCard) -> str:
+    """The card's text with its lines joined, as Markdown reads it."""
+    return " ".join(card.text.split())
+
+
+def test_model_card_describes_the_schedule_the_run_used(tiny_model, tmp_path):
+    tiny_model.save_pretrained(tmp_path)
+    paper = prose(card_for(tmp_path, run_records()))
+    assert "a short run" not in paper and "--lr_schedule short" not in paper
+    assert (
+        "the paper's learning rate (equation 3), d_model^-0.5 * min(step^-0.5, step * warmup_steps^-1.5) with "
+        "d_model = 64 and warmup_steps = 4000: a linear rise to 0.001976 at step 4000"
+    ) in paper
+    scaled = prose(card_for(tmp_path, run_records(lr_scale=2.0)))
+    assert "warmup_steps = 4000, times 2 (`--lr_scale`): a linear rise to 0.003953 at step 4000" in scaled
+    short = prose(card_for(tmp_path, run_records(lr_schedule="short", warmup_steps=150)))
+    assert (
+        "the shape of the paper's learning rate scaled to peak at 0.001 (`--lr_schedule short`, meant for runs "
+        "of a few hundred steps): a linear rise over the first 150 steps"
+    ) in short
+    assert "equation 3" not in short
+    unrecorded = prose(card_for(tmp_path, run_records(lr_schedule=None)))
+    assert "a learning-rate schedule that was not measured" in unrecorded
+
+
+def test_model_card_prints_counts_as_whole_numbers(tiny_model, tmp_path):
+    tiny_model.save_pretrained(tmp_path)
+    card = prose(card_for(tmp_path, run_records()))
+    assert "11,891.9" not in card
+    assert "Batches of about 11,892 source + target tokens per step; 100,000 steps" in card
+    assert "training took 43,210 s" in card
+
+
+def test_model_card_says_only_what_the_records_hold(tiny_model, tmp_path):
+    """A big German-English run with a test score: the card names its languages, its dataset folder and its scores,
+    and claims nothing of the default corpus or of a small, short run."""
+    tiny_model.save_pretrained(tmp_path)
+    evaluation = {
+        "test": {
+            "bleu": 27.3,
+            "sentences": 3003,
+            "num_beams": 4,
+            "length_penalty": 0.6,
+            "signature": "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.5.1",
+        }
+    }
+    card = card_for(tmp_path, run_records(), evaluation)
+    assert card.data.language == ["de", "en"] and card.data.metrics == ["bleu"] and card.data.datasets is None
+    (result,) = card.data.eval_results
+    assert (result.task_type, result.dataset_type, result.dataset_split, result.metric_type, result.metric_value) == (
+        "translation",
+        "wmt14-de-en",
+        "test",
+        "bleu",
+        27.3,
+    )
+    assert result.metric_name == "BLEU (sacreBLEU, beam 4)"
+    assert "trained from scratch with the `vaswani` package to translate from `de` into `en`" in prose(card)
+    assert "4,500,966 sentence pairs of the dataset folder `wmt14-de-en`, from `de` into `en`" in prose(card)
+    assert (
+        "| test | 27.3 | 3003 | beam 4, length penalty 0.6 | "
+        "nrefs:1\\|case:mixed\\|eff:no\\|tok:13a\\|smooth:exp\\|version:2.5.1 |"
+    ) in card.text
+    assert "| validation, at the end of training | 25.41 | 500 | beam 1, length penalty 0.6 |" in card.text
+    for claim in ("English into Spanish", "minutes", "small model", "biblical English", "sword-text-web"):
+        assert claim not in prose(card), claim
+
+    # A fine-tuned folder (the Trainer's flat eval_results.json, no training_summary.json) has no training to tell.
+    (tmp_path / "training_summary.json").unlink()
+    (tmp_path / "eval_results.json").write_text(json.dumps({"eval_loss": 2.5, "eval_bleu": 30.1}))
+    card = ModelCard(render_model_card(tmp_path, "alice/x"))
+    assert "its training is not recorded here" in prose(card) and "trained from scratch" not in prose(card)
+    assert "| eval_bleu | 30.1 |" in card.text and card.data.eval_results is None
+
+
+def test_the_model_card_template_ships_with_the_package():
+    template = resources.files("vaswani") / "model_card.md"
+    assert template.is_file() and "{{ card_data }}" in template.read_text()
 
 
 def test_model_card_on_the_hub_shows_the_pushed_records(api, published, tmp_path):
     readme = Path(api.hf_hub_download(REPO, "README.md", cache_dir=tmp_path)).read_text()
-    assert readme == push_to_hub.render_model_card(published.v1_dir, REPO)
-    if not push_to_hub.MODEL_CARD_TEMPLATE.exists():  # the default card, until model_card.md is written
-        assert "| eval_bleu | 12.35 |" in readme and "| final_val_bleu | not measured |" in readme
+    assert readme == render_model_card(published.v1_dir, REPO)
+    assert "| eval_bleu | 12.35 |" in readme and "| final_val_bleu | not measured |" in readme
 
 
 # --- Loading from the Hub --------------------------------------------------------------------------------------------
@@ -268,8 +433,16 @@ def loaded_remotely(hub, published, tmp_path_factory) -> dict:
     the loading checks: starting one costs seconds)."""
     work = tmp_path_factory.mktemp("remote")
     revisions = ["main", "v2", "v1.0", published.v1_commit, published.v2_commit]
-    command = [sys.executable, "-c", LOAD_FROM_THE_HUB, REPO, json.dumps(revisions), json.dumps(TEXTS),
-               str(work / "out.pt"), json.dumps(DECODER_INPUT_IDS.tolist())]
+    command = [
+        sys.executable,
+        "-c",
+        LOAD_FROM_THE_HUB,
+        REPO,
+        json.dumps(revisions),
+        json.dumps(TEXTS),
+        str(work / "out.pt"),
+        json.dumps(DECODER_INPUT_IDS.tolist()),
+    ]
     env = {**client_env(hub, work / "home", token=None), "TEST_PUSH_TOKEN": ALICE_TOKEN}  # loads are anonymous
     loaded = subprocess.run(command, cwd=work, env=env, capture_output=True, text=True, timeout=300)
     assert loaded.returncode == 0, loaded.stderr
@@ -278,8 +451,9 @@ def loaded_remotely(hub, published, tmp_path_factory) -> dict:
 
 def local_logits(model, loaded) -> torch.Tensor:
     with torch.no_grad():
-        return model(input_ids=loaded["input_ids"], attention_mask=loaded["attention_mask"],
-                     decoder_input_ids=DECODER_INPUT_IDS).logits
+        return model(
+            input_ids=loaded["input_ids"], attention_mask=loaded["attention_mask"], decoder_input_ids=DECODER_INPUT_IDS
+        ).logits
 
 
 def test_fresh_process_without_the_package_loads_tokenizer_and_model_from_the_hub(published, loaded_remotely):
@@ -315,9 +489,13 @@ def test_transformers_push_to_hub_reshares_the_remotely_loaded_model(published, 
 def test_translation_pipeline_gives_the_local_models_translations(published, loaded_remotely):
     tokenizer = tiny_tokenizer()
     with torch.no_grad():
-        expected = [tokenizer.decode(published.v1.generate(**tokenizer([text], return_tensors="pt"),
-                                                           max_new_tokens=8)[0], skip_special_tokens=True)
-                    for text in TEXTS]
+        expected = [
+            tokenizer.decode(
+                published.v1.generate(**tokenizer([text], return_tensors="pt"), max_new_tokens=8)[0],
+                skip_special_tokens=True,
+            )
+            for text in TEXTS
+        ]
     assert loaded_remotely["pipeline"] == expected
     assert loaded_remotely["pipeline_batch"] == expected
 
@@ -378,16 +556,17 @@ def test_a_folder_holding_the_token_is_refused(hub, api, published, tmp_path):
 
 def test_errors_are_redacted():
     token = "hf_redactMe000"
-    with pytest.raises(push_to_hub.PushError) as raised:
-        with push_to_hub.step("Talking to the Hub", token):
-            try:
-                raise ConnectionError(f"proxy refused Authorization: Bearer {token}")
-            except ConnectionError as error:
-                raise RuntimeError("Error while uploading 'model.safetensors' to the Hub.") from error
+    with pytest.raises(PushError) as raised, step("Talking to the Hub", token):
+        try:
+            raise ConnectionError(f"proxy refused Authorization: Bearer {token}")
+        except ConnectionError as error:
+            raise RuntimeError("Error while uploading 'model.safetensors' to the Hub.") from error
     message = str(raised.value)
     assert token not in message
-    assert message == ("Talking to the Hub failed: RuntimeError: Error while uploading 'model.safetensors' to the Hub."
-                       "\n  caused by: ConnectionError: proxy refused Authorization: Bearer <token>")
+    assert message == (
+        "Talking to the Hub failed: RuntimeError: Error while uploading 'model.safetensors' to the Hub."
+        "\n  caused by: ConnectionError: proxy refused Authorization: Bearer <token>"
+    )
 
 
 def test_the_token_is_in_no_output_and_no_file_on_the_hub(hub, api, published, tmp_path):
@@ -407,8 +586,9 @@ def test_private_repo_is_hidden_from_others(hub, published, tmp_path):
     assert HfApi(endpoint=hub.url, token=ALICE_TOKEN).model_info("alice/private-tiny").private is True
     for token in (False, BOB_TOKEN):  # anonymous, then another user
         with pytest.raises(RepositoryNotFoundError):
-            HfApi(endpoint=hub.url, token=token).hf_hub_download("alice/private-tiny", "config.json",
-                                                                cache_dir=tmp_path / "cache")
+            HfApi(endpoint=hub.url, token=token).hf_hub_download(
+                "alice/private-tiny", "config.json", cache_dir=tmp_path / "cache"
+            )
     # --private on an existing public repo is refused rather than silently ignored
     push = run_push(hub, tmp_path / "home", published.v1_dir, REPO, "--private")
     assert push.returncode == 1 and "already exists and is public" in push.stderr
@@ -416,8 +596,13 @@ def test_private_repo_is_hidden_from_others(hub, published, tmp_path):
 
 def test_token_stored_by_hf_auth_login_is_used(hub, published, tmp_path):
     home = tmp_path / "home"
-    login = subprocess.run([sys.executable, "-m", "huggingface_hub.cli.hf", "auth", "login", "--token", ALICE_TOKEN],
-                           env=client_env(hub, home, token=None), capture_output=True, text=True, timeout=120)
+    login = subprocess.run(
+        [sys.executable, "-m", "huggingface_hub.cli.hf", "auth", "login", "--token", ALICE_TOKEN],
+        env=client_env(hub, home, token=None),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert login.returncode == 0, login.stderr
     push = run_push(hub, home, published.v1_dir, "alice/login-tiny", token=None)
     assert push.returncode == 0, push.stderr
@@ -427,18 +612,26 @@ def test_token_stored_by_hf_auth_login_is_used(hub, published, tmp_path):
 
 def test_refuses_a_folder_that_is_not_a_vaswani_model(tiny_model, tmp_path):
     def refused(folder, match):
-        with pytest.raises(push_to_hub.PushError, match=match):
-            push_to_hub.check_model_dir(folder)
+        with pytest.raises(UsageError, match=match):  # PushError, or the shared checks' UsageError
+            check_model_dir(folder)
 
+    assert issubclass(PushError, UsageError)  # one exception type for what the user must fix
     refused(tmp_path / "nowhere", "does not exist")
     (tmp_path / "empty").mkdir()
-    refused(tmp_path / "empty", "it has no config.json")
+    refused(tmp_path / "empty", "has no model.safetensors")
     folder = tmp_path / "model"
     tiny_model.save_pretrained(folder)
-    push_to_hub.check_model_dir(folder)  # the real thing passes
+    check_model_dir(folder)  # the real thing passes
     weights = (folder / "model.safetensors").read_bytes()
+    (folder / "model.safetensors").write_bytes(b"not a safetensors file")
+    refused(folder, "model.safetensors is not a safetensors file")
     (folder / "model.safetensors").unlink()
-    refused(folder, "has no model weights")
+    refused(folder, "has no model.safetensors")
+    (folder / "model.safetensors.index.json").write_text(
+        json.dumps({"weight_map": {"a": "model-00001-of-00002.safetensors"}})
+    )
+    refused(folder, "missing weight shards listed in model.safetensors.index.json: model-00001-of-00002.safetensors")
+    (folder / "model.safetensors.index.json").unlink()
     (folder / "model.safetensors").write_bytes(weights)
     config = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({**config, "vocab_size": 200}))
@@ -448,10 +641,27 @@ def test_refuses_a_folder_that_is_not_a_vaswani_model(tiny_model, tmp_path):
     (folder / "config.json").write_text(json.dumps(config))
     (folder / "modeling_vaswani.py").unlink()
     refused(folder, "saved without its code")
+    (folder / "config.json").unlink()
+    refused(folder, "it has no config.json")
 
-    push = subprocess.run([sys.executable, str(PUSH_SCRIPT), "--model_dir", str(tmp_path / "empty"), "--repo_id", REPO],
-                          capture_output=True, text=True, env={**os.environ, "HF_TOKEN": ALICE_TOKEN}, timeout=120)
-    assert push.returncode == 1 and "it has no config.json" in push.stderr and "Traceback" not in push.stderr
+    push = subprocess.run(
+        [sys.executable, str(PUSH_SCRIPT), "--model_dir", str(folder), "--repo_id", REPO],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "HF_TOKEN": ALICE_TOKEN},
+        timeout=120,
+    )
+    assert push.returncode == 1 and "Traceback" not in push.stderr
+    assert push.stderr.startswith("push_to_hub.py: error: ") and "it has no config.json" in push.stderr
+
+
+def test_revision_must_be_a_branch(hub, api, published, tmp_path):
+    with pytest.raises(PushError, match="--revision must be a branch name"):
+        push_to_hub(published.v1_dir, REPO, revision=published.v1_commit)
+    before = heads(api)
+    push = run_push(hub, tmp_path / "home", published.v1_dir, REPO, "--revision", "v1.0")
+    assert push.returncode == 1 and "--revision 'v1.0' is a tag of alice/vaswani-tiny" in push.stderr, push.stderr
+    assert heads(api) == before
 
 
 # --- The server speaks like the Hub ----------------------------------------------------------------------------------
@@ -469,10 +679,11 @@ def request(url: str, method: str = "HEAD", headers: dict | None = None):
 
 def test_lfs_files_resolve_to_signed_storage_urls_that_refuse_credentials(hub, published):
     weights = published.v1_dir / "model.safetensors"
+    sha256 = hashlib.sha256(weights.read_bytes()).hexdigest()
     response, _ = request(f"{hub.url}/{REPO}/resolve/v1.0/model.safetensors")
     assert response.status == 302
     assert response.getheader("X-Repo-Commit") == published.v1_commit
-    assert response.getheader("X-Linked-Etag") == f'"{push_to_hub.sha256_of(weights)}"'
+    assert response.getheader("X-Linked-Etag") == f'"{sha256}"'
     assert response.getheader("X-Linked-Size") == str(weights.stat().st_size)
     location = response.getheader("Location")
     assert location.startswith(hub.storage_url)
@@ -486,7 +697,7 @@ def test_lfs_files_resolve_to_signed_storage_urls_that_refuse_credentials(hub, p
     config = (published.v1_dir / "config.json").read_bytes()
     response, body = request(f"{hub.url}/{REPO}/resolve/{published.v1_commit}/config.json", "GET")
     assert response.status == 200 and body == config
-    assert response.getheader("ETag") == f'"{push_to_hub.git_blob_id(config)}"'
+    assert response.getheader("ETag") == f'"{git_hash(config)}"'
     assert response.getheader("X-Repo-Commit") == published.v1_commit
     response, _ = request(f"{hub.url}/{REPO}/resolve/main/config.json", headers={"Authorization": "Bearer hf_nope"})
     assert response.status == 401
@@ -499,10 +710,44 @@ def test_lfs_files_resolve_to_signed_storage_urls_that_refuse_credentials(hub, p
 def test_a_commit_whose_parent_is_no_longer_the_head_is_refused(api, published):
     before = heads(api)
     with pytest.raises(HfHubHTTPError) as refused:  # v2 is at the v2 commit, not at v1's
-        api.upload_file(path_or_fileobj=b"late", path_in_repo="notes.txt", repo_id=REPO, revision="v2",
-                        parent_commit=published.v1_commit)
+        api.upload_file(
+            path_or_fileobj=b"late",
+            path_in_repo="notes.txt",
+            repo_id=REPO,
+            revision="v2",
+            parent_commit=published.v1_commit,
+        )
     assert refused.value.response.status_code == 412
     assert heads(api) == before
+
+
+def test_files_that_gitignore_lists_are_left_out_of_commits(api):
+    """The preupload endpoint answers `shouldIgnore` from the repo's .gitignore, or from the one the commit adds."""
+    repo = "alice/ignoring"
+    api.create_repo(repo)
+    api.upload_file(path_or_fileobj=b"*.log\n!keep.log\nlogs/\n/top.txt\n", path_in_repo=".gitignore", repo_id=repo)
+    names = ("a.txt", "run.log", "sub/run.log", "keep.log", "logs/b.txt", "top.txt", "sub/top.txt")
+    api.create_commit(
+        repo, operations=[CommitOperationAdd(name, name.encode()) for name in names], commit_message="files"
+    )
+    assert set(api.list_repo_files(repo)) == {".gitattributes", ".gitignore", "a.txt", "keep.log", "sub/top.txt"}
+    api.create_commit(
+        repo,
+        operations=[
+            CommitOperationAdd(".gitignore", b"*.md\n"),
+            CommitOperationAdd("c.md", b"c"),
+            CommitOperationAdd("d.log", b"d"),
+        ],
+        commit_message="new rules",
+    )
+    assert set(api.list_repo_files(repo)) == {
+        ".gitattributes",
+        ".gitignore",
+        "a.txt",
+        "keep.log",
+        "sub/top.txt",
+        "d.log",
+    }
 
 
 def save_tiny_corpus(folder: Path) -> Path:
@@ -510,11 +755,19 @@ def save_tiny_corpus(folder: Path) -> Path:
     from datasets import Dataset, DatasetDict
 
     words = [f"w{i}" for i in range(4, VOCAB_SIZE)]
-    pairs = [{"en": " ".join(words[(7 * i + j) % len(words)] for j in range(5)),
-              "es": " ".join(words[(7 * i + j + 1) % len(words)] for j in range(5))} for i in range(60)]
-    DatasetDict({split: Dataset.from_dict({"id": [f"{split}.{i}" for i in range(len(rows))], "translation": rows})
-                 for split, rows in (("train", pairs[:50]), ("validation", pairs[50:55]), ("test", pairs[55:]))}
-                ).save_to_disk(str(folder))
+    pairs = [
+        {
+            "en": " ".join(words[(7 * i + j) % len(words)] for j in range(5)),
+            "es": " ".join(words[(7 * i + j + 1) % len(words)] for j in range(5)),
+        }
+        for i in range(60)
+    ]
+    DatasetDict(
+        {
+            split: Dataset.from_dict({"id": [f"{split}.{i}" for i in range(len(rows))], "translation": rows})
+            for split, rows in (("train", pairs[:50]), ("validation", pairs[50:55]), ("test", pairs[55:]))
+        }
+    ).save_to_disk(str(folder))
     return folder
 
 
@@ -522,32 +775,90 @@ def test_train_script_pushes_its_final_model(hub, api, tmp_path):
     """`scripts/train.py --push_to_hub --hub_model_id ...` shares the averaged model, its records and plots."""
     tiny_tokenizer().save_pretrained(tmp_path / "tokenizer")
     save_tiny_corpus(tmp_path / "data")
-    command = [sys.executable, str(REPO_ROOT / "scripts" / "train.py"), "--dataset_dir", str(tmp_path / "data"),
-               "--tokenizer", str(tmp_path / "tokenizer"), "--output_dir", str(tmp_path / "out"), "--preset", "tiny",
-               "--max_steps", "4", "--save_every", "2", "--average_last", "2", "--batch_tokens", "200",
-               "--eval_every", "0", "--eval_bleu_samples", "2", "--report_to", "none",
-               "--push_to_hub", "--hub_model_id", "alice/trained-by-script"]
+    command = [
+        sys.executable,
+        str(SCRIPTS / "train.py"),
+        "--dataset_dir",
+        str(tmp_path / "data"),
+        "--tokenizer",
+        str(tmp_path / "tokenizer"),
+        "--output_dir",
+        str(tmp_path / "out"),
+        "--preset",
+        "tiny",
+        "--max_steps",
+        "4",
+        "--save_every",
+        "2",
+        "--average_last",
+        "2",
+        "--batch_tokens",
+        "200",
+        "--eval_every",
+        "0",
+        "--eval_bleu_samples",
+        "2",
+        "--report_to",
+        "none",
+        "--push_to_hub",
+        "--hub_model_id",
+        "alice/trained-by-script",
+    ]
     env = {**client_env(hub, tmp_path / "home"), "OMP_NUM_THREADS": "1"}
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "pushed to the Hub" in done.stdout + done.stderr
     assert ALICE_TOKEN not in done.stdout + done.stderr
     files = {entry.path for entry in api.list_repo_tree("alice/trained-by-script", recursive=True)}
-    assert {"model.safetensors", "config.json", "modeling_vaswani.py", "pipeline_vaswani.py", "tokenizer.json",
-            "training_summary.json", "training_curves.png", "README.md"} <= files
+    assert {
+        "model.safetensors",
+        "config.json",
+        "modeling_vaswani.py",
+        "pipeline_vaswani.py",
+        "tokenizer.json",
+        "training_summary.json",
+        "training_curves.png",
+        "README.md",
+    } <= files
 
 
 def test_finetune_script_pushes_through_the_trainer(hub, api, tmp_path):
     """`scripts/finetune.py --push_to_hub` uses Seq2SeqTrainer's own push; the result loads from the Hub."""
     folder = save_model_folder(tmp_path / "model", seeded_model(0), records=False)
     save_tiny_corpus(tmp_path / "data")
-    command = [sys.executable, str(REPO_ROOT / "scripts" / "finetune.py"), "--model", str(folder),
-               "--dataset_dir", str(tmp_path / "data"), "--output_dir", str(tmp_path / "ft"), "--max_steps", "2",
-               "--per_device_train_batch_size", "8", "--eval_strategy", "no", "--save_strategy", "no", "--use_cpu",
-               "--report_to", "none", "--push_to_hub", "--hub_model_id", "alice/finetuned"]
+    command = [
+        sys.executable,
+        str(SCRIPTS / "finetune.py"),
+        "--model",
+        str(folder),
+        "--dataset_dir",
+        str(tmp_path / "data"),
+        "--output_dir",
+        str(tmp_path / "ft"),
+        "--max_steps",
+        "2",
+        "--per_device_train_batch_size",
+        "8",
+        "--eval_strategy",
+        "no",
+        "--save_strategy",
+        "no",
+        "--use_cpu",
+        "--report_to",
+        "none",
+        "--push_to_hub",
+        "--hub_model_id",
+        "alice/finetuned",
+    ]
     env = {**client_env(hub, tmp_path / "home"), "OMP_NUM_THREADS": "1"}
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     assert ALICE_TOKEN not in done.stdout + done.stderr
     files = {entry.path for entry in api.list_repo_tree("alice/finetuned", recursive=True)}
-    assert {"model.safetensors", "config.json", "modeling_vaswani.py", "pipeline_vaswani.py", "tokenizer.json"} <= files
+    assert {
+        "model.safetensors",
+        "config.json",
+        "modeling_vaswani.py",
+        "pipeline_vaswani.py",
+        "tokenizer.json",
+    } <= files

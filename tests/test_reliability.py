@@ -26,21 +26,32 @@ from types import SimpleNamespace
 import datasets
 import pytest
 import torch
+from accelerate.utils import DistributedType
 from safetensors.torch import load_file
+from test_training import ENGLISH, SPANISH, make_dataset, make_tokenizer, max_difference, read_log
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
 from transformers import PreTrainedTokenizerFast
 
 from vaswani import VaswaniConfig, VaswaniForConditionalGeneration
+from vaswani.scripts import evaluate_bleu, prepare_data, train, train_tokenizer
+from vaswani.training.checkpoints import (
+    TRAIN_STATE_FILE,
+    TrainState,
+    is_interim,
+    list_checkpoints,
+    remove_checkpoint,
+    save_checkpoint,
+)
+from vaswani.training.checks import UsageError
+from vaswani.training.corpus import prepare_translation_dataset
+from vaswani.training.data import load_translation_dataset
+from vaswani.training.evaluation import load_pairs
+from vaswani.training.faults import StopSignal, check_free_space, resume_command
+from vaswani.training.tokenizer import load_tokenizer
+
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = REPO_ROOT / "scripts"
-sys.path.insert(0, str(SCRIPTS))
-
-import evaluate  # noqa: E402
-import prepare_data  # noqa: E402
-import train  # noqa: E402
-import train_tokenizer  # noqa: E402
-from test_training import ENGLISH, SPANISH, make_dataset, make_tokenizer, max_difference, read_log  # noqa: E402
 
 # One thread per process: the machine may be busy, and the tiny model gains nothing from more.
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
@@ -56,8 +67,7 @@ def train_command(*arguments, patch=None):
     arguments = [str(argument) for argument in arguments]
     if patch is None:
         return [sys.executable, str(SCRIPTS / "train.py"), *arguments]
-    program = (f"import sys\nsys.path.insert(0, {str(SCRIPTS)!r})\nimport train\n{textwrap.dedent(patch)}\n"
-               "train.main(sys.argv[1:])\n")
+    program = f"import sys\nfrom vaswani.scripts import train\n{textwrap.dedent(patch)}\ntrain.main(sys.argv[1:])\n"
     return [sys.executable, "-c", program, *arguments]
 
 
@@ -173,31 +183,31 @@ def test_sigint_also_checkpoints_and_exits_130(corpus, tmp_path):
     _, stderr = finish(process)
     assert process.returncode == 130, stderr[-3000:]
     step = int(re.search(r"SIGINT received: stopped after step (\d+)", stderr)[1])
-    assert train.list_checkpoints(output_dir / "checkpoints")[-1].name == f"step_{step:07d}"
+    assert list_checkpoints(output_dir / "checkpoints")[-1].name == f"step_{step:07d}"
     assert "Traceback" not in stderr
 
 
 def test_a_second_ctrl_c_stops_at_once_and_the_handlers_are_given_back():
     before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
-    stop = train.StopSignal()
-    try:
+    with StopSignal() as stop:
         os.kill(os.getpid(), signal.SIGINT)
         time.sleep(0.05)  # the handler runs between two bytecodes; it only records
         assert stop.received == signal.SIGINT
         with pytest.raises(KeyboardInterrupt):
             os.kill(os.getpid(), signal.SIGINT)
             time.sleep(0.05)
-    finally:
-        stop.restore()
     assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
 
 
-def test_the_resume_command_repeats_the_arguments_with_resume_once():
+def test_the_resume_command_repeats_the_arguments_with_resume_once(monkeypatch):
+    monkeypatch.setattr(sys, "argv", [str(SCRIPTS / "train.py")])
     for given in ([], ["--resume"], ["--resume", "o/checkpoints/step_0000006"], ["--resume=o/step_0000006"]):
-        command = train.resume_command(["--output_dir", "o", *given, "--max_steps", "9"])
+        command = resume_command(["--output_dir", "o", *given, "--max_steps", "9"])
         python, script, *arguments = shlex.split(command)
         assert (python, Path(script).resolve()) == (sys.executable, SCRIPTS / "train.py")
         assert arguments == ["--output_dir", "o", "--max_steps", "9", "--resume"]
+    monkeypatch.setattr(sys, "argv", ["/usr/local/bin/vaswani-train"])  # the console entry point
+    assert shlex.split(resume_command(["--output_dir", "o"])) == ["vaswani-train", "--output_dir", "o", "--resume"]
 
 
 @pytest.mark.slow
@@ -272,7 +282,7 @@ def test_a_full_disk_and_a_kill_during_a_checkpoint_lose_only_the_steps_since_th
     assert result.returncode == 1, result.stderr[-3000:]
     assert re.search(r"could not write the checkpoint of step 12 in \S+ \(\[Errno 28\] No space left on device.*\)\. "
                      r"The steps since \S+step_0000006 are lost, nothing else\. Free some space, then continue with:\n"
-                     r"  .*train\.py .*--resume", result.stderr), result.stderr[-3000:]
+                     r"  vaswani-train .*--resume", result.stderr), result.stderr[-3000:]
     assert sorted(path.name for path in checkpoints.iterdir()) == ["step_0000006"]
 
     # Resumed, it is killed (SIGKILL) while step 24's optimizer state is half written.
@@ -298,7 +308,7 @@ FILES_LIMITED_AT_STEP_12 = """
     save_checkpoint = train.save_checkpoint
 
     def limited(accelerator, model, config, checkpoint_root, train_state, *args, **kwargs):
-        if train_state["step"] == 12:  # from here on the kernel refuses to grow a file past 64 KiB (EFBIG)
+        if train_state.step == 12:  # from here on the kernel refuses to grow a file past 64 KiB (EFBIG)
             signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
             resource.setrlimit(resource.RLIMIT_FSIZE, (2**16, resource.RLIM_INFINITY))
         return save_checkpoint(accelerator, model, config, checkpoint_root, train_state, *args, **kwargs)
@@ -324,7 +334,7 @@ def test_writes_the_kernel_refuses_during_a_checkpoint_keep_the_last_one_and_end
     result = run(command, timeout=240)
     assert result.returncode != 0 and time.monotonic() - started < 200
     assert re.search(r"could not write the checkpoint of step 12 in \S+ \(.*\)\. The steps since \S+step_0000006 "
-                     r"are lost, nothing else\. Free some space, then continue with:\n  .*train\.py .*--resume",
+                     r"are lost, nothing else\. Free some space, then continue with:\n  .*(train\.py|vaswani-train) .*--resume",
                      result.stderr), result.stderr[-3000:]
     assert sorted(path.name for path in (output_dir / "checkpoints").iterdir()) == ["step_0000006"]
     assert load_file(str(output_dir / "checkpoints" / "step_0000006" / "model.safetensors"))  # still readable
@@ -333,7 +343,7 @@ def test_writes_the_kernel_refuses_during_a_checkpoint_keep_the_last_one_and_end
 def test_a_kill_while_an_old_checkpoint_is_deleted_leaves_no_checkpoint_without_its_files(tmp_path, monkeypatch):
     old = tmp_path / "checkpoints" / "step_0000006"
     old.mkdir(parents=True)
-    for name in ("model.safetensors", "optimizer.bin", train.TRAIN_STATE_FILE):
+    for name in ("model.safetensors", "optimizer.bin", TRAIN_STATE_FILE):
         (old / name).write_text("{}")
 
     def killed_halfway(path, *args, **kwargs):  # deletes one file, then the process dies
@@ -341,10 +351,10 @@ def test_a_kill_while_an_old_checkpoint_is_deleted_leaves_no_checkpoint_without_
             sorted(Path(path).iterdir())[0].unlink()
             raise KeyboardInterrupt
 
-    monkeypatch.setattr(train.shutil, "rmtree", killed_halfway)
+    monkeypatch.setattr(shutil, "rmtree", killed_halfway)
     with pytest.raises(KeyboardInterrupt):
-        train.remove_checkpoint(old)
-    assert train.list_checkpoints(tmp_path / "checkpoints") == []
+        remove_checkpoint(old)
+    assert list_checkpoints(tmp_path / "checkpoints") == []
     leftovers = [path.name for path in (tmp_path / "checkpoints").iterdir()]
     assert len(leftovers) == 1 and fnmatch(leftovers[0], "tmp_step_*")  # what the next start removes
 
@@ -354,7 +364,7 @@ def test_an_interim_checkpoint_stays_only_until_the_next_one(tmp_path):
     --keep_checkpoints, or the averaged model of a stopped and resumed run would differ from an uninterrupted one."""
 
     class OneProcess:  # what save_checkpoint asks of the Accelerator, for one process
-        is_main_process, distributed_type = True, train.DistributedType.NO
+        is_main_process, distributed_type = True, DistributedType.NO
 
         def wait_for_everyone(self):
             pass
@@ -364,11 +374,11 @@ def test_an_interim_checkpoint_stays_only_until_the_next_one(tmp_path):
 
     config, root = VaswaniConfig.from_preset("tiny"), tmp_path / "checkpoints"
     for step, interim in ((6, False), (12, False), (18, False), (21, True)):
-        train.save_checkpoint(OneProcess(), None, config, root, {"step": step}, keep=2, interim=interim)
-    assert [path.name for path in train.list_checkpoints(root)] == ["step_0000012", "step_0000018", "step_0000021"]
-    assert train.is_interim(root / "step_0000021") and not train.is_interim(root / "step_0000018")
-    train.save_checkpoint(OneProcess(), None, config, root, {"step": 24}, keep=2)
-    assert [path.name for path in train.list_checkpoints(root)] == ["step_0000018", "step_0000024"]
+        save_checkpoint(OneProcess(), None, config, root, TrainState(step=step), keep=2, interim=interim)
+    assert [path.name for path in list_checkpoints(root)] == ["step_0000012", "step_0000018", "step_0000021"]
+    assert is_interim(root / "step_0000021") and not is_interim(root / "step_0000018")
+    save_checkpoint(OneProcess(), None, config, root, TrainState(step=24), keep=2)
+    assert [path.name for path in list_checkpoints(root)] == ["step_0000018", "step_0000024"]
     assert sorted(path.name for path in root.iterdir()) == ["step_0000018", "step_0000024"]
 
 
@@ -377,7 +387,7 @@ def test_an_interim_checkpoint_stays_only_until_the_next_one(tmp_path):
 NAN_AT_STEPS_3_4_AND_FROM_9 = """
     import math
 
-    compute = train.token_loss_sums
+    compute = train.label_smoothed_cross_entropy
     steps = 0
 
     def loss(logits, labels, label_smoothing):
@@ -389,7 +399,7 @@ NAN_AT_STEPS_3_4_AND_FROM_9 = """
                 return smoothed * math.nan, plain * math.nan
         return smoothed, plain
 
-    train.token_loss_sums = loss
+    train.label_smoothed_cross_entropy = loss
 """
 
 
@@ -431,7 +441,7 @@ def test_a_learning_rate_that_blows_up_the_weights_stops_the_run_at_max_bad_step
             "learning rate") in result.stderr
     log = read_log(output_dir)
     assert [record["skipped_steps"] for record in log] == [0, 1, 1, 1]
-    assert train.list_checkpoints(output_dir / "checkpoints") == []
+    assert list_checkpoints(output_dir / "checkpoints") == []
 
 
 # --- 4. The output folder: unwritable or too small, an error before training starts. ---
@@ -448,7 +458,7 @@ def test_an_unwritable_output_folder_is_an_error_before_anything_else(corpus, tm
     # chmod does not stop root; /proc refuses new files and folders to everyone.
     for output_dir in ("/proc/self", "/proc/self/vaswani_out"):
         message = error_of(arguments_for(corpus, output_dir))
-        assert message.startswith(f"train.py: error: cannot write to --output_dir {output_dir} (")
+        assert f": error: cannot write to --output_dir {output_dir} (" in message
     (tmp_path / "a_file").write_text("")
     data = corpus[0]
     for script, main in ((train_tokenizer, train_tokenizer.main), (prepare_data, prepare_data.main)):
@@ -465,7 +475,7 @@ def test_a_disk_too_small_for_the_checkpoints_is_an_error_before_training(corpus
     needed = 3 * checkpoint + 4 * parameters  # --keep_checkpoints 2: three at once, then the final model
 
     def disk_with(free):
-        monkeypatch.setattr(train.shutil, "disk_usage", lambda path: SimpleNamespace(total=10**12, free=free))
+        monkeypatch.setattr(shutil, "disk_usage", lambda path: SimpleNamespace(total=10**12, free=free))
 
     disk_with(needed - 1)
     message = error_of(arguments_for(corpus, tmp_path / "out"))
@@ -473,8 +483,9 @@ def test_a_disk_too_small_for_the_checkpoints_is_an_error_before_training(corpus
                      rf"checkpoints of {checkpoint / 1e6:,.0f} MB \({parameters:,} parameters", message), message
     assert sorted(path.name for path in (tmp_path / "out").iterdir()) == []  # nothing written
     disk_with(needed)
-    assert train.check_free_space(tmp_path / "out", config, keep=2, existing=0) == needed
-    assert train.check_free_space(tmp_path / "out", config, keep=2, existing=2) == checkpoint + 4 * parameters
+    model_class = VaswaniForConditionalGeneration
+    assert check_free_space(tmp_path / "out", model_class, config, keep=2, existing=0) == needed
+    assert check_free_space(tmp_path / "out", model_class, config, keep=2, existing=2) == checkpoint + 4 * parameters
 
 
 # --- 5. Bad input: one clear error each (see docs/reliability.md for the cases other test files cover). ---
@@ -490,11 +501,10 @@ def test_bad_dataset_folders_are_named(corpus, tmp_path):
                              ("no_translation", "the train split has no 'translation' column (columns: ['en', 'es'])")):
         assert expected in error_of(["--dataset_dir", tmp_path / folder, "--tokenizer", corpus[1],
                                      "--output_dir", tmp_path / "out"])
-    for folder in ("empty", "single"):  # scripts/evaluate.py reads the same folders
-        assert "evaluate.py: error:" in error_of([tmp_path / folder, "test", "en", "es"],
-                                                 lambda arguments: evaluate.load_pairs(*arguments))
-    assert "no 'translation' column" in error_of([tmp_path / "no_translation", "train", "en", "es"],
-                                                 lambda arguments: evaluate.load_pairs(*arguments))
+    for folder, expected in (("empty", "is not a dataset saved with save_to_disk"),  # the evaluation reads them too
+                             ("single", "holds a single Dataset"), ("no_translation", "no 'translation' column")):
+        with pytest.raises(UsageError, match=expected):
+            load_pairs(tmp_path / folder, "train", "en", "es")
 
 
 def test_pairs_without_text_are_dropped_and_counted(corpus, tmp_path):
@@ -503,16 +513,15 @@ def test_pairs_without_text_are_dropped_and_counted(corpus, tmp_path):
     # The first row has no translation at all: the languages come from the column's features, never from a row.
     rows = datasets.Dataset.from_dict({"translation": [None, {"en": "the cat", "es": "el gato"},
                                                        {"en": None, "es": "un"}, {"en": "a dog", "es": None}]})
-    tokenizer = train.load_and_check_tokenizer(str(corpus[1]))
+    tokenizer = load_tokenizer(str(corpus[1]))
     split = tokenize_split(rows, tokenizer, "en", "es")
     assert (split.without_text, len(split), split.rows.tolist()) == (3, 1, [1])
     datasets.DatasetDict(train=rows, validation=rows).save_to_disk(str(tmp_path / "data"))
-    sources, references = evaluate.load_pairs(str(tmp_path / "data"), "validation", "en", "es")
-    assert (sources.to_pylist(), references.to_pylist()) == (["the cat"], ["el gato"])
-    assert len(train_tokenizer.load_split(tmp_path / "data", ("en", "es"))) == 4
-    assert len(train.load_translation_dataset(tmp_path / "data", "en", "es")["train"]) == 4
+    sources, references, without_text = load_pairs(str(tmp_path / "data"), "validation", "en", "es")
+    assert (sources.to_pylist(), references.to_pylist(), without_text) == (["the cat"], ["el gato"], 3)
+    assert len(load_translation_dataset(tmp_path / "data", "en", "es")["train"]) == 4
     # prepare_data.py's Hugging Face path: the same pairs are invalid_text, counted, not a crash.
-    splits, dropped = prepare_data.prepare_translation_dataset(datasets.DatasetDict(train=rows), "en", "es",
+    splits, dropped = prepare_translation_dataset(datasets.DatasetDict(train=rows), "en", "es",
                                                                valid_fraction=0.0, test_fraction=0.0)
     assert dropped == {"invalid_text": 3} and splits["train"]["translation"] == [{"en": "the cat", "es": "el gato"}]
 
@@ -538,7 +547,7 @@ def copy_checkpoint(source, output_dir, files=("config.json", "train_state.json"
 
 
 def test_resume_refuses_checkpoints_that_do_not_fit(corpus, straight, tmp_path):
-    source = train.list_checkpoints(straight / "checkpoints")[-1]
+    source = list_checkpoints(straight / "checkpoints")[-1]
     resume = ["--dataset_dir", corpus[0], "--tokenizer", corpus[1], "--preset", "tiny", "--resume"]
 
     # Another size in the weights (config.json says tiny): the tensors that differ are named.
@@ -582,11 +591,12 @@ def test_resume_refuses_checkpoints_that_do_not_fit(corpus, straight, tmp_path):
     checkpoint = copy_checkpoint(source, tmp_path / "e")
     message = error_of(["--dataset_dir", corpus[0], "--tokenizer", swapped, "--preset", "tiny", "--resume",
                         "--output_dir", tmp_path / "e"])
-    assert "pad_token_id is 0 but the tokenizer's is 1; bos_token_id is 1 but the tokenizer's is 0" in message
+    assert (f"config.pad_token_id of checkpoint {checkpoint} is 0 but the tokenizer's id is 1; "
+            f"config.decoder_start_token_id of checkpoint {checkpoint} is 1 but the tokenizer's id is 0") in message
 
 
 def test_resume_refuses_settings_that_change_the_steps_unless_told(corpus, straight, tmp_path):
-    source = train.list_checkpoints(straight / "checkpoints")[-1]
+    source = list_checkpoints(straight / "checkpoints")[-1]
     copy_checkpoint(source, tmp_path / "out")
     resume = [*arguments_for(corpus, tmp_path / "out"), "--resume"]
     refused = run(train_command(*resume, "--batch_tokens", "900", "--seed", "3", "--grad_accum", "2"))
@@ -614,7 +624,7 @@ def test_resume_refuses_a_pickle_that_would_run_code(corpus, straight, tmp_path)
         def __reduce__(self):
             return os.system, (f"touch {marker}",)
 
-    checkpoint = copy_checkpoint(train.list_checkpoints(straight / "checkpoints")[-1], tmp_path / "out")
+    checkpoint = copy_checkpoint(list_checkpoints(straight / "checkpoints")[-1], tmp_path / "out")
     torch.save(Payload(), checkpoint / "optimizer.bin")
     result = run(train_command(*arguments_for(corpus, tmp_path / "out"), "--resume"))
     assert result.returncode == 1 and not marker.exists()
@@ -627,15 +637,17 @@ def test_evaluate_refuses_a_tokenizer_or_weights_that_do_not_fit(corpus, straigh
     shutil.copytree(straight, model_dir, ignore=shutil.ignore_patterns("checkpoints", "logs", "*.png"))
     base = ["--model", model_dir, "--dataset_dir", corpus[0], "--split", "validation", "--num_beams", 1]
     bigger = make_tokenizer(tmp_path / "bigger", extra_words=["perro2", "gato2"])
-    assert "the tokenizer has 38 tokens but the model's vocabulary only 36" in error_of(
-        [*base, "--tokenizer", bigger], evaluate.main)
+    assert f"the tokenizer has 38 tokens but the vocabulary of {model_dir} only 36" in error_of(
+        [*base, "--tokenizer", bigger], evaluate_bleu.main)
     swapped = word_tokenizer(tmp_path / "swapped", ["<s>", "<pad>", "</s>", "<unk>"])
-    assert "the tokenizer's pad id is 1 but the model's is 0; the tokenizer's bos id is 0 but the model's is 1" in \
-           error_of([*base, "--tokenizer", swapped], evaluate.main)
+    assert (f"config.pad_token_id of {model_dir} is 0 but the tokenizer's id is 1; config.decoder_start_token_id of "
+            f"{model_dir} is 1 but the tokenizer's id is 0") in error_of([*base, "--tokenizer", swapped],
+                                                                          evaluate_bleu.main)
     weights = load_file(str(model_dir / "model.safetensors"))
     (model_dir / "model.safetensors").unlink()
     torch.save(weights, model_dir / "pytorch_model.bin")
-    assert "has no model.safetensors; weights are only read from safetensors files" in error_of(base, evaluate.main)
+    assert "has no model.safetensors (found pytorch_model.bin); weights are only read from safetensors files" in (
+        error_of(base, evaluate_bleu.main))
 
 
 def test_tokenizer_script_skips_broken_text_and_names_bad_datasets(tmp_path, capsys):

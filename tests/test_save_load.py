@@ -118,8 +118,17 @@ def test_wheel_installs_the_vaswani_package(tmp_path):
         "vaswani/configuration/configuration_vaswani.py",
         "vaswani/modeling/__init__.py",
         "vaswani/modeling/modeling_vaswani.py",
+        "vaswani/training/__init__.py",
+        "vaswani/training/schedule.py",
+        "vaswani/scripts/train.py",
+        "vaswani/model_card.md",  # the Hub card's template, read by vaswani.training.hub
     } <= names
-    assert not any(name.startswith(("vaswani/tests", "vaswani/scripts", "tests/", "scripts/")) for name in names)
+    assert not any(name.startswith(("vaswani/tests", "vaswani/docs", "vaswani/configs", "tests/", "scripts/"))
+                   for name in names)
+    (entry_points,) = [name for name in names if name.endswith(".dist-info/entry_points.txt")]
+    console = zipfile.ZipFile(wheel).read(entry_points).decode()
+    assert "vaswani-train = vaswani.scripts.train:main" in console
+    assert "vaswani-evaluate = vaswani.scripts.evaluate_bleu:main" in console
     target = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), str(wheel)],
                    check=True)

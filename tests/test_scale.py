@@ -14,10 +14,15 @@ from pathlib import Path
 
 import datasets
 import pytest
-
 from test_training import make_dataset, make_tokenizer
 
+
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+# Two steps of the tiny preset, without evaluation: the memory is that of loading and batching the corpus.
+TWO_STEPS = (
+    "--preset tiny --max_steps 2 --batch_tokens 2000 --save_every 2 --average_last 1 --eval_every 0 "
+    "--eval_bleu_samples 0 --report_to none"
+).split()
 
 
 def rss_anon_bytes(pid):
@@ -30,10 +35,8 @@ def rss_anon_bytes(pid):
 
 def peak_anonymous_memory(data, tokenizer, output_dir):
     """Run two steps of the tiny preset; the highest RssAnon of the training process, sampled every 0.1 s."""
-    command = [sys.executable, str(SCRIPTS / "train.py"), "--dataset_dir", str(data), "--tokenizer", str(tokenizer),
-               "--output_dir", str(output_dir), "--preset", "tiny", "--max_steps", "2", "--batch_tokens", "2000",
-               "--save_every", "2", "--average_last", "1", "--eval_every", "0", "--eval_bleu_samples", "0",
-               "--report_to", "none"]
+    command = [sys.executable, str(SCRIPTS / "train.py"), "--dataset_dir", str(data), "--tokenizer", str(tokenizer)]
+    command += ["--output_dir", str(output_dir), *TWO_STEPS]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     peak = 0

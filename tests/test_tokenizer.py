@@ -1,18 +1,23 @@
-"""Tests for scripts/train_tokenizer.py: the shared BPE vocabulary, its special ids and lossless decoding."""
+"""vaswani.training.tokenizer and scripts/train_tokenizer.py: the shared BPE vocabulary, its special ids, lossless
+decoding, and the checked loading of a tokenizer."""
 
 import itertools
+import subprocess
 import sys
 from pathlib import Path
 
 import datasets
 import pytest
-from transformers import AutoTokenizer
+from tokenizers import Tokenizer, models
+from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+from vaswani.scripts import train_tokenizer
+from vaswani.training.checks import UsageError
+from vaswani.training.data import load_translation_dataset
+from vaswani.training.tokenizer import SplitSentences, load_tokenizer, sample_pairs, train_bpe_tokenizer
+
 
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
-if str(SCRIPTS) not in sys.path:
-    sys.path.insert(0, str(SCRIPTS))
-
-import train_tokenizer  # noqa: E402
 
 VOCAB_SIZE = 600
 
@@ -28,7 +33,8 @@ def parallel_corpus():
     """150 English-Spanish sentence pairs built from the templates above."""
     english, spanish = [], []
     for (s_en, s_es), (v_en, v_es), (p_en, p_es) in itertools.product(
-            zip(EN_SUBJECTS, ES_SUBJECTS), zip(EN_VERBS, ES_VERBS), zip(EN_PLACES, ES_PLACES)):
+        zip(EN_SUBJECTS, ES_SUBJECTS), zip(EN_VERBS, ES_VERBS), zip(EN_PLACES, ES_PLACES)
+    ):
         english.append(f"{s_en} {v_en} {p_en}")
         spanish.append(f"¡{s_es} {v_es} {p_es}")
     return english, spanish
@@ -48,14 +54,22 @@ ROUND_TRIP = [
 @pytest.fixture(scope="module")
 def tokenizer():
     english, spanish = parallel_corpus()
-    return train_tokenizer.train_bpe_tokenizer(english + spanish, VOCAB_SIZE)
+    return train_bpe_tokenizer(english + spanish, VOCAB_SIZE)
 
 
 def test_special_tokens_have_the_fixed_ids(tokenizer):
     assert (tokenizer.pad_token, tokenizer.bos_token, tokenizer.eos_token, tokenizer.unk_token) == (
-        "<pad>", "<s>", "</s>", "<unk>")
+        "<pad>",
+        "<s>",
+        "</s>",
+        "<unk>",
+    )
     assert (tokenizer.pad_token_id, tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.unk_token_id) == (
-        0, 1, 2, 3)
+        0,
+        1,
+        2,
+        3,
+    )
     assert tokenizer.convert_ids_to_tokens([0, 1, 2, 3]) == ["<pad>", "<s>", "</s>", "<unk>"]
 
 
@@ -115,8 +129,7 @@ def test_saved_tokenizer_reloads_with_autotokenizer(tokenizer, tmp_path):
     texts = english + spanish + ROUND_TRIP
     assert reloaded(texts).input_ids == tokenizer(texts).input_ids
     assert reloaded.get_vocab() == tokenizer.get_vocab()
-    assert (reloaded.pad_token_id, reloaded.bos_token_id, reloaded.eos_token_id, reloaded.unk_token_id) == (
-        0, 1, 2, 3)
+    assert (reloaded.pad_token_id, reloaded.bos_token_id, reloaded.eos_token_id, reloaded.unk_token_id) == (0, 1, 2, 3)
     assert reloaded.padding_side == "right" and reloaded.model_max_length == 1024
     assert reloaded.clean_up_tokenization_spaces is False
     for text in ROUND_TRIP:
@@ -125,27 +138,69 @@ def test_saved_tokenizer_reloads_with_autotokenizer(tokenizer, tmp_path):
 
 def test_script_trains_on_both_sides_of_the_train_split(tmp_path, capsys):
     english, spanish = parallel_corpus()
-    rows = [{"id": f"line.{i}", "translation": {"en": en, "es": es}} for i, (en, es) in enumerate(zip(english, spanish))]
+    rows = [
+        {"id": f"line.{i}", "translation": {"en": en, "es": es}} for i, (en, es) in enumerate(zip(english, spanish))
+    ]
     held_out = [{"id": "x.1", "translation": {"en": "Zebra xylophone.", "es": "Cebra xilófono."}}]
-    datasets.DatasetDict({
-        "train": datasets.Dataset.from_list(rows),
-        "validation": datasets.Dataset.from_list(held_out),
-        "test": datasets.Dataset.from_list(held_out),
-    }).save_to_disk(str(tmp_path / "data"))
+    datasets.DatasetDict(
+        {
+            "train": datasets.Dataset.from_list(rows),
+            "validation": datasets.Dataset.from_list(held_out),
+            "test": datasets.Dataset.from_list(held_out),
+        }
+    ).save_to_disk(str(tmp_path / "data"))
 
-    sentences = train_tokenizer.SplitSentences(train_tokenizer.load_split(tmp_path / "data"), ("en", "es"),
-                                               batch_size=7)
+    train = load_translation_dataset(tmp_path / "data", "en", "es", splits=("train",))["train"]
+    sentences = SplitSentences(train, ("en", "es"), batch_size=7)
     assert [text for batch in sentences for text in batch] == english + spanish  # one language, then the other
     assert (sentences.sentences, sentences.skipped, len(sentences)) == (2 * len(english), 0, 2 * len(english))
-    sample = train_tokenizer.sample_pairs(train_tokenizer.load_split(tmp_path / "data"), 5, seed=3)
+    sample = sample_pairs(train, 5, seed=3)
     assert len(sample) == 5 and sample["id"] == sorted(sample["id"], key=lambda name: int(name[5:]))
-    assert sample["id"] == train_tokenizer.sample_pairs(train_tokenizer.load_split(tmp_path / "data"), 5, 3)["id"]
+    assert sample["id"] == sample_pairs(train, 5, 3)["id"]
 
-    train_tokenizer.main(["--dataset_dir", str(tmp_path / "data"), "--vocab_size", str(VOCAB_SIZE),
-                          "--output_dir", str(tmp_path / "tok")])
+    train_tokenizer.main(
+        ["--dataset_dir", tmp_path / "data", "--vocab_size", VOCAB_SIZE, "--output_dir", tmp_path / "tok"]
+    )
     assert "vocabulary size" in capsys.readouterr().out
     reloaded = AutoTokenizer.from_pretrained(tmp_path / "tok")
     assert reloaded.convert_ids_to_tokens([0, 1, 2, 3]) == ["<pad>", "<s>", "</s>", "<unk>"]
     # Frequent words of both languages became single tokens, so both sides were trained on.
     assert len(reloaded(" canción").input_ids) == 2 and len(reloaded(" teacher").input_ids) == 2
     assert reloaded.decode(reloaded(spanish[0]).input_ids, skip_special_tokens=True) == spanish[0]
+
+
+def test_the_script_runs_by_path_and_checks_its_flags(tmp_path):
+    def run(*arguments):
+        command = [sys.executable, SCRIPTS / "train_tokenizer.py", "--dataset_dir", tmp_path / "data", *arguments]
+        return subprocess.run(command, capture_output=True, text=True, timeout=120)
+
+    result = run("--output_dir", tmp_path / "tok", "--max_sentences", "0")
+    assert result.returncode == 2 and "train_tokenizer.py: error: --max_sentences must be at least 1" in result.stderr
+    result = run("--output_dir", tmp_path / "tok")
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert f"train_tokenizer.py: error: --dataset_dir {tmp_path / 'data'} does not exist; create it" in result.stderr
+    assert not (tmp_path / "tok").exists()
+
+
+def test_load_tokenizer_refuses_what_the_model_cannot_use(tokenizer, tmp_path):
+    tokenizer.save_pretrained(tmp_path / "good")
+    assert load_tokenizer(tmp_path / "good").get_vocab() == tokenizer.get_vocab()
+    with pytest.raises(
+        UsageError, match=r"^--tokenizer .*nowhere does not exist; create it with scripts/train_tokenizer"
+    ):
+        load_tokenizer(tmp_path / "nowhere")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(UsageError, match=r"^cannot load a tokenizer from --tokenizer .*empty \("):
+        load_tokenizer(tmp_path / "empty")
+
+    def save_word_tokenizer(folder, **special_tokens):
+        backend = Tokenizer(models.WordLevel({"<pad>": 0, "<s>": 1, "</s>": 2, "<unk>": 3, "a": 4}, unk_token="<unk>"))
+        PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", **special_tokens).save_pretrained(folder)
+        return folder
+
+    no_bos = save_word_tokenizer(tmp_path / "no_bos", pad_token="<pad>", eos_token="</s>")
+    with pytest.raises(UsageError, match=r"no_bos has no bos_token; the model needs <pad>, <s> \(the decoder start\)"):
+        load_tokenizer(no_bos)
+    no_eos = save_word_tokenizer(tmp_path / "no_eos", pad_token="<pad>", bos_token="<s>", eos_token="</s>")
+    with pytest.raises(UsageError, match=r"no_eos does not end sequences with </s> \(id 2\)"):
+        load_tokenizer(no_eos)

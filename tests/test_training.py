@@ -1,4 +1,4 @@
-"""scripts/train.py, evaluate.py and visualize.py end to end, on a tiny synthetic corpus, on the CPU.
+"""scripts/train.py, evaluate_bleu.py and visualize.py end to end, on a tiny synthetic corpus, on the CPU.
 
 The corpus is a word-for-word "translation" between two 16-word vocabularies, so the tiny preset learns it in a few
 dozen steps. The scripts run as subprocesses, as a user runs them (including two DDP processes through
@@ -20,12 +20,14 @@ from safetensors.torch import load_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, PreTrainedTokenizerFast
 
+from vaswani.scripts import train
+from vaswani.training.checkpoints import average_checkpoints, load_checkpoint_weights
+from vaswani.training.evaluation import corpus_bleu, translate
+from vaswani.training.schedule import inverse_sqrt_lr, paper_peak_lr, peak_lr_of
+
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = REPO_ROOT / "scripts"
-sys.path.insert(0, str(SCRIPTS))
-
-import train  # noqa: E402
-from evaluate import corpus_bleu, translate  # noqa: E402
 
 ENGLISH = "the a red blue green big small cat dog bird house tree sees eats likes has".split()
 SPANISH = "el un rojo azul verde grande pequeño gato perro pájaro casa árbol ve come quiere tiene".split()
@@ -116,21 +118,39 @@ def trained(corpus, tmp_path_factory):
 def test_paper_schedule_is_equation_3(d_model, warmup):
     for step in (1, 2, 10, warmup // 2, warmup - 1, warmup, warmup + 1, 3 * warmup, 100_000, 300_000):
         expected = d_model**-0.5 * min(step**-0.5, step * warmup**-1.5)
-        assert train.lr_at(step, "paper", d_model, warmup) == pytest.approx(expected, rel=1e-12)
-        assert train.lr_at(step, "paper", d_model, warmup, lr_scale=2.0) == pytest.approx(2 * expected, rel=1e-12)
-    peak = max(train.lr_at(step, "paper", d_model, warmup) for step in range(1, 3 * warmup))
+        assert inverse_sqrt_lr(step, warmup, paper_peak_lr(d_model, warmup)) == pytest.approx(expected, rel=1e-12)
+        assert inverse_sqrt_lr(step, warmup, paper_peak_lr(d_model, warmup, lr_scale=2.0)) == pytest.approx(
+            2 * expected, rel=1e-12)
+    peak = max(inverse_sqrt_lr(step, warmup, paper_peak_lr(d_model, warmup)) for step in range(1, 3 * warmup))
     assert peak == pytest.approx((d_model * warmup) ** -0.5)  # reached at step == warmup
-    assert train.lr_at(4000, "paper", 512, 4000) == pytest.approx(6.988e-4, rel=1e-3)
+    assert inverse_sqrt_lr(4000, 4000, paper_peak_lr(512, 4000)) == pytest.approx(6.988e-4, rel=1e-3)
 
 
 def test_short_schedule_peaks_at_peak_lr_then_decays_as_inverse_square_root():
     warmup, peak = 100, 1e-3
-    assert train.lr_at(warmup, "short", 256, warmup, peak_lr=peak) == pytest.approx(peak)
-    assert train.lr_at(warmup // 2, "short", 256, warmup, peak_lr=peak) == pytest.approx(peak / 2)
-    assert train.lr_at(4 * warmup, "short", 256, warmup, peak_lr=peak) == pytest.approx(peak / 2)
-    assert max(train.lr_at(s, "short", 256, warmup, peak_lr=peak) for s in range(1, 1000)) == pytest.approx(peak)
+    assert peak_lr_of("short", 256, warmup, peak_lr=peak) == peak
+    assert inverse_sqrt_lr(warmup, warmup, peak) == pytest.approx(peak)
+    assert inverse_sqrt_lr(warmup // 2, warmup, peak) == pytest.approx(peak / 2)
+    assert inverse_sqrt_lr(4 * warmup, warmup, peak) == pytest.approx(peak / 2)
+    assert max(inverse_sqrt_lr(s, warmup, peak) for s in range(1, 1000)) == pytest.approx(peak)
     with pytest.raises(ValueError):
-        train.lr_at(1, "cosine")
+        peak_lr_of("cosine", 256, warmup)
+
+
+def test_schedule_steps_count_from_one_as_the_papers_step_num():
+    """The scheduler's step k (from 0) trains with the paper's step_num k + 1: the first step does not train at 0."""
+    from vaswani.training.schedule import inverse_sqrt_schedule
+
+    parameter = torch.nn.Parameter(torch.zeros(1))
+    optimizer = torch.optim.Adam([parameter], lr=1.0)
+    scheduler = inverse_sqrt_schedule(optimizer, warmup_steps=10, peak_lr=1e-3)
+    rates = []
+    for _ in range(30):
+        rates.append(scheduler.get_last_lr()[0])
+        optimizer.step()
+        scheduler.step()
+    assert rates == pytest.approx([inverse_sqrt_lr(step, 10, 1e-3) for step in range(1, 31)], rel=1e-12)
+    assert rates[0] == pytest.approx(1e-4) and rates[9] == pytest.approx(1e-3)
 
 
 # --- The training script. ---
@@ -155,7 +175,7 @@ def test_training_writes_model_logs_plots_and_summary(trained, corpus):
     assert [r["step"] for r in losses] == list(range(5, 201, 5))
     assert losses[-1]["loss"] < losses[0]["loss"] - 1.0
     for record in losses:
-        assert record["lr"] == pytest.approx(train.lr_at(record["step"], "short", 64, 20, peak_lr=3e-3))
+        assert record["lr"] == pytest.approx(inverse_sqrt_lr(record["step"], 20, 3e-3))
     evaluations = [r for r in log if "val_loss" in r and not r.get("final")]
     assert [r["step"] for r in evaluations] == [100, 200] and all("bleu" in r for r in evaluations)
     assert evaluations[1]["val_loss"] < evaluations[0]["val_loss"]
@@ -289,16 +309,16 @@ def test_model_overfits_a_handful_of_pairs(tmp_path):
 
 def test_averaging_identical_checkpoints_is_the_identity(trained):
     checkpoint = trained / "checkpoints" / "step_0000200"
-    weights = train.load_checkpoint_weights(checkpoint)
-    averaged = train.average_checkpoints([checkpoint] * 3)
+    weights = load_checkpoint_weights(checkpoint)
+    averaged = average_checkpoints([checkpoint] * 3)
     assert max_difference(weights, averaged) == 0.0
     assert all(averaged[key].dtype == weights[key].dtype for key in weights)
 
 
 def test_averaging_is_the_elementwise_mean_and_gives_the_saved_model(trained):
     paths = [trained / "checkpoints" / name for name in ("step_0000160", "step_0000180", "step_0000200")]
-    weights = [train.load_checkpoint_weights(path) for path in paths]
-    averaged = train.average_checkpoints(paths)
+    weights = [load_checkpoint_weights(path) for path in paths]
+    averaged = average_checkpoints(paths)
     mean = {key: sum(w[key].double() for w in weights) / 3 for key in weights[0]}
     assert max_difference(averaged, mean) < 1e-6
     assert max_difference(averaged, weights[-1]) > 1e-4  # really a different model than the last checkpoint
@@ -315,12 +335,12 @@ def test_averaging_is_the_elementwise_mean_and_gives_the_saved_model(trained):
 def test_averaging_refuses_checkpoints_of_different_models(trained, tmp_path):
     from safetensors.torch import save_file
 
-    weights = train.load_checkpoint_weights(trained / "checkpoints" / "step_0000200")
+    weights = load_checkpoint_weights(trained / "checkpoints" / "step_0000200")
     save_file({key: tensor for key, tensor in weights.items() if "layers.1." not in key}, str(tmp_path / "a.safetensors"))
     with pytest.raises(ValueError, match="different tensors"):
-        train.average_checkpoints([trained / "checkpoints" / "step_0000200", tmp_path / "a.safetensors"])
+        average_checkpoints([trained / "checkpoints" / "step_0000200", tmp_path / "a.safetensors"])
     with pytest.raises(ValueError):
-        train.average_checkpoints([])
+        average_checkpoints([])
 
 
 # --- Errors before training starts. ---
@@ -352,7 +372,7 @@ def test_clear_errors_before_training(corpus, trained, tmp_path):
     (resume_dir / "checkpoints" / source.name).mkdir()
     for file in ("config.json", "train_state.json"):
         (resume_dir / "checkpoints" / source.name / file).write_text((source / file).read_text())
-    with pytest.raises(SystemExit, match="vocab_size is 36 but the tokenizer has 38"):
+    with pytest.raises(SystemExit, match="the tokenizer has 38 tokens but the vocabulary of checkpoint .* only 36"):
         train.main(["--dataset_dir", str(data), "--tokenizer", str(other_tokenizer), "--preset", "tiny",
                     "--output_dir", str(resume_dir), "--resume"])
     # Batches smaller than a pair (found once the corpus is tokenized, in every process alike).
@@ -370,7 +390,7 @@ def test_clear_errors_before_training(corpus, trained, tmp_path):
                     "--output_dir", str(tmp_path / "o4")])
 
 
-# --- scripts/evaluate.py and scripts/visualize.py. ---
+# --- scripts/evaluate_bleu.py and scripts/visualize.py. ---
 
 
 def test_corpus_bleu_is_sacrebleu():
@@ -384,7 +404,7 @@ def test_corpus_bleu_is_sacrebleu():
 
 def test_evaluate_prints_bleu_with_signature_and_writes_hypotheses(trained, corpus, tmp_path):
     output = tmp_path / "hypotheses.txt"
-    result = run_script("evaluate", "--model", trained, "--dataset_dir", corpus[0], "--split", "test",
+    result = run_script("evaluate_bleu", "--model", trained, "--dataset_dir", corpus[0], "--split", "test",
                         "--num_beams", 2, "--max_samples", 12, "--batch_size", 5, "--output", output)
     assert "BLEU = " in result.stdout
     assert "sacreBLEU signature: nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:" in result.stdout

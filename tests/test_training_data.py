@@ -11,10 +11,11 @@ import datasets
 import numpy as np
 import pytest
 import torch
-
 from test_training import ENGLISH, LEXICON, make_tokenizer
+
 from vaswani.modeling.modeling_vaswani import shift_tokens_right
 from vaswani.training import data
+from vaswani.training.checks import UsageError
 from vaswani.training.data import PairCollator, TokenBucketSampler, pair_loader, tokenize_split
 
 
@@ -33,15 +34,17 @@ def every_batch(sampler, epoch, position=0):
 # --- Section 5.1: batches by token count. ---
 
 
-@pytest.mark.parametrize("seed,epoch,shuffle,digest", [(0, 0, True, "dca08ea285d73be8"),
-                                                       (5, 3, True, "4c8f5d97abf47eed"),
-                                                       (0, 0, False, "0a2b0f4501c78862")])
+@pytest.mark.parametrize(
+    "seed,epoch,shuffle,digest",
+    [(0, 0, True, "dca08ea285d73be8"), (5, 3, True, "4c8f5d97abf47eed"), (0, 0, False, "0a2b0f4501c78862")],
+)
 def test_batches_are_those_of_the_batching_they_replaced(seed, epoch, shuffle, digest):
     """Digests of what scripts/train.py's make_batches + batches_for_process gave (commit 9231e65) for process 1 of
     3 with 2 accumulated batches: a run resumed from an older checkpoint continues with the same batches."""
     source, target = lengths(4000)
-    sampler = TokenBucketSampler(source, target, 900, seed=seed, shuffle=shuffle, num_replicas=3, rank=1,
-                                 batches_per_step=2)
+    sampler = TokenBucketSampler(
+        source, target, 900, seed=seed, shuffle=shuffle, num_replicas=3, rank=1, batches_per_step=2
+    )
     found = hashlib.sha256()
     for batch in every_batch(sampler, epoch):
         found.update(np.asarray(batch, dtype=np.int64).tobytes() + b"|")
@@ -58,7 +61,7 @@ def test_batches_stay_within_the_token_limit_cover_every_pair_once_and_are_full(
     # Greedy: no batch could have taken the next pair of its length order without passing the limit.
     order, bounds, _ = sampler.epoch_batches(0)
     for start, end in zip(bounds[:-2], bounds[1:-1]):
-        grown = order[start:end + 1]
+        grown = order[start : end + 1]
         assert len(grown) * (source[grown].max() + target[grown].max()) > 1000
     assert sum(padded) / len(padded) > 800  # sorting by length keeps batches full and padding low
     assert sum(int(source[b].sum() + target[b].sum()) for b in batches) / sum(padded) > 0.9
@@ -67,9 +70,15 @@ def test_batches_stay_within_the_token_limit_cover_every_pair_once_and_are_full(
 def test_processes_get_disjoint_batches_and_the_same_number_of_steps():
     source, target = lengths(5000)
     for processes, accumulation in ((3, 2), (2, 1), (4, 3)):
-        shards = [every_batch(TokenBucketSampler(source, target, 700, seed=1, num_replicas=processes, rank=rank,
-                                                 batches_per_step=accumulation), 2)
-                  for rank in range(processes)]
+        shards = [
+            every_batch(
+                TokenBucketSampler(
+                    source, target, 700, seed=1, num_replicas=processes, rank=rank, batches_per_step=accumulation
+                ),
+                2,
+            )
+            for rank in range(processes)
+        ]
         assert len({len(shard) for shard in shards}) == 1 and len(shards[0]) % accumulation == 0
         seen = [i for shard in shards for batch in shard for i in batch]
         assert len(seen) == len(set(seen))  # every pair at most once an epoch
@@ -115,6 +124,69 @@ def test_bad_lengths_are_refused_with_the_reason():
         TokenBucketSampler([5, 6], [5, 5], 100, num_replicas=2, rank=2)
 
 
+# --- The corpus: one way to load it, whatever its source. ---
+
+
+def test_saved_folders_folders_of_data_files_and_hub_layouts_load_alike(tmp_path):
+    from test_data import write_wmt14_folder
+
+    pairs = datasets.Dataset.from_dict(
+        {"id": ["a", "b"], "translation": [{"en": "the cat", "es": "el gato"}, {"en": "a dog", "es": "un perro"}]}
+    )
+    datasets.DatasetDict(train=pairs, validation=pairs).save_to_disk(str(tmp_path / "saved"))
+    saved = data.load_translation_dataset(tmp_path / "saved", "en", "es")
+    assert saved["train"].cache_files and saved["train"].to_dict() == pairs.to_dict()  # memory-mapped
+    (tmp_path / "jsonl").mkdir()
+    for split in ("train", "validation"):
+        pairs.to_json(str(tmp_path / "jsonl" / f"{split}.jsonl"))
+    from_files = data.load_translation_dataset(str(tmp_path / "jsonl"), "en", "es")
+    assert from_files["validation"]["translation"] == pairs["translation"]
+    write_wmt14_folder(tmp_path / "wmt14", {"train": 3, "validation": 1, "test": 2})
+    wmt = data.load_translation_dataset(tmp_path / "wmt14", "en", "de", splits=("train", "test"), config_name="de-en")
+    assert wmt["test"][1]["translation"] == {"de": "Satz test 1.", "en": "Sentence test 1."}
+
+
+def test_a_dataset_that_cannot_train_is_a_usage_error_naming_the_problem(tmp_path):
+    pairs = datasets.Dataset.from_dict({"translation": [{"en": "the cat", "es": "el gato"}]})
+    pairs.save_to_disk(str(tmp_path / "single"))
+    datasets.DatasetDict(train=pairs, validation=pairs).save_to_disk(str(tmp_path / "two_splits"))
+    (tmp_path / "empty").mkdir()
+    for folder, arguments, message in (
+        (
+            "nowhere",
+            {},
+            "--dataset_dir {} does not exist; create it with scripts/prepare_data.py --output_dir {}, or "
+            "name a dataset that datasets.load_dataset finds (",
+        ),
+        (
+            "empty",
+            {},
+            "--dataset_dir {} is not a dataset saved with save_to_disk, nor data files that "
+            "datasets.load_dataset reads (",
+        ),
+        (
+            "single",
+            {"flag": "--dataset"},
+            "--dataset {} holds a single Dataset; expected a DatasetDict with train and validation splits.",
+        ),
+        (
+            "two_splits",
+            {"splits": ("train", "test")},
+            "--dataset_dir {} has no 'test' split (it has ['train', 'validation']).",
+        ),
+        (
+            "two_splits",
+            {"splits": ("train",), "target_lang": "de"},
+            "the train split: language 'de' is not in the translation column (it has ['en', 'es']); set "
+            "--source_lang/--target_lang.",
+        ),
+    ):
+        arguments = {"source_lang": "en", "target_lang": "es", **arguments}
+        with pytest.raises(UsageError) as raised:
+            data.load_translation_dataset(tmp_path / folder, **arguments)
+        assert str(raised.value).startswith(message.format(tmp_path / folder, tmp_path / folder)), raised.value
+
+
 # --- Tokenization, once, into Arrow. ---
 
 
@@ -122,7 +194,7 @@ def test_bad_lengths_are_refused_with_the_reason():
 def saved_corpus(tmp_path):
     """A saved DatasetDict with a pair too long for 8 tokens, a pair without text and a row without translation."""
     words = ENGLISH * 2
-    english = [" ".join(words[i:i + 1 + i % 5]) for i in range(40)] + [" ".join(ENGLISH)]
+    english = [" ".join(words[i : i + 1 + i % 5]) for i in range(40)] + [" ".join(ENGLISH)]
     rows = [{"en": e, "es": " ".join(LEXICON[w] for w in e.split())} for e in english]
     rows += [{"en": "the cat", "es": None}, None]
     datasets.DatasetDict(train=datasets.Dataset.from_dict({"translation": rows})).save_to_disk(str(tmp_path / "data"))
@@ -166,8 +238,9 @@ def test_the_second_tokenization_maps_the_cache_and_runs_no_tokenizer(saved_corp
 
     folder, tokenizer_dir = saved_corpus
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
-    first = tokenize_split(data.load_translation_dataset(folder, "en", "es", ("train",))["train"], tokenizer, "en",
-                           "es", num_proc=2)
+    first = tokenize_split(
+        data.load_translation_dataset(folder, "en", "es", ("train",))["train"], tokenizer, "en", "es", num_proc=2
+    )
     assert not first.from_cache
     cached = sorted(path.name for path in (folder / "train").glob("vaswani-tokens-*"))
     assert len(cached) == 3  # two tokenized shards (num_proc=2) and the counts
@@ -176,8 +249,9 @@ def test_the_second_tokenization_maps_the_cache_and_runs_no_tokenizer(saved_corp
         raise AssertionError("tokenized again")
 
     monkeypatch.setattr(data, "encode_pairs", no_tokenizing)
-    again = tokenize_split(data.load_translation_dataset(folder, "en", "es", ("train",))["train"], tokenizer, "en",
-                           "es", num_proc=2)
+    again = tokenize_split(
+        data.load_translation_dataset(folder, "en", "es", ("train",))["train"], tokenizer, "en", "es", num_proc=2
+    )
     assert again.from_cache and sorted(p.name for p in (folder / "train").glob("vaswani-tokens-*")) == cached
     assert again.pairs.to_dict() == first.pairs.to_dict()
     assert (again.too_long, again.without_text) == (first.too_long, first.without_text) == (0, 2)
@@ -185,8 +259,9 @@ def test_the_second_tokenization_maps_the_cache_and_runs_no_tokenizer(saved_corp
     monkeypatch.undo()
     for shard in (folder / "train").glob("vaswani-tokens-*.arrow"):
         shard.unlink()
-    rebuilt = tokenize_split(data.load_translation_dataset(folder, "en", "es", ("train",))["train"], tokenizer, "en",
-                             "es", num_proc=2)
+    rebuilt = tokenize_split(
+        data.load_translation_dataset(folder, "en", "es", ("train",))["train"], tokenizer, "en", "es", num_proc=2
+    )
     assert not rebuilt.from_cache and rebuilt.pairs.to_dict() == first.pairs.to_dict()
     # Other limits, or another tokenizer, are another cache.
     train = data.load_translation_dataset(folder, "en", "es", ("train",))["train"]
@@ -211,8 +286,9 @@ def test_collated_batches_are_padded_and_shifted_like_the_model_expects(saved_co
     train = data.load_translation_dataset(folder, "en", "es", ("train",))["train"]
     split = tokenize_split(train, tokenizer, "en", "es")
     batch = PairCollator(0, 1)(split.pairs.with_format("arrow")[[0, 4, 9]])
-    expected = tokenizer([pair["en"] for pair in train.select([0, 4, 9])["translation"]], padding=True,
-                         return_tensors="pt")
+    expected = tokenizer(
+        [pair["en"] for pair in train.select([0, 4, 9])["translation"]], padding=True, return_tensors="pt"
+    )
     assert torch.equal(batch["input_ids"], expected["input_ids"])
     assert torch.equal(batch["attention_mask"], expected["attention_mask"])
     assert batch["labels"].dtype == torch.int64 and (batch["labels"] == -100).any()
@@ -224,8 +300,9 @@ def test_worker_processes_give_the_same_batches(saved_corpus):
 
     folder, tokenizer_dir = saved_corpus
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
-    split = tokenize_split(data.load_translation_dataset(folder, "en", "es", ("train",))["train"], tokenizer, "en",
-                           "es")
+    split = tokenize_split(
+        data.load_translation_dataset(folder, "en", "es", ("train",))["train"], tokenizer, "en", "es"
+    )
     sampler = TokenBucketSampler(split.source_lengths, split.target_lengths, 60, seed=2)
     collator = PairCollator(tokenizer.pad_token_id, tokenizer.bos_token_id)
     in_process = list(pair_loader(split, sampler, collator))

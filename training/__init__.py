@@ -1,22 +1,41 @@
 """The training recipe of "Attention Is All You Need" (section 5) as a library: `vaswani.training`.
 
-`vaswani.training.data`: translation pairs tokenized once into Arrow, token-bucket batches (section 5.1).
+    data         translation pairs tokenized once into Arrow; token-bucket batches (5.1)
+    schedule     warmup, then the inverse square root of the step (5.3)
+    checkpoints  save, keep, resume and average checkpoints (6.1)
+    faults       preemption signals, non-finite losses, disk space
+    evaluation   beam-search translation and sacreBLEU (6.1)
+    records      the step log, its plots, the hardware
+    checks       the one exception type for the user's mistakes, and the checks several commands make
+    cli          the commands' argument parsing and exit style
+and, with their extras: corpus and bible (building a translation dataset; the default Debian SWORD corpus),
+tokenizer (the shared BPE vocabulary), hub (push and model card), export (CTranslate2). The label-smoothed loss (5.4) is the model's own:
+`vaswani.label_smoothed_cross_entropy`, also used by its `labels` path.
 """
 
-from .data import (
-    PairCollator,
-    TokenBucketSampler,
-    TokenizedSplit,
-    load_translation_dataset,
-    pair_loader,
-    tokenize_split,
-)
+import importlib
 
-__all__ = [
-    "PairCollator",
-    "TokenBucketSampler",
-    "TokenizedSplit",
-    "load_translation_dataset",
-    "pair_loader",
-    "tokenize_split",
-]
+
+# Imported on first use, so that `vaswani.training.hub` (say) needs only its own extra, and `import vaswani.training`
+# costs nothing until a name is used.
+_EXPORTS = {
+    "checkpoints": ["TrainState", "average_checkpoints", "list_checkpoints", "load_weights_into", "save_checkpoint"],
+    "checks": ["UsageError", "check_tokenizer_matches_config"],
+    "data": ["PairCollator", "TokenBucketSampler", "TokenizedSplit", "load_translation_dataset", "pair_loader",
+             "tokenize_split"],
+    "evaluation": ["corpus_bleu", "translate", "validate"],
+    "faults": ["StopSignal"],
+    "schedule": ["inverse_sqrt_lr", "inverse_sqrt_schedule", "paper_peak_lr"],
+}
+_MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
+__all__ = sorted(_MODULE_OF)
+
+
+def __getattr__(name):
+    if name not in _MODULE_OF:
+        raise AttributeError(f"module 'vaswani.training' has no attribute {name!r}")
+    return getattr(importlib.import_module(f".{_MODULE_OF[name]}", __name__), name)
+
+
+def __dir__():
+    return __all__

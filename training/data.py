@@ -32,22 +32,27 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import torch
-from datasets import Dataset, DatasetDict, Features, List, Translation, Value, load_from_disk
+from datasets import Dataset, DatasetDict, Features, List, Translation, Value, config, load_dataset, load_from_disk
 from datasets.fingerprint import Hasher
+
+from .checks import UsageError
+
 
 # Whether a pair that trains was kept whole or cut to the length limits.
 KEPT, TRUNCATED = 0, 1
 # Bumped whenever the layout of the tokenized files changes, so that an older cache is never read as a newer one.
 CACHE_FORMAT = 2
 CACHE_PREFIX = "vaswani-tokens"
-TOKENIZED_FEATURES = Features({
-    "input_ids": List(Value("int32")),
-    "labels": List(Value("int32")),
-    "source_length": Value("int32"),
-    "target_length": Value("int32"),
-    "row": Value("int64"),
-    "status": Value("int8"),
-})
+TOKENIZED_FEATURES = Features(
+    {
+        "input_ids": List(Value("int32")),
+        "labels": List(Value("int32")),
+        "source_length": Value("int32"),
+        "target_length": Value("int32"),
+        "row": Value("int64"),
+        "status": Value("int8"),
+    }
+)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -55,45 +60,74 @@ TOKENIZED_FEATURES = Features({
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def translation_languages(split, name="the split"):
-    """The languages of a split's `translation` column, from its features (no row is read).
+def translation_languages(split, name="the split", required=()):
+    """The languages of a split's `translation` column, from its features (no row is read); each language of
+    `required` must be one of them.
 
     `datasets.Translation` names them; a Parquet or JSON folder without dataset metadata has a struct of strings.
     """
     if "translation" not in split.column_names:
-        raise ValueError(f"{name} has no 'translation' column (columns: {split.column_names}).")
+        raise UsageError(f"{name} has no 'translation' column (columns: {split.column_names}).")
     feature = split.features["translation"]
     if isinstance(feature, Translation):
-        return sorted(feature.languages)
-    if isinstance(feature, dict):
-        return sorted(feature)
-    raise ValueError(f"the 'translation' column of {name} is {feature}, not one text per language.")
+        languages = sorted(feature.languages)
+    elif isinstance(feature, dict):
+        languages = sorted(feature)
+    else:
+        raise UsageError(f"the 'translation' column of {name} is {feature}, not one text per language.")
+    for language in required:
+        if language not in languages:
+            raise UsageError(
+                f"{name}: language {language!r} is not in the translation column (it has {languages}); "
+                "set --source_lang/--target_lang."
+            )
+    return languages
 
 
-def load_translation_dataset(dataset_dir, source_lang, target_lang, splits=("train", "validation")):
-    """The DatasetDict saved by scripts/prepare_data.py (memory-mapped), checked for `splits` and both languages."""
-    path = Path(dataset_dir)
-    if not path.is_dir():
-        raise ValueError(f"--dataset_dir {path} does not exist; create it with scripts/prepare_data.py "
-                         f"--output_dir {path}.")
-    try:
-        dataset = load_from_disk(str(path))
-    except Exception as error:  # datasets raises FileNotFoundError or its own errors for a foreign folder
-        raise ValueError(f"--dataset_dir {path} is not a dataset saved with save_to_disk ({error}).") from error
+def load_translation_dataset(
+    path_or_name, source_lang, target_lang, splits=("train", "validation"), config_name=None, flag="--dataset_dir"
+):
+    """A translation DatasetDict, checked for `splits` (present, not empty) and for both languages.
+
+    A folder saved with `save_to_disk` (scripts/prepare_data.py's output) is memory-mapped; anything else goes to
+    `datasets.load_dataset(path_or_name, config_name)`: a Hub name such as "wmt14" (config "de-en"), or a local
+    folder of Parquet, JSON or CSV files. `flag` is the command-line flag the messages name.
+    """
+    path = Path(path_or_name)
+    if any((path / name).is_file() for name in (config.DATASETDICT_JSON_FILENAME, config.DATASET_STATE_JSON_FILENAME)):
+        try:
+            dataset = load_from_disk(str(path))
+        except Exception as error:  # datasets raises its own errors for a damaged folder
+            raise UsageError(f"{flag} {path} is not a dataset saved with save_to_disk ({error}).") from error
+    else:
+        try:
+            dataset = load_dataset(str(path_or_name), config_name)
+        except Exception as error:  # a missing dataset, an unknown config, no network: all the user's to fix
+            if path.exists():
+                raise UsageError(
+                    f"{flag} {path} is not a dataset saved with save_to_disk, nor data files that "
+                    f"datasets.load_dataset reads ({error})."
+                ) from error
+            raise UsageError(
+                f"{flag} {path} does not exist; create it with scripts/prepare_data.py --output_dir "
+                f"{path}, or name a dataset that datasets.load_dataset finds ({error})."
+            ) from error
     if not isinstance(dataset, DatasetDict):
-        raise ValueError(f"--dataset_dir {path} holds a single Dataset; expected a DatasetDict with "
-                         f"{' and '.join(splits)} splits.")
+        raise UsageError(
+            f"{flag} {path} holds a single Dataset; expected a DatasetDict with {' and '.join(splits)} splits."
+        )
     for name in splits:
-        if name not in dataset:
-            raise ValueError(f"--dataset_dir {path} has no {name!r} split (it has {sorted(dataset)}).")
-        languages = translation_languages(dataset[name], f"the {name} split")
-        if len(dataset[name]) == 0:
-            raise ValueError(f"the {name} split of {path} is empty.")
-        for language in (source_lang, target_lang):
-            if language not in languages:
-                raise ValueError(f"language {language!r} is not in the {name} split's translation column (it has "
-                                 f"{languages}); set --source_lang/--target_lang.")
+        check_translation_split(dataset, name, source_lang, target_lang, f"{flag} {path}")
     return dataset
+
+
+def check_translation_split(dataset, name, source_lang, target_lang, where):
+    """Split `name` of the DatasetDict `dataset` (from `where`) exists, is not empty and holds both languages."""
+    if name not in dataset:
+        raise UsageError(f"{where} has no {name!r} split (it has {sorted(dataset)}).")
+    translation_languages(dataset[name], f"the {name} split", required=(source_lang, target_lang))
+    if len(dataset[name]) == 0:
+        raise UsageError(f"the {name} split of {where} is empty.")
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -117,8 +151,12 @@ def token_ids(tokenizer, texts, target=False):
     batch encoder without offsets where that is the same thing (no target-side mode, no truncation or padding set
     on the backend): it tokenizes a third faster, and at WMT scale tokenization is most of the start-up."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
-    if (backend is not None and backend.truncation is None and backend.padding is None
-            and not hasattr(tokenizer, "_switch_to_target_mode")):
+    if (
+        backend is not None
+        and backend.truncation is None
+        and backend.padding is None
+        and not hasattr(tokenizer, "_switch_to_target_mode")
+    ):
         return [encoding.ids for encoding in backend.encode_batch_fast(texts)]
     encode = {"text_target": texts} if target else {"text": texts}
     return tokenizer(**encode, return_attention_mask=False)["input_ids"]
@@ -130,8 +168,9 @@ def text_pairs(translations, source_lang, target_lang):
     return sources, targets, pc.and_(pc.is_valid(sources), pc.is_valid(targets))
 
 
-def encode_pairs(batch, indices, tokenizer, source_lang, target_lang, max_source_length, max_target_length,
-                 long_pairs):
+def encode_pairs(
+    batch, indices, tokenizer, source_lang, target_lang, max_source_length, max_target_length, long_pairs
+):
     """`datasets.map` function over Arrow batches: the pairs that train, with their token ids (ending in </s>).
 
     A pair with a side that is not text (None in a dataset not made by prepare_data.py) is left out; so is a pair
@@ -155,19 +194,21 @@ def encode_pairs(batch, indices, tokenizer, source_lang, target_lang, max_source
             target_ids[i] = cut(target_ids[i], max_target_length, tokenizer.eos_token_id)
         source_lengths = np.minimum(source_lengths, max_source_length)
         target_lengths = np.minimum(target_lengths, max_target_length)
-    return pa.table({
-        "input_ids": ragged([source_ids[i] for i in keep], source_lengths[keep]),
-        "labels": ragged([target_ids[i] for i in keep], target_lengths[keep]),
-        "source_length": source_lengths[keep],
-        "target_length": target_lengths[keep],
-        "row": rows[keep],
-        "status": np.where(too_long[keep], TRUNCATED, KEPT).astype(np.int8),
-    })
+    return pa.table(
+        {
+            "input_ids": ragged([source_ids[i] for i in keep], source_lengths[keep]),
+            "labels": ragged([target_ids[i] for i in keep], target_lengths[keep]),
+            "source_length": source_lengths[keep],
+            "target_length": target_lengths[keep],
+            "row": rows[keep],
+            "status": np.where(too_long[keep], TRUNCATED, KEPT).astype(np.int8),
+        }
+    )
 
 
 def cut(ids, limit, eos):
     """At most `limit` ids: the beginning, and the final </s> kept."""
-    return ids if len(ids) <= limit else ids[:limit - 1] + [eos]
+    return ids if len(ids) <= limit else ids[: limit - 1] + [eos]
 
 
 def ragged(sequences, lengths):
@@ -220,8 +261,16 @@ class TokenizedSplit:
         return len(self.pairs)
 
 
-def tokenize_split(split, tokenizer, source_lang, target_lang, max_source_length=256, max_target_length=256,
-                   long_pairs="filter", num_proc=None):
+def tokenize_split(
+    split,
+    tokenizer,
+    source_lang,
+    target_lang,
+    max_source_length=256,
+    max_target_length=256,
+    long_pairs="filter",
+    num_proc=None,
+):
     """Tokenize a split once into Arrow next to its own files; later calls with the same inputs map the cache.
 
     The cache key is the split's datasets fingerprint (its files and every transform that made it), the tokenizer's
@@ -234,27 +283,56 @@ def tokenize_split(split, tokenizer, source_lang, target_lang, max_source_length
     for name, limit in (("max_source_length", max_source_length), ("max_target_length", max_target_length)):
         if limit < 2:
             raise ValueError(f"{name} must be at least 2 (a token and </s>), not {limit}")
-    key = Hasher.hash([CACHE_FORMAT, split._fingerprint, tokenizer_fingerprint(tokenizer), source_lang, target_lang,
-                       max_source_length, max_target_length, long_pairs])
+    key = Hasher.hash(
+        [
+            CACHE_FORMAT,
+            split._fingerprint,
+            tokenizer_fingerprint(tokenizer),
+            source_lang,
+            target_lang,
+            max_source_length,
+            max_target_length,
+            long_pairs,
+        ]
+    )
     cache_file = counts_file = None  # an in-memory split (no files): datasets uses a temporary cache
     if split.cache_files:
         prefix = os.path.join(os.path.dirname(split.cache_files[0]["filename"]), f"{CACHE_PREFIX}-{key}")
         cache_file, counts_file = Path(f"{prefix}.arrow"), Path(f"{prefix}.json")
     from_cache = counts_file is not None and counts_file.is_file() and bool(glob.glob(f"{prefix}*.arrow"))
-    pairs = split.with_format("arrow").map(
-        encode_pairs, batched=True, batch_size=2000, with_indices=True, num_proc=None if from_cache else num_proc,
-        remove_columns=split.column_names, features=TOKENIZED_FEATURES,
-        cache_file_name=str(cache_file) if cache_file else None, new_fingerprint=key,
-        desc=f"tokenizing {len(split):,} pairs",
-        fn_kwargs={"tokenizer": tokenizer, "source_lang": source_lang, "target_lang": target_lang,
-                   "max_source_length": max_source_length, "max_target_length": max_target_length,
-                   "long_pairs": long_pairs}).with_format(None)
+    pairs = (
+        split.with_format("arrow")
+        .map(
+            encode_pairs,
+            batched=True,
+            batch_size=2000,
+            with_indices=True,
+            num_proc=None if from_cache else num_proc,
+            remove_columns=split.column_names,
+            features=TOKENIZED_FEATURES,
+            cache_file_name=str(cache_file) if cache_file else None,
+            new_fingerprint=key,
+            desc=f"tokenizing {len(split):,} pairs",
+            fn_kwargs={
+                "tokenizer": tokenizer,
+                "source_lang": source_lang,
+                "target_lang": target_lang,
+                "max_source_length": max_source_length,
+                "max_target_length": max_target_length,
+                "long_pairs": long_pairs,
+            },
+        )
+        .with_format(None)
+    )
     if from_cache:
         counts = json.loads(counts_file.read_text())
     else:
         without_text = count_without_text(split, source_lang, target_lang)
-        counts = {"truncated": int(np.count_nonzero(pairs.data.column("status").to_numpy() == TRUNCATED)),
-                  "too_long": len(split) - len(pairs) - without_text, "without_text": without_text}
+        counts = {
+            "truncated": int(np.count_nonzero(pairs.data.column("status").to_numpy() == TRUNCATED)),
+            "too_long": len(split) - len(pairs) - without_text,
+            "without_text": without_text,
+        }
         if counts_file is not None:
             counts_file.write_text(json.dumps(counts))
     return TokenizedSplit(pairs, **counts, from_cache=from_cache)
@@ -280,24 +358,40 @@ class TokenBucketSampler(torch.utils.data.Sampler):
     process, which is how a resumed run continues with exactly the batches an uninterrupted run would have used.
     """
 
-    def __init__(self, source_lengths, target_lengths, max_tokens, *, seed=0, shuffle=True, num_replicas=1, rank=0,
-                 batches_per_step=1, drop_remainder=True):
+    def __init__(
+        self,
+        source_lengths,
+        target_lengths,
+        max_tokens,
+        *,
+        seed=0,
+        shuffle=True,
+        num_replicas=1,
+        rank=0,
+        batches_per_step=1,
+        drop_remainder=True,
+    ):
         self.source_lengths = np.asarray(source_lengths, dtype=np.int32)
         self.target_lengths = np.asarray(target_lengths, dtype=np.int32)
         if self.source_lengths.ndim != 1 or self.source_lengths.shape != self.target_lengths.shape:
-            raise ValueError(f"source and target lengths must be two 1-D arrays of one size, not "
-                             f"{self.source_lengths.shape} and {self.target_lengths.shape}")
+            raise ValueError(
+                f"source and target lengths must be two 1-D arrays of one size, not "
+                f"{self.source_lengths.shape} and {self.target_lengths.shape}"
+            )
         if len(self.source_lengths) == 0:
             raise ValueError("there are no pairs to batch")
         if min(self.source_lengths.min(), self.target_lengths.min()) < 1:
             raise ValueError("every source and target holds at least one token (</s>)")
         longest = int((self.source_lengths + self.target_lengths).max())
         if longest > max_tokens:
-            raise ValueError(f"the batch size of {max_tokens} tokens is smaller than the longest pair ({longest} "
-                             "tokens); raise it or lower the maximum lengths")
+            raise ValueError(
+                f"the batch size of {max_tokens} tokens is smaller than the longest pair ({longest} "
+                "tokens); raise it or lower the maximum lengths"
+            )
         if not 0 <= rank < num_replicas or batches_per_step < 1:
-            raise ValueError(f"rank {rank} of {num_replicas} processes, {batches_per_step} batches per step: "
-                             "impossible")
+            raise ValueError(
+                f"rank {rank} of {num_replicas} processes, {batches_per_step} batches per step: impossible"
+            )
         self.max_tokens, self.seed, self.shuffle = max_tokens, seed, shuffle
         self.num_replicas, self.rank, self.batches_per_step = num_replicas, rank, batches_per_step
         self.drop_remainder = drop_remainder
@@ -328,14 +422,16 @@ class TokenBucketSampler(torch.utils.data.Sampler):
             if self.drop_remainder:
                 group = self.num_replicas * self.batches_per_step
                 usable = usable // group * group
-            self._cached = (epoch, (order, bounds, batch_order[self.rank:usable:self.num_replicas]))
+            self._cached = (epoch, (order, bounds, batch_order[self.rank : usable : self.num_replicas]))
         return self._cached[1]
 
     def set_epoch(self, epoch, position=0):
         """Iterate over `epoch` from this process's `position`-th batch on."""
         if not 0 <= position <= self.batches_in_epoch(epoch):
-            raise ValueError(f"position {position} is outside epoch {epoch}, which has "
-                             f"{self.batches_in_epoch(epoch)} batches on this process")
+            raise ValueError(
+                f"position {position} is outside epoch {epoch}, which has "
+                f"{self.batches_in_epoch(epoch)} batches on this process"
+            )
         self.epoch, self.position = epoch, position
 
     def batches_in_epoch(self, epoch):
@@ -347,8 +443,8 @@ class TokenBucketSampler(torch.utils.data.Sampler):
 
     def __iter__(self):
         order, bounds, mine = self._replica_batches(self.epoch)
-        for batch in mine[self.position:]:
-            yield order[bounds[batch]:bounds[batch + 1]].tolist()
+        for batch in mine[self.position :]:
+            yield order[bounds[batch] : bounds[batch + 1]].tolist()
 
     def state_dict(self):
         return {"epoch": self.epoch, "position": self.position}
@@ -399,8 +495,12 @@ class PairCollator:
         decoder_input_ids[:, 0] = self.decoder_start_token_id
         decoder_input_ids[:, 1:] = np.where(labels[:, :-1] == -100, self.pad_token_id, labels[:, :-1])
         attention_mask = (np.arange(input_ids.shape[1]) < source_lengths[:, None]).astype(np.int64)
-        return {"input_ids": torch.from_numpy(input_ids), "attention_mask": torch.from_numpy(attention_mask),
-                "decoder_input_ids": torch.from_numpy(decoder_input_ids), "labels": torch.from_numpy(labels)}
+        return {
+            "input_ids": torch.from_numpy(input_ids),
+            "attention_mask": torch.from_numpy(attention_mask),
+            "decoder_input_ids": torch.from_numpy(decoder_input_ids),
+            "labels": torch.from_numpy(labels),
+        }
 
 
 def padded(column, lengths, value):
@@ -419,7 +519,12 @@ def pair_loader(split, sampler, collator, num_workers=0):
     its iterator at another step than the uninterrupted run did).
     """
     return torch.utils.data.DataLoader(
-        split.pairs.select_columns(list(COLLATED)).with_format("arrow"), sampler=sampler, batch_size=None,
+        split.pairs.select_columns(list(COLLATED)).with_format("arrow"),
+        sampler=sampler,
+        batch_size=None,
         collate_fn=collator,
-        num_workers=num_workers, persistent_workers=num_workers > 0, prefetch_factor=4 if num_workers else None,
-        generator=torch.Generator())
+        num_workers=num_workers,
+        persistent_workers=num_workers > 0,
+        prefetch_factor=4 if num_workers else None,
+        generator=torch.Generator(),
+    )

@@ -1,0 +1,124 @@
+"""Section 6.1, evaluation: translate with beam search and score with sacreBLEU.
+
+`translate` and `corpus_bleu` are the one way this package decodes and scores: the evaluation command, the periodic
+validation of training (`validate`) and fine-tuning's `compute_metrics` all go through them, so their BLEU scores are
+comparable (each is printed with its sacreBLEU signature).
+
+We call sacreBLEU directly rather than through the `evaluate` package: `evaluate.load("sacrebleu")` fetches the
+metric's code from the Hub at run time, which fails offline and runs downloaded code, for the same number.
+"""
+
+import math
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import sacrebleu
+import torch
+from tqdm.auto import tqdm
+
+from ..modeling import label_smoothed_cross_entropy
+from .data import load_translation_dataset, text_pairs
+
+
+@torch.no_grad()
+def translate(model, tokenizer, sentences, batch_size=32, num_beams=4, length_penalty=0.6, max_source_length=None,
+              max_new_tokens=None, progress=False):
+    """Translate `sentences` and return the translations in the same order.
+
+    `sentences` is a list of str or a pyarrow string array, such as a column of a memory-mapped dataset split: only
+    the batch being decoded is turned into Python strings. Sentences are decoded in batches of similar length,
+    longest first (less padding); `num_beams=1` is greedy decoding. Without `max_new_tokens`, the model stops at the
+    input length + 50 tokens (section 6.1). `max_source_length` truncates longer inputs (keeping the final </s>).
+    """
+    if not len(sentences):
+        return []
+    sentences = sentences if isinstance(sentences, (pa.Array, pa.ChunkedArray)) else pa.array(sentences, pa.string())
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    order = np.argsort(-pc.utf8_length(sentences).to_numpy(zero_copy_only=False), kind="stable")
+    translations = [None] * len(sentences)
+    for start in tqdm(range(0, len(order), batch_size), desc="translating", unit="batch", disable=not progress):
+        chunk = order[start:start + batch_size]
+        encoded = tokenizer(
+            sentences.take(chunk).to_pylist(),
+            padding=True,
+            truncation=max_source_length is not None,
+            max_length=max_source_length,
+            return_tensors="pt",
+        )
+        generate_kwargs = dict(num_beams=num_beams, do_sample=False)
+        if num_beams > 1:  # the length penalty only ranks finished beams
+            generate_kwargs["length_penalty"] = length_penalty
+        if max_new_tokens is not None:
+            generate_kwargs["max_new_tokens"] = max_new_tokens
+        output = model.generate(
+            input_ids=encoded["input_ids"].to(device),
+            attention_mask=encoded["attention_mask"].to(device),
+            **generate_kwargs,
+        )
+        for i, text in zip(chunk, tokenizer.batch_decode(output, skip_special_tokens=True)):
+            translations[i] = text.strip()
+    model.train(was_training)
+    return translations
+
+
+def corpus_bleu(hypotheses, references, **bleu_options):
+    """sacreBLEU corpus BLEU of `hypotheses` against one reference each: returns (score object, signature str).
+
+    `score.score` is the BLEU number (0-100); `str(score)` gives the full line with n-gram precisions and brevity
+    penalty. `bleu_options` go to `sacrebleu.metrics.BLEU` (e.g. tokenize="intl").
+    """
+    if len(hypotheses) != len(references):
+        raise ValueError(f"{len(hypotheses)} hypotheses but {len(references)} references.")
+    metric = sacrebleu.metrics.BLEU(**bleu_options)
+    score = metric.corpus_score(list(hypotheses), [list(references)])
+    return score, str(metric.get_signature())
+
+
+def load_pairs(dataset_dir, split, source_lang, target_lang, max_samples=None):
+    """Source and reference sentences of one split, as pyarrow string arrays read from its memory-mapped files, and
+    how many pairs were left out for lacking text on a side (a row or side that is None cannot be scored)."""
+    rows = load_translation_dataset(dataset_dir, source_lang, target_lang, splits=(split,))[split]
+    if max_samples is not None:
+        rows = rows.select(range(min(max_samples, len(rows))))
+    pairs = rows.select_columns(["translation"]).with_format("arrow")[:].column("translation").combine_chunks()
+    sources, references, usable = text_pairs(pairs, source_lang, target_lang)
+    return sources.filter(usable), references.filter(usable), len(pairs) - pc.sum(usable).as_py()
+
+
+@torch.no_grad()
+def validate(accelerator, model, valid_loader, tokenizer=None, bleu_pairs=((), ()), batch_size=64, num_beams=1,
+             length_penalty=0.6, max_source_length=None):
+    """Validation during training, shared out over the processes: the cross-entropy per target token (no label
+    smoothing) over `valid_loader` (each process's share of the batches), and BLEU of `bleu_pairs` (sources,
+    references), each process translating a contiguous share."""
+    was_training = model.training
+    model.eval()
+    totals = torch.zeros(2, dtype=torch.float64, device=accelerator.device)  # loss sum, target tokens
+    for batch in valid_loader:
+        batch = {key: value.to(accelerator.device) for key, value in batch.items()}
+        with accelerator.autocast():
+            logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                           decoder_input_ids=batch["decoder_input_ids"]).logits
+        totals[0] += label_smoothed_cross_entropy(logits, batch["labels"])[1].sum().double()
+        totals[1] += batch["labels"].ne(-100).sum()
+    totals = accelerator.reduce(totals, reduction="sum")
+    result = {"val_loss": (totals[0] / totals[1]).item()}
+    result["val_ppl"] = math.exp(min(result["val_loss"], 50.0))
+
+    sources, references = bleu_pairs
+    if len(sources):
+        from accelerate.utils import gather_object
+
+        share = math.ceil(len(sources) / accelerator.num_processes)
+        mine = sources[accelerator.process_index * share:(accelerator.process_index + 1) * share]
+        with accelerator.autocast():
+            hypotheses = translate(model, tokenizer, list(mine), batch_size=batch_size, num_beams=num_beams,
+                                   length_penalty=length_penalty, max_source_length=max_source_length)
+        hypotheses = gather_object(hypotheses)  # in process order, so in the order of the pairs
+        score, signature = corpus_bleu(hypotheses, references)
+        result.update(bleu=score.score, bleu_signature=signature, example=hypotheses[0])
+    model.train(was_training)
+    return result
