@@ -18,6 +18,7 @@ from .modeling import (
     label_smoothed_cross_entropy,
 )
 
+
 __version__ = importlib.metadata.version("vaswani")
 
 AutoConfig.register("vaswani", VaswaniConfig, exist_ok=True)

@@ -12,17 +12,50 @@ from pathlib import Path
 from transformers import PreTrainedConfig
 from transformers.activations import ACT2FN
 
+
 # Table 3 of the paper, rows "base" and "big", plus two sizes that train on a CPU. "big" uses the
 # dropout of the English-German big model (0.3); the English-French big model used 0.1 (section 6.1).
 PRESETS = {
-    "tiny": dict(d_model=64, encoder_layers=2, decoder_layers=2, encoder_ffn_dim=256, decoder_ffn_dim=256,
-                 encoder_attention_heads=4, decoder_attention_heads=4, dropout=0.1),
-    "small": dict(d_model=256, encoder_layers=3, decoder_layers=3, encoder_ffn_dim=1024, decoder_ffn_dim=1024,
-                  encoder_attention_heads=4, decoder_attention_heads=4, dropout=0.1),
-    "base": dict(d_model=512, encoder_layers=6, decoder_layers=6, encoder_ffn_dim=2048, decoder_ffn_dim=2048,
-                 encoder_attention_heads=8, decoder_attention_heads=8, dropout=0.1),
-    "big": dict(d_model=1024, encoder_layers=6, decoder_layers=6, encoder_ffn_dim=4096, decoder_ffn_dim=4096,
-                encoder_attention_heads=16, decoder_attention_heads=16, dropout=0.3),
+    "tiny": {
+        "d_model": 64,
+        "encoder_layers": 2,
+        "decoder_layers": 2,
+        "encoder_ffn_dim": 256,
+        "decoder_ffn_dim": 256,
+        "encoder_attention_heads": 4,
+        "decoder_attention_heads": 4,
+        "dropout": 0.1,
+    },
+    "small": {
+        "d_model": 256,
+        "encoder_layers": 3,
+        "decoder_layers": 3,
+        "encoder_ffn_dim": 1024,
+        "decoder_ffn_dim": 1024,
+        "encoder_attention_heads": 4,
+        "decoder_attention_heads": 4,
+        "dropout": 0.1,
+    },
+    "base": {
+        "d_model": 512,
+        "encoder_layers": 6,
+        "decoder_layers": 6,
+        "encoder_ffn_dim": 2048,
+        "decoder_ffn_dim": 2048,
+        "encoder_attention_heads": 8,
+        "decoder_attention_heads": 8,
+        "dropout": 0.1,
+    },
+    "big": {
+        "d_model": 1024,
+        "encoder_layers": 6,
+        "decoder_layers": 6,
+        "encoder_ffn_dim": 4096,
+        "decoder_ffn_dim": 4096,
+        "encoder_attention_heads": 16,
+        "decoder_attention_heads": 16,
+        "dropout": 0.3,
+    },
 }
 
 # A saved folder or Hub repo holds the code beside the weights, flat, as `trust_remote_code=True` expects.
@@ -111,8 +144,15 @@ class VaswaniConfig(PreTrainedConfig):
             heads = getattr(self, heads_field)
             if heads <= 0 or self.d_model % heads != 0:
                 raise ValueError(f"d_model ({self.d_model}) must be divisible by {heads_field} ({heads}).")
-        for size_field in ("vocab_size", "d_model", "encoder_layers", "decoder_layers", "encoder_ffn_dim",
-                           "decoder_ffn_dim", "max_position_embeddings"):
+        for size_field in (
+            "vocab_size",
+            "d_model",
+            "encoder_layers",
+            "decoder_layers",
+            "encoder_ffn_dim",
+            "decoder_ffn_dim",
+            "max_position_embeddings",
+        ):
             if getattr(self, size_field) <= 0:
                 raise ValueError(f"{size_field} must be positive, got {getattr(self, size_field)}.")
         for rate_field in ("dropout", "attention_dropout", "activation_dropout"):

@@ -8,6 +8,7 @@ from .modeling_vaswani import (
 )
 from .pipeline_vaswani import VaswaniTranslationPipeline
 
+
 __all__ = [
     "VaswaniDecoder",
     "VaswaniEncoder",

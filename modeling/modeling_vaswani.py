@@ -30,6 +30,7 @@ from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
 from ..configuration.configuration_vaswani import VaswaniConfig
 
+
 # Section 6.1: "We set the maximum output length during inference to input length + 50".
 EXTRA_OUTPUT_TOKENS = 50
 
@@ -125,8 +126,14 @@ class VaswaniAttention(nn.Module):
     self-attention, masked decoder self-attention (`is_causal`) and encoder-decoder attention (`is_cross_attention`).
     """
 
-    def __init__(self, config: VaswaniConfig, num_heads: int, layer_idx: int, is_causal: bool = False,
-                 is_cross_attention: bool = False):
+    def __init__(
+        self,
+        config: VaswaniConfig,
+        num_heads: int,
+        layer_idx: int,
+        is_causal: bool = False,
+        is_cross_attention: bool = False,
+    ):
         super().__init__()
         self.config = config
         self.head_dim = config.d_model // num_heads
@@ -153,7 +160,11 @@ class VaswaniAttention(nn.Module):
 
         cache = None
         if past_key_values is not None:
-            cache = past_key_values.cross_attention_cache if self.is_cross_attention else past_key_values.self_attention_cache
+            cache = (
+                past_key_values.cross_attention_cache
+                if self.is_cross_attention
+                else past_key_values.self_attention_cache
+            )
         if self.is_cross_attention and cache is not None and past_key_values.is_updated.get(self.layer_idx):
             # The encoder output does not change while decoding: its keys and values were projected once.
             key_states, value_states = cache.layers[self.layer_idx].keys, cache.layers[self.layer_idx].values
@@ -237,7 +248,9 @@ class VaswaniDecoderLayer(GradientCheckpointingLayer):
         super().__init__()
         self.self_attn = VaswaniAttention(config, config.decoder_attention_heads, layer_idx, is_causal=True)
         self.self_attn_layer_norm = VaswaniAddAndNorm(config)
-        self.encoder_attn = VaswaniAttention(config, config.decoder_attention_heads, layer_idx, is_cross_attention=True)
+        self.encoder_attn = VaswaniAttention(
+            config, config.decoder_attention_heads, layer_idx, is_cross_attention=True
+        )
         self.encoder_attn_layer_norm = VaswaniAddAndNorm(config)
         self.feed_forward = VaswaniFeedForward(config, config.decoder_ffn_dim)
         self.final_layer_norm = VaswaniAddAndNorm(config)
@@ -346,7 +359,9 @@ class VaswaniEncoder(VaswaniPreTrainedModel):
             raise ValueError("Pass exactly one of input_ids or inputs_embeds to the encoder.")
         if inputs_embeds is None:
             if input_ids.dim() != 2 or 0 in input_ids.shape:
-                raise ValueError(f"input_ids must be a non-empty (batch, length) tensor, got shape {tuple(input_ids.shape)}.")
+                raise ValueError(
+                    f"input_ids must be a non-empty (batch, length) tensor, got shape {tuple(input_ids.shape)}."
+                )
             inputs_embeds = self.embed_tokens(input_ids)
         batch_size, length = inputs_embeds.shape[:2]
         check_attention_mask(attention_mask, (batch_size, length), "attention_mask")
@@ -438,7 +453,9 @@ class VaswaniDecoder(VaswaniPreTrainedModel):
                 past_key_values=past_key_values,
                 **kwargs,
             )
-        return BaseModelOutputWithPastAndCrossAttentions(last_hidden_state=hidden_states, past_key_values=past_key_values)
+        return BaseModelOutputWithPastAndCrossAttentions(
+            last_hidden_state=hidden_states, past_key_values=past_key_values
+        )
 
 
 class VaswaniModel(VaswaniPreTrainedModel):
@@ -684,14 +701,18 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
         return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
 
-    def generate(self, inputs: torch.Tensor | None = None, generation_config: GenerationConfig | None = None, **kwargs):
+    def generate(
+        self, inputs: torch.Tensor | None = None, generation_config: GenerationConfig | None = None, **kwargs
+    ):
         """`GenerationMixin.generate`, with the paper's length limit (section 6.1) when no other is given anywhere:
         at most the source length + 50 new tokens."""
         config = generation_config if generation_config is not None else self.generation_config
         limits = (kwargs.get("max_length"), kwargs.get("max_new_tokens"), config.max_length, config.max_new_tokens)
         source = inputs if inputs is not None else kwargs.get("input_ids", kwargs.get("inputs_embeds"))
         if all(limit is None for limit in limits) and source is not None:
-            kwargs["max_new_tokens"] = min(source.shape[1] + EXTRA_OUTPUT_TOKENS, self.config.max_position_embeddings - 1)
+            kwargs["max_new_tokens"] = min(
+                source.shape[1] + EXTRA_OUTPUT_TOKENS, self.config.max_position_embeddings - 1
+            )
         return super().generate(inputs, generation_config=generation_config, **kwargs)
 
 

@@ -39,7 +39,8 @@ import torch
 from vaswani.training.checks import UsageError
 from vaswani.training.cli import command, parse_arguments
 
-SPECIAL_IDS = dict(pad_token_id=0, bos_token_id=1, eos_token_id=2, decoder_start_token_id=1)
+
+SPECIAL_IDS = {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2, "decoder_start_token_id": 1}
 VOCAB_SIZE = 32000
 
 
@@ -59,8 +60,9 @@ def build_model(implementation: str, preset: str, max_positions: int):
 
     from vaswani import VaswaniConfig, VaswaniForConditionalGeneration
 
-    config = VaswaniConfig.from_preset(preset, vocab_size=VOCAB_SIZE, max_position_embeddings=max_positions,
-                                       **SPECIAL_IDS)
+    config = VaswaniConfig.from_preset(
+        preset, vocab_size=VOCAB_SIZE, max_position_embeddings=max_positions, **SPECIAL_IDS
+    )
     if implementation == "vaswani":
         return VaswaniForConditionalGeneration(config)
     marian = MarianConfig(
@@ -120,9 +122,11 @@ def training_step_flops(config, batch: int, length: int) -> int:
     # Self-attention (Q, K, V, output), encoder-decoder attention (Q, output; K and V are per source token), FFN.
     decoder_layer = 4 * d * d + attention + 2 * d * d + attention + 2 * d * config.decoder_ffn_dim
     encoder_keys_values = 2 * d * d
-    forward = tokens * (config.encoder_layers * encoder_layer
-                        + config.decoder_layers * (decoder_layer + encoder_keys_values)
-                        + d * config.vocab_size)
+    forward = tokens * (
+        config.encoder_layers * encoder_layer
+        + config.decoder_layers * (decoder_layer + encoder_keys_values)
+        + d * config.vocab_size
+    )
     return 3 * 2 * forward
 
 
@@ -135,7 +139,7 @@ def matmul_ceiling(device: torch.device, dtype: torch.dtype) -> dict:
     for _ in range(2 + 10):
         with timer:
             left @ right
-    return dict(size=size, flops_per_s=2 * size**3 / min(timer.times[2:]))
+    return {"size": size, "flops_per_s": 2 * size**3 / min(timer.times[2:])}
 
 
 def measure_training(model, args, length: int, batch_tokens: int) -> dict:
@@ -156,8 +160,14 @@ def measure_training(model, args, length: int, batch_tokens: int) -> dict:
             optimizer.step()
     tokens = source.numel() + target.numel()
     peak = torch.cuda.max_memory_allocated() if device.type == "cuda" else memory_status("VmHWM") - args.baseline_rss
-    return dict(times=timer.times[-args.repeats:], tokens=tokens, batch=batch, length=length, peak_memory=peak,
-                flops=training_step_flops(model.config, batch, length))
+    return {
+        "times": timer.times[-args.repeats :],
+        "tokens": tokens,
+        "batch": batch,
+        "length": length,
+        "peak_memory": peak,
+        "flops": training_step_flops(model.config, batch, length),
+    }
 
 
 def measure_generation(model, args, num_beams: int) -> dict:
@@ -170,7 +180,7 @@ def measure_generation(model, args, num_beams: int) -> dict:
 
         compile_config = CompileConfig(fullgraph=True)
         compile_config._compile_all_devices = True  # generate() compiles on accelerators only unless told so
-        options = dict(cache_implementation="static", compile_config=compile_config)
+        options = {"cache_implementation": "static", "compile_config": compile_config}
     timer = Timer(device)
     for step in range(args.warmup + args.repeats):  # the warm-up also compiles
         with torch.inference_mode(), timer:
@@ -184,7 +194,11 @@ def measure_generation(model, args, num_beams: int) -> dict:
                 **options,
             )
     assert output.shape == (args.gen_batch, args.gen_length + 1), output.shape
-    return dict(times=timer.times[-args.repeats:], sentences=args.gen_batch, tokens=args.gen_batch * args.gen_length)
+    return {
+        "times": timer.times[-args.repeats :],
+        "sentences": args.gen_batch,
+        "tokens": args.gen_batch * args.gen_length,
+    }
 
 
 def measure_ctranslate2(args, quantization: str, num_beams: int) -> dict:
@@ -205,7 +219,11 @@ def measure_ctranslate2(args, quantization: str, num_beams: int) -> dict:
             with timer:
                 output = translate_ids(translator, tokens, source, beam_size=num_beams, length=args.gen_length)
         assert all(len(ids) == args.gen_length for ids in output), [len(ids) for ids in output]
-    return dict(times=timer.times[-args.repeats:], sentences=args.gen_batch, tokens=args.gen_batch * args.gen_length)
+    return {
+        "times": timer.times[-args.repeats :],
+        "sentences": args.gen_batch,
+        "tokens": args.gen_batch * args.gen_length,
+    }
 
 
 def worker(args) -> dict:
@@ -246,7 +264,7 @@ def pool_rounds(measured: list[dict]) -> dict:
 
 def summarise(times: list[float], amount: float) -> dict:
     rates = [amount / t for t in times]
-    return dict(median=statistics.median(rates), low=min(rates), high=max(rates))
+    return {"median": statistics.median(rates), "low": min(rates), "high": max(rates)}
 
 
 def fmt_rate(stat: dict | None) -> str:
@@ -281,8 +299,11 @@ def main_table(results: dict, ceiling: dict) -> tuple[list[dict], str]:
     ]
     for row in rows:
         memory = f"{row['train_peak_memory_mib']:,.0f}" if "train_peak_memory_mib" in row else "n/a"
-        flops = (f"{row['train_flops_per_s']['median'] / 1e12:.3g} ({row['train_mfu']:.1%})"
-                 if "train_mfu" in row else "n/a")
+        flops = (
+            f"{row['train_flops_per_s']['median'] / 1e12:.3g} ({row['train_mfu']:.1%})"
+            if "train_mfu" in row
+            else "n/a"
+        )
         lines.append(
             f"| {row['implementation']} | {fmt_rate(row.get('train_tokens_per_s'))} | {flops} | {memory} "
             f"| {fmt_rate(row['beam1_sentences_per_s'])} | {fmt_rate(row['beam1_tokens_per_s'])} "
@@ -295,8 +316,12 @@ def main_table(results: dict, ceiling: dict) -> tuple[list[dict], str]:
 
 
 def sweep_table(title: str, points: list[dict]) -> str:
-    lines = [f"{title}", "", "| implementation | length | batch (sentences) | ms/step (min-max) | peak MiB |",
-             "|---|---|---|---|---|"]
+    lines = [
+        f"{title}",
+        "",
+        "| implementation | length | batch (sentences) | ms/step (min-max) | peak MiB |",
+        "|---|---|---|---|---|",
+    ]
     for point in points:
         times_ms = [t * 1000 for t in point["times"]]
         lines.append(
@@ -323,8 +348,10 @@ class BenchmarkArguments:
     sweep_lengths: list[int] = field(default_factory=lambda: [32, 64, 128, 256, 512, 1024])
     sweep_batch_tokens: list[int] = field(default_factory=lambda: [1024, 2048, 4096, 8192])
     no_ctranslate2: bool = field(default=False, metadata={"help": "leave out the CTranslate2 rows"})
-    compile: bool = field(default=False, metadata={
-        "help": "generate with a static KV cache and torch.compile (vaswani and Marian alike)"})
+    compile: bool = field(
+        default=False,
+        metadata={"help": "generate with a static KV cache and torch.compile (vaswani and Marian alike)"},
+    )
     output_dir: str = "docs/benchmarks"
     # What the main process tells a measuring process (run_worker): which implementation, which sweep point.
     implementation: str | None = field(default=None, metadata={"help": argparse.SUPPRESS})
@@ -337,8 +364,18 @@ class BenchmarkArguments:
     def forwarded(self):
         """The arguments a measuring process needs to measure what this one would."""
         forwarded = []
-        for name in ("device", "preset", "dtype", "batch_tokens", "train_length", "gen_batch", "gen_source_length",
-                     "gen_length", "repeats", "warmup"):
+        for name in (
+            "device",
+            "preset",
+            "dtype",
+            "batch_tokens",
+            "train_length",
+            "gen_batch",
+            "gen_source_length",
+            "gen_length",
+            "repeats",
+            "warmup",
+        ):
             forwarded += [f"--{name}", str(getattr(self, name))]
         forwarded += ["--compile"] if self.compile else []
         return [*forwarded, "--sweep_lengths", *map(str, self.sweep_lengths)]
@@ -358,52 +395,79 @@ def main(argv) -> dict:
     if not args.no_ctranslate2:
         quantizations = ["float32", "int8"] if args.device == "cpu" else ["float16", "int8_float16"]
         implementations += [f"ctranslate2:{q}" for q in quantizations]
-    sweep = [("length", impl, (length, args.batch_tokens))
-             for length in args.sweep_lengths for impl in ("vaswani", "marian")]
-    sweep += [("batch_tokens", impl, (args.train_length, tokens))
-              for tokens in args.sweep_batch_tokens for impl in ("vaswani", "marian")]
+    sweep = [
+        ("length", impl, (length, args.batch_tokens))
+        for length in args.sweep_lengths
+        for impl in ("vaswani", "marian")
+    ]
+    sweep += [
+        ("batch_tokens", impl, (args.train_length, tokens))
+        for tokens in args.sweep_batch_tokens
+        for impl in ("vaswani", "marian")
+    ]
 
     ceiling = matmul_ceiling(torch.device(args.device), getattr(torch, args.dtype))
     rounds, sweep_points = {implementation: [] for implementation in implementations}, []
     with tqdm(total=args.rounds * len(implementations) + len(sweep), desc="benchmark", unit="run") as progress:
         for round_index in range(args.rounds):
-            for implementation in implementations[::-1 if round_index % 2 else 1]:
+            for implementation in implementations[:: -1 if round_index % 2 else 1]:
                 progress.set_postfix_str(f"{implementation}, round {round_index + 1}")
                 rounds[implementation].append(run_worker(args, implementation))
                 progress.update()
         for axis, implementation, point in sweep:
             progress.set_postfix_str(f"{implementation} {point}")
-            sweep_points.append({"implementation": implementation, "sweep_axis": axis,
-                                 **run_worker(args, implementation, point)["train"]})
+            sweep_points.append(
+                {
+                    "implementation": implementation,
+                    "sweep_axis": axis,
+                    **run_worker(args, implementation, point)["train"],
+                }
+            )
             progress.update()
 
     results = {implementation: pool_rounds(measured) for implementation, measured in rounds.items()}
     rows, table = main_table(results, ceiling)
     device_name = torch.cuda.get_device_name() if args.device == "cuda" else f"CPU, {torch.get_num_threads()} threads"
     decoding = ", generation with a static KV cache and torch.compile" if args.compile else ""
-    header = (f"## {args.preset} preset, {args.dtype}, {device_name}{decoding}\n\n"
-              f"torch {torch.__version__}; training batch {args.batch_tokens} source + {args.batch_tokens} target "
-              f"tokens of length {args.train_length}; generation of {args.gen_batch} sentences of "
-              f"{args.gen_source_length} tokens into exactly {args.gen_length} tokens; median (min-max) of "
-              f"{args.rounds} processes x {args.repeats} repetitions after {args.warmup} warm-up (main table; the "
-              f"sweeps: 1 process each). MFU: model FLOPs of the training step "
-              f"(matrix multiplications, forward and backward) per second over the measured {args.dtype} "
-              f"matrix-multiply ceiling of this device, {ceiling['flops_per_s'] / 1e12:.3g} TFLOP/s "
-              f"({ceiling['size']}x{ceiling['size']} matrices).\n")
+    header = (
+        f"## {args.preset} preset, {args.dtype}, {device_name}{decoding}\n\n"
+        f"torch {torch.__version__}; training batch {args.batch_tokens} source + {args.batch_tokens} target "
+        f"tokens of length {args.train_length}; generation of {args.gen_batch} sentences of "
+        f"{args.gen_source_length} tokens into exactly {args.gen_length} tokens; median (min-max) of "
+        f"{args.rounds} processes x {args.repeats} repetitions after {args.warmup} warm-up (main table; the "
+        f"sweeps: 1 process each). MFU: model FLOPs of the training step "
+        f"(matrix multiplications, forward and backward) per second over the measured {args.dtype} "
+        f"matrix-multiply ceiling of this device, {ceiling['flops_per_s'] / 1e12:.3g} TFLOP/s "
+        f"({ceiling['size']}x{ceiling['size']} matrices).\n"
+    )
     by_length = [p for p in sweep_points if p["sweep_axis"] == "length"]
     by_tokens = [p for p in sweep_points if p["sweep_axis"] == "batch_tokens"]
-    markdown = "\n".join([
-        header, table, "",
-        sweep_table(f"### Training step against sequence length ({args.batch_tokens} source tokens a batch)", by_length),
-        "", sweep_table(f"### Training step against batch tokens (length {args.train_length})", by_tokens), "",
-    ])
+    markdown = "\n".join(
+        [
+            header,
+            table,
+            "",
+            sweep_table(
+                f"### Training step against sequence length ({args.batch_tokens} source tokens a batch)", by_length
+            ),
+            "",
+            sweep_table(f"### Training step against batch tokens (length {args.train_length})", by_tokens),
+            "",
+        ]
+    )
     print(markdown)
     output_dir = Path(args.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     stem = f"{args.device}_{args.preset}_{args.dtype}" + ("_compile" if args.compile else "")
-    report = {"settings": asdict(args), "device": device_name,
-              "torch": torch.__version__, "matmul_ceiling": ceiling, "rows": rows, "raw": results,
-              "sweep": sweep_points}
+    report = {
+        "settings": asdict(args),
+        "device": device_name,
+        "torch": torch.__version__,
+        "matmul_ceiling": ceiling,
+        "rows": rows,
+        "raw": results,
+        "sweep": sweep_points,
+    }
     (output_dir / f"{stem}.json").write_text(json.dumps(report, indent=2))
     (output_dir / f"{stem}.md").write_text(markdown)
     print(f"Written {output_dir / stem}.json and .md")

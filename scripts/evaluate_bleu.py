@@ -52,17 +52,25 @@ def main(argv):
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or args.model)
     model = AutoModelForSeq2SeqLM.from_pretrained(args.model, use_safetensors=True).to(device).eval()
     check_tokenizer_matches_config(tokenizer, model.config, args.model)
-    sources, references, without_text = load_pairs(args.dataset_dir, args.split, args.source_lang, args.target_lang,
-                                                   args.max_samples)
+    sources, references, without_text = load_pairs(
+        args.dataset_dir, args.split, args.source_lang, args.target_lang, args.max_samples
+    )
     if without_text:
         print(f"skipped {without_text} pairs of {args.split} without text on both sides")
     if not len(sources):
         raise UsageError(f"no pair to translate in the {args.split} split of {args.dataset_dir}.")
 
     start = time.time()
-    hypotheses = translate(model, tokenizer, sources, batch_size=args.batch_size, num_beams=args.num_beams,
-                           length_penalty=args.length_penalty, max_source_length=args.max_source_length,
-                           progress=True)
+    hypotheses = translate(
+        model,
+        tokenizer,
+        sources,
+        batch_size=args.batch_size,
+        num_beams=args.num_beams,
+        length_penalty=args.length_penalty,
+        max_source_length=args.max_source_length,
+        progress=True,
+    )
     seconds = time.time() - start
     score, signature = corpus_bleu(hypotheses, references.to_pylist(), tokenize=args.tokenize)
 
@@ -72,8 +80,10 @@ def main(argv):
 
     for i in range(min(args.num_examples, len(sources))):
         print(f"SRC: {sources[i].as_py()}\nREF: {references[i].as_py()}\nHYP: {hypotheses[i]}\n")
-    print(f"Translated {len(sources)} sentences of {args.split} in {seconds:.1f}s "
-          f"(num_beams={args.num_beams}, length_penalty={args.length_penalty}); hypotheses in {output}")
+    print(
+        f"Translated {len(sources)} sentences of {args.split} in {seconds:.1f}s "
+        f"(num_beams={args.num_beams}, length_penalty={args.length_penalty}); hypotheses in {output}"
+    )
     print(score)  # "BLEU = 27.30 58.1/33.0/20.9/13.6 (BP = ... ratio = ... hyp_len = ... ref_len = ...)"
     print(f"sacreBLEU signature: {signature}")
 

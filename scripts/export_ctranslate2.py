@@ -19,8 +19,11 @@ from vaswani.training.cli import command, parse_arguments
 from vaswani.training.export import export, translate_ids, vocabulary
 
 
-CHECK_SENTENCES = ["In the beginning God created the heavens and the earth.", "Jesus wept.",
-                   "The Lord is my shepherd; I shall not want."]
+CHECK_SENTENCES = [
+    "In the beginning God created the heavens and the earth.",
+    "Jesus wept.",
+    "The Lord is my shepherd; I shall not want.",
+]
 
 
 @dataclass

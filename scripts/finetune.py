@@ -119,8 +119,14 @@ def parse_args(argv=None):
 def load_splits(data, seed):
     """The raw training and evaluation splits; without the evaluation split, part of the training split."""
     name, flag = (data.dataset_dir, "--dataset_dir") if data.dataset_dir else (data.dataset, "--dataset")
-    dataset = load_translation_dataset(name, data.source_lang, data.target_lang, splits=(data.train_split,),
-                                       config_name=data.dataset_config, flag=flag)
+    dataset = load_translation_dataset(
+        name,
+        data.source_lang,
+        data.target_lang,
+        splits=(data.train_split,),
+        config_name=data.dataset_config,
+        flag=flag,
+    )
     if data.eval_split in dataset:
         check_translation_split(dataset, data.eval_split, data.source_lang, data.target_lang, f"{flag} {name}")
         train, evaluation = dataset[data.train_split], dataset[data.eval_split]

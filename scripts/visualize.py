@@ -39,8 +39,9 @@ class VisualizeArguments:
     text: str = field(metadata={"help": "source sentence"})
     output_dir: str = field(metadata={"help": "where the pictures go"})
     tokenizer: str | None = field(default=None, metadata={"help": "default: the tokenizer saved with the model"})
-    target: str | None = field(default=None, metadata={"help": "target sentence; default: the model's greedy "
-                                                                "translation"})
+    target: str | None = field(
+        default=None, metadata={"help": "target sentence; default: the model's greedy translation"}
+    )
     num_positions: int = field(default=100, metadata={"help": "positions shown in the encoding plot"})
 
 
@@ -89,8 +90,12 @@ def plot_attention_grid(attentions, row_labels, column_labels, title, path):
 def attention_maps(model, tokenizer, text, target):
     """Attention weights of every layer and head for one (source, target) pair, and the token labels of both."""
     encoded = tokenizer([text], text_target=[target], return_tensors="pt")
-    output = model(input_ids=encoded["input_ids"], attention_mask=encoded["attention_mask"],
-                   labels=encoded["labels"], output_attentions=True)
+    output = model(
+        input_ids=encoded["input_ids"],
+        attention_mask=encoded["attention_mask"],
+        labels=encoded["labels"],
+        output_attentions=True,
+    )
     source_tokens = tokenizer.convert_ids_to_tokens(encoded["input_ids"][0].tolist())
     decoder_input = model.prepare_decoder_input_ids_from_labels(encoded["labels"])[0].tolist()
     decoder_tokens = tokenizer.convert_ids_to_tokens(decoder_input)
@@ -124,8 +129,13 @@ def main(argv):
     for name, attentions, rows, columns, title in (
         ("encoder_self", output.encoder_attentions, source_tokens, source_tokens, "Encoder self-attention"),
         ("decoder_self", output.decoder_attentions, decoder_tokens, decoder_tokens, "Decoder masked self-attention"),
-        ("encoder_decoder", output.cross_attentions, decoder_tokens, source_tokens,
-         "Encoder-decoder attention (rows: decoder input, columns: source)"),
+        (
+            "encoder_decoder",
+            output.cross_attentions,
+            decoder_tokens,
+            source_tokens,
+            "Encoder-decoder attention (rows: decoder input, columns: source)",
+        ),
     ):
         path = output_dir / f"attention_{name}.png"
         plot_attention_grid(attentions, rows, columns, title, path)

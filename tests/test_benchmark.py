@@ -13,12 +13,34 @@ from vaswani.scripts import benchmark
 @pytest.fixture(scope="module")
 def report(tmp_path_factory):
     output_dir = tmp_path_factory.mktemp("benchmarks")
-    benchmark.main([
-        "--preset", "tiny", "--rounds", "2", "--repeats", "1", "--warmup", "0", "--batch_tokens", "128",
-        "--train_length", "16",
-        "--gen_batch", "2", "--gen_source_length", "6", "--gen_length", "5",
-        "--sweep_lengths", "32", "--sweep_batch_tokens", "256", "--output_dir", str(output_dir),
-    ])
+    benchmark.main(
+        [
+            "--preset",
+            "tiny",
+            "--rounds",
+            "2",
+            "--repeats",
+            "1",
+            "--warmup",
+            "0",
+            "--batch_tokens",
+            "128",
+            "--train_length",
+            "16",
+            "--gen_batch",
+            "2",
+            "--gen_source_length",
+            "6",
+            "--gen_length",
+            "5",
+            "--sweep_lengths",
+            "32",
+            "--sweep_batch_tokens",
+            "256",
+            "--output_dir",
+            str(output_dir),
+        ]
+    )
     return output_dir
 
 
@@ -76,12 +98,36 @@ def test_model_flops_of_a_training_step_match_torch_flop_counter(preset):
 @pytest.mark.slow
 @pytest.mark.benchmark
 def test_benchmark_compiled_generation_writes_its_own_table(tmp_path):
-    benchmark.main([
-        "--preset", "tiny", "--rounds", "1", "--repeats", "1", "--warmup", "1", "--batch_tokens", "128",
-        "--train_length", "16", "--gen_batch", "2", "--gen_source_length", "6", "--gen_length", "5",
-        "--sweep_lengths", "32", "--sweep_batch_tokens", "256", "--no_ctranslate2", "--compile",
-        "--output_dir", str(tmp_path),
-    ])
+    benchmark.main(
+        [
+            "--preset",
+            "tiny",
+            "--rounds",
+            "1",
+            "--repeats",
+            "1",
+            "--warmup",
+            "1",
+            "--batch_tokens",
+            "128",
+            "--train_length",
+            "16",
+            "--gen_batch",
+            "2",
+            "--gen_source_length",
+            "6",
+            "--gen_length",
+            "5",
+            "--sweep_lengths",
+            "32",
+            "--sweep_batch_tokens",
+            "256",
+            "--no_ctranslate2",
+            "--compile",
+            "--output_dir",
+            str(tmp_path),
+        ]
+    )
     data = json.loads((tmp_path / "cpu_tiny_float32_compile.json").read_text())
     assert [row["implementation"] for row in data["rows"]] == ["vaswani", "marian"]
     assert data["settings"]["compile"] and all(row["beam4_sentences_per_s"]["median"] > 0 for row in data["rows"])

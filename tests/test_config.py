@@ -45,15 +45,15 @@ def test_auto_config_knows_the_model_type():
 @pytest.mark.parametrize(
     "overrides, field",
     [
-        (dict(d_model=100, encoder_attention_heads=8), "encoder_attention_heads"),
-        (dict(d_model=96, encoder_attention_heads=4, decoder_attention_heads=5), "decoder_attention_heads"),
-        (dict(dropout=-0.1), "dropout"),
-        (dict(attention_dropout=1.5), "attention_dropout"),
-        (dict(activation_function="swishy"), "activation_function"),
-        (dict(vocab_size=2), "eos_token_id"),
-        (dict(vocab_size=100, pad_token_id=100), "pad_token_id"),
-        (dict(encoder_layers=0), "encoder_layers"),
-        (dict(max_position_embeddings=0), "max_position_embeddings"),
+        ({"d_model": 100, "encoder_attention_heads": 8}, "encoder_attention_heads"),
+        ({"d_model": 96, "encoder_attention_heads": 4, "decoder_attention_heads": 5}, "decoder_attention_heads"),
+        ({"dropout": -0.1}, "dropout"),
+        ({"attention_dropout": 1.5}, "attention_dropout"),
+        ({"activation_function": "swishy"}, "activation_function"),
+        ({"vocab_size": 2}, "eos_token_id"),
+        ({"vocab_size": 100, "pad_token_id": 100}, "pad_token_id"),
+        ({"encoder_layers": 0}, "encoder_layers"),
+        ({"max_position_embeddings": 0}, "max_position_embeddings"),
     ],
 )
 def test_invalid_values_raise_a_value_error_naming_the_field(overrides, field):

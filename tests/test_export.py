@@ -6,11 +6,12 @@ import sys
 import ctranslate2
 import pytest
 import torch
-
 from conftest import REPO_ROOT
+
+from vaswani import VaswaniConfig, VaswaniForConditionalGeneration
 from vaswani.training.export import export, translate_ids, vocabulary
 from vaswani.training.tokenizer import train_bpe_tokenizer
-from vaswani import VaswaniConfig, VaswaniForConditionalGeneration
+
 
 PAIRS = [
     ("In the beginning God created the heavens and the earth.", "En el principio creó Dios los cielos y la tierra."),
@@ -66,16 +67,35 @@ def test_greedy_translations_are_identical(trained, tmp_path):
 def test_script_exports_int8_and_checks(trained, tmp_path):
     _, _, folder = trained
     done = subprocess.run(
-        [sys.executable, str(REPO_ROOT / "scripts" / "export_ctranslate2.py"), "--model", str(folder),
-         "--output_dir", str(tmp_path / "ct2"), "--check", "--check_sentences", *[source for source, _ in PAIRS]],
-        capture_output=True, text=True,
+        [
+            sys.executable,
+            str(REPO_ROOT / "scripts" / "export_ctranslate2.py"),
+            "--model",
+            str(folder),
+            "--output_dir",
+            str(tmp_path / "ct2"),
+            "--check",
+            "--check_sentences",
+            *[source for source, _ in PAIRS],
+        ],
+        capture_output=True,
+        text=True,
     )
     assert done.returncode == 0, done.stderr
     assert "Greedy outputs identical on 4 sentences" in done.stdout
     done = subprocess.run(
-        [sys.executable, str(REPO_ROOT / "scripts" / "export_ctranslate2.py"), "--model", str(folder),
-         "--output_dir", str(tmp_path / "ct2_int8"), "--quantization", "int8"],
-        capture_output=True, text=True,
+        [
+            sys.executable,
+            str(REPO_ROOT / "scripts" / "export_ctranslate2.py"),
+            "--model",
+            str(folder),
+            "--output_dir",
+            str(tmp_path / "ct2_int8"),
+            "--quantization",
+            "int8",
+        ],
+        capture_output=True,
+        text=True,
     )
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "ct2_int8" / "model.bin").stat().st_size < (tmp_path / "ct2" / "model.bin").stat().st_size

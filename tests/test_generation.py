@@ -8,7 +8,8 @@ import torch
 
 from vaswani import VaswaniForConditionalGeneration
 
-DECODING = {"greedy": dict(num_beams=1), "beam": dict(num_beams=4, length_penalty=0.6)}
+
+DECODING = {"greedy": {"num_beams": 1}, "beam": {"num_beams": 4, "length_penalty": 0.6}}
 
 
 @pytest.fixture
@@ -17,7 +18,7 @@ def model(tiny_model, device, dtype):
 
 
 def tolerance(dtype):
-    return dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=3e-2, rtol=3e-2)
+    return {"atol": 1e-5, "rtol": 1e-5} if dtype == torch.float32 else {"atol": 3e-2, "rtol": 3e-2}
 
 
 def test_default_generation_config_is_the_papers(tiny_model):
@@ -70,7 +71,7 @@ def test_static_cache_generation_compiles_to_one_graph(model, source_batch, devi
     from transformers import CompileConfig
 
     input_ids, attention_mask = (t.to(device) for t in source_batch)
-    kwargs = dict(attention_mask=attention_mask, max_new_tokens=8, num_beams=1)
+    kwargs = {"attention_mask": attention_mask, "max_new_tokens": 8, "num_beams": 1}
     compile_config = CompileConfig(fullgraph=True, mode="default")
     compile_config._compile_all_devices = True  # generate() compiles on accelerators only unless told so
     compiled = model.generate(input_ids, cache_implementation="static", compile_config=compile_config, **kwargs)
@@ -105,8 +106,9 @@ def test_sampling_is_reproducible_with_a_seed(model, source_batch, device):
     for _ in range(2):
         torch.manual_seed(123)
         outputs.append(
-            model.generate(input_ids, attention_mask=attention_mask, do_sample=True, num_beams=1, top_k=20,
-                           max_new_tokens=10)
+            model.generate(
+                input_ids, attention_mask=attention_mask, do_sample=True, num_beams=1, top_k=20, max_new_tokens=10
+            )
         )
     assert torch.equal(*outputs)
     assert outputs[0].shape == (2, 11)
@@ -138,5 +140,7 @@ def test_translation_pipeline_returns_every_requested_hypothesis(tmp_path):
     alone = translate(texts[1], **options)
     assert batch[1] == alone
     one_each = translate(texts, num_beams=3, max_new_tokens=6)
-    assert [answer["translation_text"] for answer in one_each] == [single[0]["translation_text"],
-                                                                    alone[0]["translation_text"]]
+    assert [answer["translation_text"] for answer in one_each] == [
+        single[0]["translation_text"],
+        alone[0]["translation_text"],
+    ]

@@ -50,7 +50,11 @@ def reference_transformer(model: VaswaniForConditionalGeneration) -> nn.Transfor
             copy_feed_forward_and_norms(
                 target,
                 source,
-                [("norm1", "self_attn_layer_norm"), ("norm2", "encoder_attn_layer_norm"), ("norm3", "final_layer_norm")],
+                [
+                    ("norm1", "self_attn_layer_norm"),
+                    ("norm2", "encoder_attn_layer_norm"),
+                    ("norm3", "final_layer_norm"),
+                ],
             )
     return reference.eval()
 
@@ -132,8 +136,11 @@ def test_three_way_weight_tying_after_init_and_after_loading(tiny_model, tmp_pat
         shared = model.model.shared.weight
         return all(
             weight.data_ptr() == shared.data_ptr()
-            for weight in (model.model.encoder.embed_tokens.weight, model.model.decoder.embed_tokens.weight,
-                           model.lm_head.weight)
+            for weight in (
+                model.model.encoder.embed_tokens.weight,
+                model.model.decoder.embed_tokens.weight,
+                model.lm_head.weight,
+            )
         )
 
     assert tied(tiny_model)
@@ -193,12 +200,13 @@ def test_label_smoothed_loss_and_gradient_equal_torch_cross_entropy(dtype, label
     smoothed, plain = label_smoothed_cross_entropy(logits, labels, label_smoothing)
 
     def cross_entropy(dtype, label_smoothing):
-        return nn.functional.cross_entropy(logits.to(dtype).flatten(0, 1), labels.flatten(), reduction="none",
-                                           label_smoothing=label_smoothing).view(2, 5)
+        return nn.functional.cross_entropy(
+            logits.to(dtype).flatten(0, 1), labels.flatten(), reduction="none", label_smoothing=label_smoothing
+        ).view(2, 5)
 
     # Against float64: over half a million logits, float32 sums in another order differ by a few 1e-6 (and torch's
     # float32 gradient of the smoothing term, which sums -eps / vocab_size over the vocabulary, by several 1e-4).
-    tolerance = dict(rtol=1e-5, atol=1e-5)
+    tolerance = {"rtol": 1e-5, "atol": 1e-5}
     torch.testing.assert_close(smoothed, cross_entropy(torch.float64, label_smoothing).float(), **tolerance)
     torch.testing.assert_close(plain, cross_entropy(torch.float64, 0.0).float(), **tolerance)
     assert smoothed.dtype == torch.float32 and not plain.requires_grad
@@ -221,7 +229,11 @@ def test_label_smoothed_loss_gradient_passes_gradcheck_in_float64():
 @pytest.mark.parametrize(
     ("labels", "smoothing", "message"),
     [
-        (torch.tensor([[1, 12]]), 0.0, r"labels must be in \[0, 12\) \(vocab_size\) or -100 \(ignored\), got labels from 1 to 12"),
+        (
+            torch.tensor([[1, 12]]),
+            0.0,
+            r"labels must be in \[0, 12\) \(vocab_size\) or -100 \(ignored\), got labels from 1 to 12",
+        ),
         (torch.tensor([[-5, 1]]), 0.0, r"got labels from -5 to 1"),
         (torch.tensor([[1, 2, 3]]), 0.0, r"labels have shape \(1, 3\), but the logits have shape \(1, 2, 12\)"),
         (torch.tensor([[1, 2]]), 1.0, r"label_smoothing must be in \[0, 1\), got 1.0"),
@@ -309,21 +321,31 @@ def test_output_attentions_and_hidden_states(tiny_model, source_batch):
 @pytest.mark.parametrize(
     "inputs, message",
     [
-        (dict(input_ids=torch.tensor([[5, 100, 2]]), decoder_input_ids=torch.tensor([[1]])), "vocab_size"),
-        (dict(input_ids=torch.tensor([[5, -3, 2]]), decoder_input_ids=torch.tensor([[1]])), "vocab_size"),
-        (dict(input_ids=torch.tensor([[5, 6, 2]]), decoder_input_ids=torch.tensor([[1, 100]])), "vocab_size"),
+        ({"input_ids": torch.tensor([[5, 100, 2]]), "decoder_input_ids": torch.tensor([[1]])}, "vocab_size"),
+        ({"input_ids": torch.tensor([[5, -3, 2]]), "decoder_input_ids": torch.tensor([[1]])}, "vocab_size"),
+        ({"input_ids": torch.tensor([[5, 6, 2]]), "decoder_input_ids": torch.tensor([[1, 100]])}, "vocab_size"),
         (
-            dict(input_ids=torch.tensor([[5, 6, 2]]), attention_mask=torch.ones(1, 4), decoder_input_ids=torch.tensor([[1]])),
+            {
+                "input_ids": torch.tensor([[5, 6, 2]]),
+                "attention_mask": torch.ones(1, 4),
+                "decoder_input_ids": torch.tensor([[1]]),
+            },
             r"attention_mask has shape \(1, 4\)",
         ),
         (
-            dict(input_ids=torch.tensor([[5, 6, 2]]), decoder_input_ids=torch.tensor([[1, 4]]),
-                 decoder_attention_mask=torch.ones(2, 2)),
+            {
+                "input_ids": torch.tensor([[5, 6, 2]]),
+                "decoder_input_ids": torch.tensor([[1, 4]]),
+                "decoder_attention_mask": torch.ones(2, 2),
+            },
             "decoder_attention_mask has shape",
         ),
-        (dict(input_ids=torch.zeros(0, 5, dtype=torch.long), decoder_input_ids=torch.tensor([[1]])), "non-empty"),
-        (dict(input_ids=torch.zeros(1, 0, dtype=torch.long), decoder_input_ids=torch.tensor([[1]])), "non-empty"),
-        (dict(input_ids=torch.tensor([[5, 6, 2]]), decoder_input_ids=torch.zeros(1, 0, dtype=torch.long)), "non-empty"),
+        ({"input_ids": torch.zeros(0, 5, dtype=torch.long), "decoder_input_ids": torch.tensor([[1]])}, "non-empty"),
+        ({"input_ids": torch.zeros(1, 0, dtype=torch.long), "decoder_input_ids": torch.tensor([[1]])}, "non-empty"),
+        (
+            {"input_ids": torch.tensor([[5, 6, 2]]), "decoder_input_ids": torch.zeros(1, 0, dtype=torch.long)},
+            "non-empty",
+        ),
     ],
 )
 def test_bad_input_gets_a_clear_error(tiny_model, inputs, message):

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from vaswani import VaswaniConfig, VaswaniForConditionalGeneration
 
+
 VOCAB = 50
 
 

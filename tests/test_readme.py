@@ -15,7 +15,7 @@ README = Path(__file__).resolve().parent.parent / "README.md"
 def readme_block(heading):
     """The first ```python block after `heading`."""
     text = README.read_text()
-    return re.search(r"```python\n(.*?)```", text[text.index(heading):], re.DOTALL)[1]
+    return re.search(r"```python\n(.*?)```", text[text.index(heading) :], re.DOTALL)[1]
 
 
 def test_your_own_training_loop_runs_and_averages_its_checkpoints(tmp_path, monkeypatch):

@@ -56,10 +56,34 @@ SCRIPTS = REPO_ROOT / "scripts"
 # One thread per process: the machine may be busy, and the tiny model gains nothing from more.
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
 # 30 steps of the tiny preset, checkpoints every 6 (the last 2 kept and averaged), dropout on, several epochs.
-RUN = ["--preset", "tiny", "--lr_schedule", "short", "--peak_lr", "3e-3", "--warmup_steps", "5",
-       "--batch_tokens", "800", "--max_steps", "30", "--save_every", "6", "--keep_checkpoints", "2",
-       "--average_last", "2", "--eval_every", "0", "--eval_bleu_samples", "0", "--log_every", "4",
-       "--report_to", "none"]
+RUN = [
+    "--preset",
+    "tiny",
+    "--lr_schedule",
+    "short",
+    "--peak_lr",
+    "3e-3",
+    "--warmup_steps",
+    "5",
+    "--batch_tokens",
+    "800",
+    "--max_steps",
+    "30",
+    "--save_every",
+    "6",
+    "--keep_checkpoints",
+    "2",
+    "--average_last",
+    "2",
+    "--eval_every",
+    "0",
+    "--eval_bleu_samples",
+    "0",
+    "--log_every",
+    "4",
+    "--report_to",
+    "none",
+]
 
 
 def train_command(*arguments, patch=None):
@@ -95,7 +119,9 @@ def wait_for(condition, process, what, timeout=180):
     while not condition():
         if process.poll() is not None:
             stdout, stderr = finish(process)
-            pytest.fail(f"the run ended (code {process.returncode}) before {what}:\n{stdout[-2000:]}\n{stderr[-3000:]}")
+            pytest.fail(
+                f"the run ended (code {process.returncode}) before {what}:\n{stdout[-2000:]}\n{stderr[-3000:]}"
+            )
         if time.monotonic() > deadline:
             process.kill()
             pytest.fail(f"timed out waiting for {what}")
@@ -141,8 +167,11 @@ def assert_ends_like(straight, resumed):
     """Same checkpoints, same weights in them and in the averaged final model, same training log."""
     names = sorted(path.name for path in (straight / "checkpoints").iterdir())
     assert sorted(path.name for path in (resumed / "checkpoints").iterdir()) == names  # no interim or tmp_ left
-    for name in (f"checkpoints/{names[-1]}/model.safetensors", f"checkpoints/{names[0]}/model.safetensors",
-                 "model.safetensors"):
+    for name in (
+        f"checkpoints/{names[-1]}/model.safetensors",
+        f"checkpoints/{names[0]}/model.safetensors",
+        "model.safetensors",
+    ):
         assert max_difference(load_file(str(straight / name)), load_file(str(resumed / name))) == 0.0, name
     expected = [record for record in read_log(straight) if "loss" in record]
     logged = [record for record in read_log(resumed) if "loss" in record]
@@ -160,8 +189,11 @@ def test_sigterm_checkpoints_the_step_under_way_and_the_printed_command_resumes_
     process.send_signal(signal.SIGTERM)
     _, stderr = finish(process)
     assert process.returncode == 143, stderr[-3000:]
-    message = re.search(r"SIGTERM received: stopped after step (\d+) of 30, checkpoint in (\S+)\. Continue with:\n"
-                        r"  (.+)\n", stderr)
+    message = re.search(
+        r"SIGTERM received: stopped after step (\d+) of 30, checkpoint in (\S+)\. Continue with:\n"
+        r"  (.+)\n",
+        stderr,
+    )
     assert message, stderr[-3000:]
     step, checkpoint = int(message[1]), Path(message[2])
     assert 4 <= step < 30 and checkpoint == output_dir / "checkpoints" / f"step_{step:07d}"
@@ -213,9 +245,23 @@ def test_the_resume_command_repeats_the_arguments_with_resume_once(monkeypatch):
 @pytest.mark.slow
 def test_two_processes_stop_after_the_same_step_when_the_launcher_gets_sigterm(corpus, tmp_path):
     def launcher():
-        return [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-                "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port",
-                str(free_port()), str(SCRIPTS / "train.py")]
+        return [
+            sys.executable,
+            "-m",
+            "accelerate.commands.launch",
+            "--multi_gpu",
+            "--num_processes",
+            "2",
+            "--num_machines",
+            "1",
+            "--mixed_precision",
+            "no",
+            "--dynamo_backend",
+            "no",
+            "--main_process_port",
+            str(free_port()),
+            str(SCRIPTS / "train.py"),
+        ]
 
     arguments = [str(argument) for argument in arguments_for(corpus, "OUT", "--batch_tokens", "400")]
     straight = run([*launcher(), *[str(tmp_path / "straight") if a == "OUT" else a for a in arguments]], timeout=600)
@@ -280,9 +326,12 @@ def test_a_full_disk_and_a_kill_during_a_checkpoint_lose_only_the_steps_since_th
     # The disk is full at step 12's checkpoint: a clear error, the half-written folder removed, step 6 intact.
     result = run(train_command(*arguments, patch=FULL_DISK_AT_STEP_12))
     assert result.returncode == 1, result.stderr[-3000:]
-    assert re.search(r"could not write the checkpoint of step 12 in \S+ \(\[Errno 28\] No space left on device.*\)\. "
-                     r"The steps since \S+step_0000006 are lost, nothing else\. Free some space, then continue with:\n"
-                     r"  vaswani-train .*--resume", result.stderr), result.stderr[-3000:]
+    assert re.search(
+        r"could not write the checkpoint of step 12 in \S+ \(\[Errno 28\] No space left on device.*\)\. "
+        r"The steps since \S+step_0000006 are lost, nothing else\. Free some space, then continue with:\n"
+        r"  vaswani-train .*--resume",
+        result.stderr,
+    ), result.stderr[-3000:]
     assert sorted(path.name for path in checkpoints.iterdir()) == ["step_0000006"]
 
     # Resumed, it is killed (SIGKILL) while step 24's optimizer state is half written.
@@ -318,8 +367,9 @@ FILES_LIMITED_AT_STEP_12 = """
 
 
 @pytest.mark.parametrize("processes", [1, 2])
-def test_writes_the_kernel_refuses_during_a_checkpoint_keep_the_last_one_and_end_every_rank(corpus, tmp_path,
-                                                                                           processes):
+def test_writes_the_kernel_refuses_during_a_checkpoint_keep_the_last_one_and_end_every_rank(
+    corpus, tmp_path, processes
+):
     """Not a simulated error: the kernel fails the checkpoint's writes (RLIMIT_FSIZE), and safetensors and torch
     report it in their own exception types. One process, or two DDP ranks: all exit non-zero, soon."""
     output_dir = tmp_path / "out"
@@ -327,15 +377,32 @@ def test_writes_the_kernel_refuses_during_a_checkpoint_keep_the_last_one_and_end
     if processes == 2:
         script = tmp_path / "limited_train.py"
         script.write_text(command[2])
-        command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-                   "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-                   "--main_process_port", str(free_port()), str(script), *command[3:]]
+        command = [
+            sys.executable,
+            "-m",
+            "accelerate.commands.launch",
+            "--multi_gpu",
+            "--num_processes",
+            "2",
+            "--num_machines",
+            "1",
+            "--mixed_precision",
+            "no",
+            "--dynamo_backend",
+            "no",
+            "--main_process_port",
+            str(free_port()),
+            str(script),
+            *command[3:],
+        ]
     started = time.monotonic()
     result = run(command, timeout=240)
     assert result.returncode != 0 and time.monotonic() - started < 200
-    assert re.search(r"could not write the checkpoint of step 12 in \S+ \(.*\)\. The steps since \S+step_0000006 "
-                     r"are lost, nothing else\. Free some space, then continue with:\n  .*(train\.py|vaswani-train) .*--resume",
-                     result.stderr), result.stderr[-3000:]
+    assert re.search(
+        r"could not write the checkpoint of step 12 in \S+ \(.*\)\. The steps since \S+step_0000006 "
+        r"are lost, nothing else\. Free some space, then continue with:\n  .*(train\.py|vaswani-train) .*--resume",
+        result.stderr,
+    ), result.stderr[-3000:]
     assert sorted(path.name for path in (output_dir / "checkpoints").iterdir()) == ["step_0000006"]
     assert load_file(str(output_dir / "checkpoints" / "step_0000006" / "model.safetensors"))  # still readable
 
@@ -405,14 +472,21 @@ NAN_AT_STEPS_3_4_AND_FROM_9 = """
 
 def test_non_finite_losses_are_skipped_and_counted_and_too_many_in_a_row_stop_the_run(corpus, tmp_path):
     output_dir = tmp_path / "out"
-    result = run(train_command(*arguments_for(corpus, output_dir, "--save_every", 2, "--keep_checkpoints", 5,
-                                              "--log_every", 2, "--max_bad_steps", 3),
-                               patch=NAN_AT_STEPS_3_4_AND_FROM_9))
+    result = run(
+        train_command(
+            *arguments_for(
+                corpus, output_dir, "--save_every", 2, "--keep_checkpoints", 5, "--log_every", 2, "--max_bad_steps", 3
+            ),
+            patch=NAN_AT_STEPS_3_4_AND_FROM_9,
+        )
+    )
     assert result.returncode == 1, result.stderr[-3000:]
     checkpoints = output_dir / "checkpoints"
-    assert (f"the loss was not finite for 3 steps in a row; stopped at step 11 (--max_bad_steps 3). The weights of "
-            f"step 7 are the last known to give a finite loss: the last good checkpoint is {checkpoints}/step_0000006. "
-            f"Continue from it with --resume {checkpoints}/step_0000006") in result.stderr
+    assert (
+        f"the loss was not finite for 3 steps in a row; stopped at step 11 (--max_bad_steps 3). The weights of "
+        f"step 7 are the last known to give a finite loss: the last good checkpoint is {checkpoints}/step_0000006. "
+        f"Continue from it with --resume {checkpoints}/step_0000006"
+    ) in result.stderr
     assert "step 3: the loss is nan; step skipped, weights unchanged" in result.stdout + result.stderr
 
     # Steps 3 and 4 changed nothing: not the weights, not Adam's step count. Step 5 trained again.
@@ -433,12 +507,19 @@ def test_non_finite_losses_are_skipped_and_counted_and_too_many_in_a_row_stop_th
 def test_a_learning_rate_that_blows_up_the_weights_stops_the_run_at_max_bad_steps(corpus, tmp_path):
     """No injection: a learning rate of 1e30 makes the weights overflow after the first step, and the loss NaN."""
     output_dir = tmp_path / "out"
-    result = run(train_command(*arguments_for(corpus, output_dir, "--peak_lr", "1e30", "--warmup_steps", 1,
-                                              "--log_every", 1, "--max_bad_steps", 3)))
+    result = run(
+        train_command(
+            *arguments_for(
+                corpus, output_dir, "--peak_lr", "1e30", "--warmup_steps", 1, "--log_every", 1, "--max_bad_steps", 3
+            )
+        )
+    )
     assert result.returncode == 1, result.stderr[-3000:]
-    assert ("the loss was not finite for 3 steps in a row; stopped at step 4 (--max_bad_steps 3). The weights of "
-            "step 0 are the last known to give a finite loss: no checkpoint holds them. Start again after lowering the "
-            "learning rate") in result.stderr
+    assert (
+        "the loss was not finite for 3 steps in a row; stopped at step 4 (--max_bad_steps 3). The weights of "
+        "step 0 are the last known to give a finite loss: no checkpoint holds them. Start again after lowering the "
+        "learning rate"
+    ) in result.stderr
     log = read_log(output_dir)
     assert [record["skipped_steps"] for record in log] == [0, 1, 1, 1]
     assert list_checkpoints(output_dir / "checkpoints") == []
@@ -463,8 +544,11 @@ def test_an_unwritable_output_folder_is_an_error_before_anything_else(corpus, tm
     data = corpus[0]
     for script, main in ((train_tokenizer, train_tokenizer.main), (prepare_data, prepare_data.main)):
         for output_dir in ("/proc/self/vaswani_out", tmp_path / "a_file" / "out"):
-            arguments = ["--output_dir", output_dir,
-                         *(["--dataset_dir", data] if script is train_tokenizer else ["--files", "x.en", "x.es"])]
+            arguments = [
+                "--output_dir",
+                output_dir,
+                *(["--dataset_dir", data] if script is train_tokenizer else ["--files", "x.en", "x.es"]),
+            ]
             assert "cannot write to --output_dir" in error_of(arguments, main), (script, output_dir)
 
 
@@ -479,8 +563,11 @@ def test_a_disk_too_small_for_the_checkpoints_is_an_error_before_training(corpus
 
     disk_with(needed - 1)
     message = error_of(arguments_for(corpus, tmp_path / "out"))
-    assert re.search(rf"has {(needed - 1) / 1e6:,.0f} MB free, but the run needs about {needed / 1e6:,.0f} MB: up to 3 "
-                     rf"checkpoints of {checkpoint / 1e6:,.0f} MB \({parameters:,} parameters", message), message
+    assert re.search(
+        rf"has {(needed - 1) / 1e6:,.0f} MB free, but the run needs about {needed / 1e6:,.0f} MB: up to 3 "
+        rf"checkpoints of {checkpoint / 1e6:,.0f} MB \({parameters:,} parameters",
+        message,
+    ), message
     assert sorted(path.name for path in (tmp_path / "out").iterdir()) == []  # nothing written
     disk_with(needed)
     model_class = VaswaniForConditionalGeneration
@@ -496,13 +583,19 @@ def test_bad_dataset_folders_are_named(corpus, tmp_path):
     split = datasets.Dataset.from_dict({"en": ["a"], "es": ["un"]})
     split.save_to_disk(str(tmp_path / "single"))
     datasets.DatasetDict(train=split, validation=split).save_to_disk(str(tmp_path / "no_translation"))
-    for folder, expected in (("empty", "is not a dataset saved with save_to_disk"),
-                             ("single", "holds a single Dataset; expected a DatasetDict"),
-                             ("no_translation", "the train split has no 'translation' column (columns: ['en', 'es'])")):
-        assert expected in error_of(["--dataset_dir", tmp_path / folder, "--tokenizer", corpus[1],
-                                     "--output_dir", tmp_path / "out"])
-    for folder, expected in (("empty", "is not a dataset saved with save_to_disk"),  # the evaluation reads them too
-                             ("single", "holds a single Dataset"), ("no_translation", "no 'translation' column")):
+    for folder, expected in (
+        ("empty", "is not a dataset saved with save_to_disk"),
+        ("single", "holds a single Dataset; expected a DatasetDict"),
+        ("no_translation", "the train split has no 'translation' column (columns: ['en', 'es'])"),
+    ):
+        assert expected in error_of(
+            ["--dataset_dir", tmp_path / folder, "--tokenizer", corpus[1], "--output_dir", tmp_path / "out"]
+        )
+    for folder, expected in (
+        ("empty", "is not a dataset saved with save_to_disk"),  # the evaluation reads them too
+        ("single", "holds a single Dataset"),
+        ("no_translation", "no 'translation' column"),
+    ):
         with pytest.raises(UsageError, match=expected):
             load_pairs(tmp_path / folder, "train", "en", "es")
 
@@ -511,8 +604,16 @@ def test_pairs_without_text_are_dropped_and_counted(corpus, tmp_path):
     from vaswani.training.data import tokenize_split
 
     # The first row has no translation at all: the languages come from the column's features, never from a row.
-    rows = datasets.Dataset.from_dict({"translation": [None, {"en": "the cat", "es": "el gato"},
-                                                       {"en": None, "es": "un"}, {"en": "a dog", "es": None}]})
+    rows = datasets.Dataset.from_dict(
+        {
+            "translation": [
+                None,
+                {"en": "the cat", "es": "el gato"},
+                {"en": None, "es": "un"},
+                {"en": "a dog", "es": None},
+            ]
+        }
+    )
     tokenizer = load_tokenizer(str(corpus[1]))
     split = tokenize_split(rows, tokenizer, "en", "es")
     assert (split.without_text, len(split), split.rows.tolist()) == (3, 1, [1])
@@ -521,8 +622,9 @@ def test_pairs_without_text_are_dropped_and_counted(corpus, tmp_path):
     assert (sources.to_pylist(), references.to_pylist(), without_text) == (["the cat"], ["el gato"], 3)
     assert len(load_translation_dataset(tmp_path / "data", "en", "es")["train"]) == 4
     # prepare_data.py's Hugging Face path: the same pairs are invalid_text, counted, not a crash.
-    splits, dropped = prepare_translation_dataset(datasets.DatasetDict(train=rows), "en", "es",
-                                                               valid_fraction=0.0, test_fraction=0.0)
+    splits, dropped = prepare_translation_dataset(
+        datasets.DatasetDict(train=rows), "en", "es", valid_fraction=0.0, test_fraction=0.0
+    )
     assert dropped == {"invalid_text": 3} and splits["train"]["translation"] == [{"en": "the cat", "es": "el gato"}]
 
 
@@ -532,13 +634,24 @@ def word_tokenizer(folder, special_tokens):
     backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     backend.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", vocab["</s>"])])
-    PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", bos_token="<s>", eos_token="</s>",
-                            unk_token="<unk>").save_pretrained(folder)
+    PreTrainedTokenizerFast(
+        tokenizer_object=backend, pad_token="<pad>", bos_token="<s>", eos_token="</s>", unk_token="<unk>"
+    ).save_pretrained(folder)
     return folder
 
 
-def copy_checkpoint(source, output_dir, files=("config.json", "train_state.json", "model.safetensors",
-                                                "optimizer.bin", "scheduler.bin", "random_states_0.pkl")):
+def copy_checkpoint(
+    source,
+    output_dir,
+    files=(
+        "config.json",
+        "train_state.json",
+        "model.safetensors",
+        "optimizer.bin",
+        "scheduler.bin",
+        "random_states_0.pkl",
+    ),
+):
     target = output_dir / "checkpoints" / source.name
     target.mkdir(parents=True)
     for name in files:
@@ -551,35 +664,53 @@ def test_resume_refuses_checkpoints_that_do_not_fit(corpus, straight, tmp_path):
     resume = ["--dataset_dir", corpus[0], "--tokenizer", corpus[1], "--preset", "tiny", "--resume"]
 
     # Another size in the weights (config.json says tiny): the tensors that differ are named.
-    other = VaswaniForConditionalGeneration(VaswaniConfig.from_preset("tiny", vocab_size=36, encoder_ffn_dim=128,
-                                                                      decoder_ffn_dim=128))
+    other = VaswaniForConditionalGeneration(
+        VaswaniConfig.from_preset("tiny", vocab_size=36, encoder_ffn_dim=128, decoder_ffn_dim=128)
+    )
     other.save_pretrained(tmp_path / "other_size")
     checkpoint = copy_checkpoint(source, tmp_path / "a")
     shutil.copy(tmp_path / "other_size" / "model.safetensors", checkpoint / "model.safetensors")
     message = error_of([*resume, "--output_dir", tmp_path / "a"])
-    assert ("does not fit the model of its config.json (12 tensors differ: "
-            "model.decoder.layers.0.feed_forward.fc1.bias is (128,) in the checkpoint but (256,) in the model; "
-            "model.decoder.layers.0.feed_forward.fc1.weight is (128, 64) in the checkpoint but (256, 64) in the "
-            "model;") in message, message
+    assert (
+        "does not fit the model of its config.json (12 tensors differ: "
+        "model.decoder.layers.0.feed_forward.fc1.bias is (128,) in the checkpoint but (256,) in the model; "
+        "model.decoder.layers.0.feed_forward.fc1.weight is (128, 64) in the checkpoint but (256, 64) in the "
+        "model;"
+    ) in message, message
 
     # Another architecture's weights (Marian): the missing and unexpected tensors are named.
     from transformers import MarianConfig, MarianMTModel
 
-    MarianMTModel(MarianConfig(vocab_size=36, d_model=64, encoder_layers=2, decoder_layers=2, encoder_ffn_dim=256,
-                               decoder_ffn_dim=256, encoder_attention_heads=4, decoder_attention_heads=4,
-                               pad_token_id=0, decoder_start_token_id=1)).save_pretrained(tmp_path / "marian")
+    MarianMTModel(
+        MarianConfig(
+            vocab_size=36,
+            d_model=64,
+            encoder_layers=2,
+            decoder_layers=2,
+            encoder_ffn_dim=256,
+            decoder_ffn_dim=256,
+            encoder_attention_heads=4,
+            decoder_attention_heads=4,
+            pad_token_id=0,
+            decoder_start_token_id=1,
+        )
+    ).save_pretrained(tmp_path / "marian")
     checkpoint = copy_checkpoint(source, tmp_path / "b")
     shutil.copy(tmp_path / "marian" / "model.safetensors", checkpoint / "model.safetensors")
     message = error_of([*resume, "--output_dir", tmp_path / "b"])
-    assert re.search(r"does not fit the model of its config\.json \(\d+ tensors differ: .*is missing from the "
-                     r"checkpoint", message), message
+    assert re.search(
+        r"does not fit the model of its config\.json \(\d+ tensors differ: .*is missing from the "
+        r"checkpoint",
+        message,
+    ), message
 
     # Another size in config.json: the field is named.
     checkpoint = copy_checkpoint(source, tmp_path / "c")
     config = json.loads((checkpoint / "config.json").read_text())
     (checkpoint / "config.json").write_text(json.dumps({**config, "d_model": 32}))
     assert "was trained with d_model=32, but this command asks for 64" in error_of(
-        [*resume, "--output_dir", tmp_path / "c"])
+        [*resume, "--output_dir", tmp_path / "c"]
+    )
 
     # Weights only as a pickle (pytorch_model.bin): refused, never unpickled.
     checkpoint = copy_checkpoint(source, tmp_path / "d", files=("config.json", "train_state.json", "optimizer.bin"))
@@ -589,10 +720,23 @@ def test_resume_refuses_checkpoints_that_do_not_fit(corpus, straight, tmp_path):
     # A tokenizer whose special ids are not the checkpoint's (same vocabulary size).
     swapped = word_tokenizer(tmp_path / "swapped", ["<s>", "<pad>", "</s>", "<unk>"])
     checkpoint = copy_checkpoint(source, tmp_path / "e")
-    message = error_of(["--dataset_dir", corpus[0], "--tokenizer", swapped, "--preset", "tiny", "--resume",
-                        "--output_dir", tmp_path / "e"])
-    assert (f"config.pad_token_id of checkpoint {checkpoint} is 0 but the tokenizer's id is 1; "
-            f"config.decoder_start_token_id of checkpoint {checkpoint} is 1 but the tokenizer's id is 0") in message
+    message = error_of(
+        [
+            "--dataset_dir",
+            corpus[0],
+            "--tokenizer",
+            swapped,
+            "--preset",
+            "tiny",
+            "--resume",
+            "--output_dir",
+            tmp_path / "e",
+        ]
+    )
+    assert (
+        f"config.pad_token_id of checkpoint {checkpoint} is 0 but the tokenizer's id is 1; "
+        f"config.decoder_start_token_id of checkpoint {checkpoint} is 1 but the tokenizer's id is 0"
+    ) in message
 
 
 def test_resume_refuses_settings_that_change_the_steps_unless_told(corpus, straight, tmp_path):
@@ -601,19 +745,23 @@ def test_resume_refuses_settings_that_change_the_steps_unless_told(corpus, strai
     resume = [*arguments_for(corpus, tmp_path / "out"), "--resume"]
     refused = run(train_command(*resume, "--batch_tokens", "900", "--seed", "3", "--grad_accum", "2"))
     assert refused.returncode == 1
-    assert ("was written with other settings that decide the steps: batch_tokens was 800 and is now 900; "
-            "grad_accum was 1 and is now 2; seed was 0 and is now 3. Resume with those, or pass "
-            "--resume_with_changes") in refused.stderr, refused.stderr[-2000:]
+    assert (
+        "was written with other settings that decide the steps: batch_tokens was 800 and is now 900; "
+        "grad_accum was 1 and is now 2; seed was 0 and is now 3. Resume with those, or pass "
+        "--resume_with_changes"
+    ) in refused.stderr, refused.stderr[-2000:]
     # The same word ids from a tokenizer that is not the same tokenizer (it decodes differently).
     same_ids = word_tokenizer(tmp_path / "same_ids", ["<pad>", "<s>", "</s>", "<unk>"])
     other = run(train_command(*[same_ids if a == corpus[1] else a for a in resume]))
-    assert other.returncode == 1 and re.search(r"settings that decide the steps: tokenizer was '\w+' and is now",
-                                               other.stderr), other.stderr[-2000:]
+    assert other.returncode == 1 and re.search(
+        r"settings that decide the steps: tokenizer was '\w+' and is now", other.stderr
+    ), other.stderr[-2000:]
     # Told: it resumes, and says what changed.
     allowed = run(train_command(*resume, "--seed", "3", "--resume_with_changes"))
     assert allowed.returncode == 0, allowed.stderr[-2000:]
     assert "warning: resuming with changed settings (--resume_with_changes): seed was 0 and is now 3" in (
-        allowed.stdout)
+        allowed.stdout
+    )
 
 
 def test_resume_refuses_a_pickle_that_would_run_code(corpus, straight, tmp_path):
@@ -628,8 +776,9 @@ def test_resume_refuses_a_pickle_that_would_run_code(corpus, straight, tmp_path)
     torch.save(Payload(), checkpoint / "optimizer.bin")
     result = run(train_command(*arguments_for(corpus, tmp_path / "out"), "--resume"))
     assert result.returncode == 1 and not marker.exists()
-    assert f"cannot load checkpoint {checkpoint} (UnpicklingError: Weights only load failed" in result.stderr, \
+    assert f"cannot load checkpoint {checkpoint} (UnpicklingError: Weights only load failed" in result.stderr, (
         result.stderr[-3000:]
+    )
 
 
 def test_evaluate_refuses_a_tokenizer_or_weights_that_do_not_fit(corpus, straight, tmp_path):
@@ -638,16 +787,19 @@ def test_evaluate_refuses_a_tokenizer_or_weights_that_do_not_fit(corpus, straigh
     base = ["--model", model_dir, "--dataset_dir", corpus[0], "--split", "validation", "--num_beams", 1]
     bigger = make_tokenizer(tmp_path / "bigger", extra_words=["perro2", "gato2"])
     assert f"the tokenizer has 38 tokens but the vocabulary of {model_dir} only 36" in error_of(
-        [*base, "--tokenizer", bigger], evaluate_bleu.main)
+        [*base, "--tokenizer", bigger], evaluate_bleu.main
+    )
     swapped = word_tokenizer(tmp_path / "swapped", ["<s>", "<pad>", "</s>", "<unk>"])
-    assert (f"config.pad_token_id of {model_dir} is 0 but the tokenizer's id is 1; config.decoder_start_token_id of "
-            f"{model_dir} is 1 but the tokenizer's id is 0") in error_of([*base, "--tokenizer", swapped],
-                                                                          evaluate_bleu.main)
+    assert (
+        f"config.pad_token_id of {model_dir} is 0 but the tokenizer's id is 1; config.decoder_start_token_id of "
+        f"{model_dir} is 1 but the tokenizer's id is 0"
+    ) in error_of([*base, "--tokenizer", swapped], evaluate_bleu.main)
     weights = load_file(str(model_dir / "model.safetensors"))
     (model_dir / "model.safetensors").unlink()
     torch.save(weights, model_dir / "pytorch_model.bin")
     assert "has no model.safetensors (found pytorch_model.bin); weights are only read from safetensors files" in (
-        error_of(base, evaluate_bleu.main))
+        error_of(base, evaluate_bleu.main)
+    )
 
 
 def test_tokenizer_script_skips_broken_text_and_names_bad_datasets(tmp_path, capsys):
@@ -657,17 +809,22 @@ def test_tokenizer_script_skips_broken_text_and_names_bad_datasets(tmp_path, cap
     pairs += [{"en": None, "es": "un gato"}, {"en": "caf\ufffd bytes that were not UTF-8", "es": "café"}]
     rows = datasets.Dataset.from_dict({"translation": pairs})
     datasets.DatasetDict(train=rows, validation=rows).save_to_disk(str(tmp_path / "data"))
-    train_tokenizer.main(["--dataset_dir", str(tmp_path / "data"), "--vocab_size", "300",
-                          "--output_dir", str(tmp_path / "tok")])
+    train_tokenizer.main(
+        ["--dataset_dir", str(tmp_path / "data"), "--vocab_size", "300", "--output_dir", str(tmp_path / "tok")]
+    )
     assert "trained on 42 sentences (en + es, train split; 2 skipped: not text, or with U+FFFD)" in (
-        capsys.readouterr().out)
+        capsys.readouterr().out
+    )
     assert (tmp_path / "tok" / "tokenizer.json").is_file()
 
     main = train_tokenizer.main
     assert "language 'de' is not in the translation column (it has ['en', 'es'])" in error_of(
-        ["--dataset_dir", tmp_path / "data", "--target_lang", "de", "--output_dir", tmp_path / "t2"], main)
+        ["--dataset_dir", tmp_path / "data", "--target_lang", "de", "--output_dir", tmp_path / "t2"], main
+    )
     assert "does not exist; create it with scripts/prepare_data.py" in error_of(
-        ["--dataset_dir", tmp_path / "nowhere", "--output_dir", tmp_path / "t3"], main)
+        ["--dataset_dir", tmp_path / "nowhere", "--output_dir", tmp_path / "t3"], main
+    )
     (tmp_path / "empty").mkdir()
     assert "is not a dataset saved with save_to_disk" in error_of(
-        ["--dataset_dir", tmp_path / "empty", "--output_dir", tmp_path / "t4"], main)
+        ["--dataset_dir", tmp_path / "empty", "--output_dir", tmp_path / "t4"], main
+    )

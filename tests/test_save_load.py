@@ -9,12 +9,11 @@ import zipfile
 
 import pytest
 import torch
+from conftest import REPO_ROOT
 from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
 
 import vaswani
 from vaswani import VaswaniConfig, VaswaniForConditionalGeneration, VaswaniModel
-
-from conftest import REPO_ROOT
 
 
 def test_round_trip_gives_identical_logits(tiny_model, source_batch, tmp_path):
@@ -25,7 +24,7 @@ def test_round_trip_gives_identical_logits(tiny_model, source_batch, tmp_path):
     loaded = AutoModelForSeq2SeqLM.from_pretrained(tmp_path).eval()
     assert isinstance(loaded, VaswaniForConditionalGeneration)
     with torch.no_grad():
-        inputs = dict(input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=input_ids[:, :5])
+        inputs = {"input_ids": input_ids, "attention_mask": attention_mask, "decoder_input_ids": input_ids[:, :5]}
         assert torch.equal(tiny_model(**inputs).logits, loaded(**inputs).logits)
 
 
@@ -83,18 +82,22 @@ def test_fresh_process_without_the_package_loads_with_remote_code(tiny_model, so
     input_ids, attention_mask = source_batch
     folder = tmp_path / "model"
     tiny_model.save_pretrained(folder)
-    inputs = dict(input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=input_ids[:, :5])
+    inputs = {"input_ids": input_ids, "attention_mask": attention_mask, "decoder_input_ids": input_ids[:, :5]}
     torch.save(inputs, tmp_path / "inputs.pt")
     env = {"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf_home"), "PATH": "/usr/bin:/bin"}
     subprocess.run(
         [sys.executable, "-c", REMOTE_LOAD, str(folder), str(tmp_path / "inputs.pt")],
-        cwd=tmp_path, env=env, check=True,
+        cwd=tmp_path,
+        env=env,
+        check=True,
     )
     remote = torch.load(tmp_path / "inputs.pt.out")
     with torch.no_grad():
         # Not bit-equal: the two processes may split matrix products over different numbers of threads.
         torch.testing.assert_close(remote["logits"], tiny_model(**inputs).logits, atol=1e-6, rtol=1e-6)
-    assert torch.equal(remote["generated"], tiny_model.generate(input_ids, attention_mask=attention_mask, max_new_tokens=8))
+    assert torch.equal(
+        remote["generated"], tiny_model.generate(input_ids, attention_mask=attention_mask, max_new_tokens=8)
+    )
 
 
 def test_remote_loaded_model_saves_a_folder_that_loads_again(tiny_model, tmp_path):
@@ -108,7 +111,8 @@ def test_remote_loaded_model_saves_a_folder_that_loads_again(tiny_model, tmp_pat
 def test_wheel_installs_the_vaswani_package(tmp_path):
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path), "."],
-        cwd=REPO_ROOT, check=True,
+        cwd=REPO_ROOT,
+        check=True,
     )
     (wheel,) = tmp_path.glob("vaswani-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
@@ -123,18 +127,30 @@ def test_wheel_installs_the_vaswani_package(tmp_path):
         "vaswani/scripts/train.py",
         "vaswani/model_card.md",  # the Hub card's template, read by vaswani.training.hub
     } <= names
-    assert not any(name.startswith(("vaswani/tests", "vaswani/docs", "vaswani/configs", "tests/", "scripts/"))
-                   for name in names)
+    assert not any(
+        name.startswith(("vaswani/tests", "vaswani/docs", "vaswani/configs", "tests/", "scripts/")) for name in names
+    )
     (entry_points,) = [name for name in names if name.endswith(".dist-info/entry_points.txt")]
     console = zipfile.ZipFile(wheel).read(entry_points).decode()
     assert "vaswani-train = vaswani.scripts.train:main" in console
     assert "vaswani-evaluate = vaswani.scripts.evaluate_bleu:main" in console
     target = tmp_path / "site"
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), str(wheel)],
-                   check=True)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), str(wheel)], check=True
+    )
     check = "import vaswani, sys; assert vaswani.__file__.startswith(sys.argv[1]), vaswani.__file__; print(vaswani.__version__)"
-    out = subprocess.run([sys.executable, "-S", "-c", f"import sys; sys.path[:0] = [sys.argv[1], *{sys.path[1:]!r}]; {check}",
-                          str(target)], capture_output=True, text=True, cwd=tmp_path)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-S",
+            "-c",
+            f"import sys; sys.path[:0] = [sys.argv[1], *{sys.path[1:]!r}]; {check}",
+            str(target),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == vaswani.__version__
 
@@ -142,9 +158,18 @@ def test_wheel_installs_the_vaswani_package(tmp_path):
 def test_checkpoint_of_another_architecture_is_refused_naming_tensors(tmp_path):
     from transformers import MarianConfig, MarianMTModel
 
-    marian = MarianConfig(vocab_size=100, d_model=64, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
-                          decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64, pad_token_id=0,
-                          decoder_start_token_id=0)
+    marian = MarianConfig(
+        vocab_size=100,
+        d_model=64,
+        encoder_layers=1,
+        decoder_layers=1,
+        encoder_attention_heads=2,
+        decoder_attention_heads=2,
+        encoder_ffn_dim=64,
+        decoder_ffn_dim=64,
+        pad_token_id=0,
+        decoder_start_token_id=0,
+    )
     MarianMTModel(marian).save_pretrained(tmp_path)
     with pytest.raises(ValueError, match=r"missing keys \(8\): model\.decoder\.layers\.0\.feed_forward\.fc1\.bias"):
         VaswaniForConditionalGeneration.from_pretrained(tmp_path)

@@ -43,8 +43,9 @@ def make_tokenizer(folder, extra_words=()):
     backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     backend.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", 2)])
     backend.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", bos_token="<s>",
-                                        eos_token="</s>", unk_token="<unk>")
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend, pad_token="<pad>", bos_token="<s>", eos_token="</s>", unk_token="<unk>"
+    )
     tokenizer.save_pretrained(folder)
     return folder
 
@@ -54,9 +55,12 @@ def make_dataset(folder, pairs_per_split, seed=0, min_words=3, max_words=10):
 
     def split(count, name):
         english = [" ".join(rng.choices(ENGLISH, k=rng.randint(min_words, max_words))) for _ in range(count)]
-        return Dataset.from_dict({"id": [f"{name}.{i}" for i in range(count)],
-                                  "translation": [{"en": e, "es": " ".join(LEXICON[w] for w in e.split())}
-                                                  for e in english]})
+        return Dataset.from_dict(
+            {
+                "id": [f"{name}.{i}" for i in range(count)],
+                "translation": [{"en": e, "es": " ".join(LEXICON[w] for w in e.split())} for e in english],
+            }
+        )
 
     DatasetDict({name: split(count, name) for name, count in pairs_per_split.items()}).save_to_disk(str(folder))
     return folder
@@ -96,8 +100,20 @@ def corpus(tmp_path_factory):
 
 
 # Small batches and a short schedule: the tiny preset learns the word mapping within a hundred steps.
-FAST = ["--preset", "tiny", "--lr_schedule", "short", "--peak_lr", "3e-3", "--warmup_steps", "20",
-        "--batch_tokens", "500", "--log_every", "5"]
+FAST = [
+    "--preset",
+    "tiny",
+    "--lr_schedule",
+    "short",
+    "--peak_lr",
+    "3e-3",
+    "--warmup_steps",
+    "20",
+    "--batch_tokens",
+    "500",
+    "--log_every",
+    "5",
+]
 
 
 @pytest.fixture(scope="module")
@@ -105,9 +121,28 @@ def trained(corpus, tmp_path_factory):
     """One single-process run with validation, BLEU, TensorBoard and checkpoint averaging."""
     data, tokenizer = corpus
     output_dir = tmp_path_factory.mktemp("trained") / "out"
-    run_script("train", "--dataset_dir", data, "--tokenizer", tokenizer, "--output_dir", output_dir, *FAST,
-               "--max_steps", 200, "--save_every", 20, "--keep_checkpoints", 3, "--average_last", 3,
-               "--eval_every", 100, "--eval_bleu_samples", 20)
+    run_script(
+        "train",
+        "--dataset_dir",
+        data,
+        "--tokenizer",
+        tokenizer,
+        "--output_dir",
+        output_dir,
+        *FAST,
+        "--max_steps",
+        200,
+        "--save_every",
+        20,
+        "--keep_checkpoints",
+        3,
+        "--average_last",
+        3,
+        "--eval_every",
+        100,
+        "--eval_bleu_samples",
+        20,
+    )
     return output_dir
 
 
@@ -120,7 +155,8 @@ def test_paper_schedule_is_equation_3(d_model, warmup):
         expected = d_model**-0.5 * min(step**-0.5, step * warmup**-1.5)
         assert inverse_sqrt_lr(step, warmup, paper_peak_lr(d_model, warmup)) == pytest.approx(expected, rel=1e-12)
         assert inverse_sqrt_lr(step, warmup, paper_peak_lr(d_model, warmup, lr_scale=2.0)) == pytest.approx(
-            2 * expected, rel=1e-12)
+            2 * expected, rel=1e-12
+        )
     peak = max(inverse_sqrt_lr(step, warmup, paper_peak_lr(d_model, warmup)) for step in range(1, 3 * warmup))
     assert peak == pytest.approx((d_model * warmup) ** -0.5)  # reached at step == warmup
     assert inverse_sqrt_lr(4000, 4000, paper_peak_lr(512, 4000)) == pytest.approx(6.988e-4, rel=1e-3)
@@ -199,11 +235,44 @@ def test_two_ddp_processes_train_together_from_one_tokenization_and_end_identica
     tokenizer = corpus[1]
     data = make_dataset(tmp_path / "data", {"train": 1200, "validation": 40})  # not tokenized yet
     output_dir = tmp_path / "ddp"
-    launcher = ["-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-                "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", free_port()]
-    result = run_script("train", "--dataset_dir", data, "--tokenizer", tokenizer, "--output_dir", output_dir, *FAST,
-                        "--batch_tokens", 300, "--max_steps", 30, "--save_every", 15, "--eval_every", 0,
-                        "--eval_bleu_samples", 6, "--report_to", "none", launcher=[str(a) for a in launcher])
+    launcher = [
+        "-m",
+        "accelerate.commands.launch",
+        "--multi_gpu",
+        "--num_processes",
+        "2",
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+        "--main_process_port",
+        free_port(),
+    ]
+    result = run_script(
+        "train",
+        "--dataset_dir",
+        data,
+        "--tokenizer",
+        tokenizer,
+        "--output_dir",
+        output_dir,
+        *FAST,
+        "--batch_tokens",
+        300,
+        "--max_steps",
+        30,
+        "--save_every",
+        15,
+        "--eval_every",
+        0,
+        "--eval_bleu_samples",
+        6,
+        "--report_to",
+        "none",
+        launcher=[str(a) for a in launcher],
+    )
     assert "tokenized now and cached next to the dataset" in result.stdout
     summary = json.loads((output_dir / "training_summary.json").read_text())
     assert summary["world_size"] == 2 and summary["hardware"]["distributed_type"] == "MULTI_CPU"
@@ -232,15 +301,52 @@ def test_two_machines_on_the_loopback_train_from_one_cache_and_end_identical(cor
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     machines = []
     for rank in (0, 1):
-        command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
-                   str(REPO_ROOT / "configs" / "multi_node.yaml"), "--num_machines", "2", "--num_processes", "2",
-                   "--machine_rank", str(rank), "--main_process_ip", "127.0.0.1", "--main_process_port", str(port),
-                   "--mixed_precision", "no", "--dynamo_backend", "no", str(SCRIPTS / "train.py"),
-                   "--dataset_dir", str(data), "--tokenizer", str(tokenizer), "--output_dir", str(output_dir),
-                   *map(str, FAST), "--batch_tokens", "300", "--max_steps", "12", "--save_every", "6",
-                   "--eval_every", "0", "--eval_bleu_samples", "0", "--report_to", "none"]
-        machines.append(subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE,
-                                         stderr=subprocess.STDOUT, text=True))
+        command = [
+            sys.executable,
+            "-m",
+            "accelerate.commands.launch",
+            "--config_file",
+            str(REPO_ROOT / "configs" / "multi_node.yaml"),
+            "--num_machines",
+            "2",
+            "--num_processes",
+            "2",
+            "--machine_rank",
+            str(rank),
+            "--main_process_ip",
+            "127.0.0.1",
+            "--main_process_port",
+            str(port),
+            "--mixed_precision",
+            "no",
+            "--dynamo_backend",
+            "no",
+            str(SCRIPTS / "train.py"),
+            "--dataset_dir",
+            str(data),
+            "--tokenizer",
+            str(tokenizer),
+            "--output_dir",
+            str(output_dir),
+            *map(str, FAST),
+            "--batch_tokens",
+            "300",
+            "--max_steps",
+            "12",
+            "--save_every",
+            "6",
+            "--eval_every",
+            "0",
+            "--eval_bleu_samples",
+            "0",
+            "--report_to",
+            "none",
+        ]
+        machines.append(
+            subprocess.Popen(
+                command, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+            )
+        )
     outputs = [machine.communicate(timeout=300)[0] for machine in machines]
     assert [machine.returncode for machine in machines] == [0, 0], "\n\n".join(o[-3000:] for o in outputs)
     summary = json.loads((output_dir / "training_summary.json").read_text())
@@ -255,9 +361,31 @@ def test_resumed_run_ends_exactly_like_an_uninterrupted_one(corpus, tmp_path):
     """Dropout on, gradient accumulation, an epoch boundary after the restart: same weights to the last bit."""
     data, tokenizer = corpus
     # 1500-token batches, 2 per step: 6 steps per epoch, so the restart is mid-epoch and an epoch ends after it.
-    common = ["--dataset_dir", data, "--tokenizer", tokenizer, *FAST, "--batch_tokens", 1500, "--grad_accum", 2,
-              "--max_steps", 8, "--save_every", 4, "--average_last", 2, "--eval_every", 3, "--eval_bleu_samples", 4,
-              "--log_every", 2, "--report_to", "none"]
+    common = [
+        "--dataset_dir",
+        data,
+        "--tokenizer",
+        tokenizer,
+        *FAST,
+        "--batch_tokens",
+        1500,
+        "--grad_accum",
+        2,
+        "--max_steps",
+        8,
+        "--save_every",
+        4,
+        "--average_last",
+        2,
+        "--eval_every",
+        3,
+        "--eval_bleu_samples",
+        4,
+        "--log_every",
+        2,
+        "--report_to",
+        "none",
+    ]
     run_script("train", *common, "--output_dir", tmp_path / "straight")
     run_script("train", *common, "--output_dir", tmp_path / "stopped", "--stop_after", 4)
     stopped = tmp_path / "stopped" / "checkpoints"
@@ -267,8 +395,9 @@ def test_resumed_run_ends_exactly_like_an_uninterrupted_one(corpus, tmp_path):
     (stopped / "tmp_step_0000006").mkdir()
     (stopped / "step_0000007").mkdir()
     # Resumed with the batches read and padded in two worker processes: the same batches, the same weights.
-    result = run_script("train", *common, "--output_dir", tmp_path / "stopped", "--resume",
-                        "--dataloader_num_workers", 2)
+    result = run_script(
+        "train", *common, "--output_dir", tmp_path / "stopped", "--resume", "--dataloader_num_workers", 2
+    )
     assert "resumed from" in result.stdout and "step_0000004" in result.stdout
     assert "tokenized earlier, read from the cache" in result.stdout  # the corpus is tokenized once, not per run
     at_stop = json.loads((stopped / "step_0000004" / "train_state.json").read_text())
@@ -291,11 +420,43 @@ def test_model_overfits_a_handful_of_pairs(tmp_path):
     DatasetDict(train=split, validation=split).save_to_disk(str(tmp_path / "data"))
     tokenizer_dir = make_tokenizer(tmp_path / "tokenizer")
     output_dir = tmp_path / "out"
-    run_script("train", "--dataset_dir", tmp_path / "data", "--tokenizer", tokenizer_dir, "--output_dir", output_dir,
-               "--preset", "tiny", "--dropout", 0, "--label_smoothing", 0, "--lr_schedule", "short",
-               "--peak_lr", "3e-3", "--warmup_steps", 20, "--max_steps", 200, "--batch_tokens", 200,
-               "--save_every", 200, "--average_last", 1, "--eval_every", 0, "--eval_bleu_samples", 4,
-               "--log_every", 20, "--report_to", "none")
+    run_script(
+        "train",
+        "--dataset_dir",
+        tmp_path / "data",
+        "--tokenizer",
+        tokenizer_dir,
+        "--output_dir",
+        output_dir,
+        "--preset",
+        "tiny",
+        "--dropout",
+        0,
+        "--label_smoothing",
+        0,
+        "--lr_schedule",
+        "short",
+        "--peak_lr",
+        "3e-3",
+        "--warmup_steps",
+        20,
+        "--max_steps",
+        200,
+        "--batch_tokens",
+        200,
+        "--save_every",
+        200,
+        "--average_last",
+        1,
+        "--eval_every",
+        0,
+        "--eval_bleu_samples",
+        4,
+        "--log_every",
+        20,
+        "--report_to",
+        "none",
+    )
     final_loss = [r for r in read_log(output_dir) if "loss" in r][-1]["loss"]
     assert final_loss < 0.05
     model = AutoModelForSeq2SeqLM.from_pretrained(output_dir)
@@ -336,7 +497,9 @@ def test_averaging_refuses_checkpoints_of_different_models(trained, tmp_path):
     from safetensors.torch import save_file
 
     weights = load_checkpoint_weights(trained / "checkpoints" / "step_0000200")
-    save_file({key: tensor for key, tensor in weights.items() if "layers.1." not in key}, str(tmp_path / "a.safetensors"))
+    save_file(
+        {key: tensor for key, tensor in weights.items() if "layers.1." not in key}, str(tmp_path / "a.safetensors")
+    )
     with pytest.raises(ValueError, match="different tensors"):
         average_checkpoints([trained / "checkpoints" / "step_0000200", tmp_path / "a.safetensors"])
     with pytest.raises(ValueError):
@@ -357,9 +520,11 @@ def test_clear_errors_before_training(corpus, trained, tmp_path):
 
     assert "does not exist" in error_of("--dataset_dir", tmp_path / "nowhere", "--output_dir", tmp_path / "o1")
     DatasetDict(train=Dataset.from_dict({"translation": [{"en": "a", "es": "un"}]})).save_to_disk(
-        str(tmp_path / "no_validation"))
-    assert "no 'validation' split" in error_of("--dataset_dir", tmp_path / "no_validation",
-                                                "--output_dir", tmp_path / "o2")
+        str(tmp_path / "no_validation")
+    )
+    assert "no 'validation' split" in error_of(
+        "--dataset_dir", tmp_path / "no_validation", "--output_dir", tmp_path / "o2"
+    )
     assert "language 'de'" in error_of("--dataset_dir", data, "--target_lang", "de", "--output_dir", tmp_path / "o3")
     (tmp_path / "a_file").write_text("")
     assert "cannot write to --output_dir" in error_of("--dataset_dir", data, "--output_dir", tmp_path / "a_file" / "x")
@@ -373,21 +538,60 @@ def test_clear_errors_before_training(corpus, trained, tmp_path):
     for file in ("config.json", "train_state.json"):
         (resume_dir / "checkpoints" / source.name / file).write_text((source / file).read_text())
     with pytest.raises(SystemExit, match="the tokenizer has 38 tokens but the vocabulary of checkpoint .* only 36"):
-        train.main(["--dataset_dir", str(data), "--tokenizer", str(other_tokenizer), "--preset", "tiny",
-                    "--output_dir", str(resume_dir), "--resume"])
+        train.main(
+            [
+                "--dataset_dir",
+                str(data),
+                "--tokenizer",
+                str(other_tokenizer),
+                "--preset",
+                "tiny",
+                "--output_dir",
+                str(resume_dir),
+                "--resume",
+            ]
+        )
     # Batches smaller than a pair (found once the corpus is tokenized, in every process alike).
-    result = subprocess.run([sys.executable, str(SCRIPTS / "train.py"), "--dataset_dir", str(data), *base,
-                             "--batch_tokens", "10", "--output_dir", str(tmp_path / "o5")], capture_output=True,
-                            text=True, timeout=300)
-    assert result.returncode == 1 and "train.py: error: --batch_tokens 10, training split: the batch size of 10 " \
-        "tokens is smaller than the longest pair" in result.stderr
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(SCRIPTS / "train.py"),
+            "--dataset_dir",
+            str(data),
+            *base,
+            "--batch_tokens",
+            "10",
+            "--output_dir",
+            str(tmp_path / "o5"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert (
+        result.returncode == 1
+        and "train.py: error: --batch_tokens 10, training split: the batch size of 10 "
+        "tokens is smaller than the longest pair"
+        in result.stderr
+    )
     # A tokenizer that does not end sequences with </s>.
     backend = Tokenizer(models.WordLevel({"<pad>": 0, "<s>": 1, "</s>": 2, "<unk>": 3, "a": 4}, unk_token="<unk>"))
-    PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", bos_token="<s>", eos_token="</s>",
-                            unk_token="<unk>").save_pretrained(tmp_path / "no_eos")
+    PreTrainedTokenizerFast(
+        tokenizer_object=backend, pad_token="<pad>", bos_token="<s>", eos_token="</s>", unk_token="<unk>"
+    ).save_pretrained(tmp_path / "no_eos")
     with pytest.raises(SystemExit, match="does not end sequences with </s>"):
-        train.main(["--dataset_dir", str(data), "--tokenizer", str(tmp_path / "no_eos"), "--preset", "tiny",
-                    "--output_dir", str(tmp_path / "o4")])
+        train.main(
+            [
+                "--dataset_dir",
+                str(data),
+                "--tokenizer",
+                str(tmp_path / "no_eos"),
+                "--preset",
+                "tiny",
+                "--output_dir",
+                str(tmp_path / "o4"),
+            ]
+        )
 
 
 # --- scripts/evaluate_bleu.py and scripts/visualize.py. ---
@@ -404,8 +608,23 @@ def test_corpus_bleu_is_sacrebleu():
 
 def test_evaluate_prints_bleu_with_signature_and_writes_hypotheses(trained, corpus, tmp_path):
     output = tmp_path / "hypotheses.txt"
-    result = run_script("evaluate_bleu", "--model", trained, "--dataset_dir", corpus[0], "--split", "test",
-                        "--num_beams", 2, "--max_samples", 12, "--batch_size", 5, "--output", output)
+    result = run_script(
+        "evaluate_bleu",
+        "--model",
+        trained,
+        "--dataset_dir",
+        corpus[0],
+        "--split",
+        "test",
+        "--num_beams",
+        2,
+        "--max_samples",
+        12,
+        "--batch_size",
+        5,
+        "--output",
+        output,
+    )
     assert "BLEU = " in result.stdout
     assert "sacreBLEU signature: nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:" in result.stdout
     assert "SRC: " in result.stdout and "HYP: " in result.stdout
@@ -418,8 +637,17 @@ def test_evaluate_prints_bleu_with_signature_and_writes_hypotheses(trained, corp
 def test_visualize_writes_positional_encoding_and_attention_pngs(trained, tmp_path):
     import matplotlib.image
 
-    result = run_script("visualize", "--model", trained, "--text", "the red cat sees a dog",
-                        "--output_dir", tmp_path / "figures", "--num_positions", 50)
+    result = run_script(
+        "visualize",
+        "--model",
+        trained,
+        "--text",
+        "the red cat sees a dog",
+        "--output_dir",
+        tmp_path / "figures",
+        "--num_positions",
+        50,
+    )
     assert "greedy translation" in result.stdout
     names = ["positional_encoding", "attention_encoder_self", "attention_decoder_self", "attention_encoder_decoder"]
     for name in names:

@@ -21,8 +21,14 @@ import importlib
 _EXPORTS = {
     "checkpoints": ["TrainState", "average_checkpoints", "list_checkpoints", "load_weights_into", "save_checkpoint"],
     "checks": ["UsageError", "check_tokenizer_matches_config"],
-    "data": ["PairCollator", "TokenBucketSampler", "TokenizedSplit", "load_translation_dataset", "pair_loader",
-             "tokenize_split"],
+    "data": [
+        "PairCollator",
+        "TokenBucketSampler",
+        "TokenizedSplit",
+        "load_translation_dataset",
+        "pair_loader",
+        "tokenize_split",
+    ],
     "evaluation": ["corpus_bleu", "translate", "validate"],
     "faults": ["StopSignal"],
     "schedule": ["inverse_sqrt_lr", "inverse_sqrt_schedule", "paper_peak_lr"],

@@ -9,6 +9,7 @@ at any moment leaves no half-written folder that could be taken for a checkpoint
 
 import hashlib
 import json
+import math
 import os
 import re
 import shutil
@@ -49,6 +50,42 @@ class TrainState:
     settings: dict = field(default_factory=dict)
     log_window: dict = field(default_factory=lambda: dict.fromkeys(LOG_WINDOW_KEYS, 0))
 
+    def add_step(self, tokens, target_tokens, seconds, finite, skipped, loss_sum, nll_sum):
+        """Count one optimizer step: `tokens` source + target tokens, of which `target_tokens` are labelled, whose
+        summed smoothed loss and cross-entropy are `loss_sum` and `nll_sum`; `finite`: the update was made,
+        `skipped`: it was not (a non-finite loss, or fp16 overflow)."""
+        self.step += 1
+        self.tokens_seen += tokens
+        self.target_tokens_seen += target_tokens
+        self.train_seconds += seconds
+        self.skipped_steps += skipped
+        self.bad_streak = 0 if finite else self.bad_streak + 1
+        self.good_weights_step = self.step - 1 if finite else self.good_weights_step
+        window = self.log_window
+        for key, value in (("tokens", tokens), ("seconds", seconds), ("steps", 1), ("skipped", int(skipped))):
+            window[key] += value
+        if finite:  # a skipped step's losses would make the window's average nan
+            for key, value in (("loss", loss_sum), ("nll", nll_sum), ("target_tokens", target_tokens)):
+                window[key] += value
+
+    def take_log_record(self, learning_rate):
+        """The train_log.jsonl line of the steps since the last one (losses per target token, throughput), and a new
+        window for the next."""
+        window = self.log_window
+        per_token = window["target_tokens"] or math.nan  # nan: every step of the window was skipped
+        self.log_window = dict.fromkeys(window, 0)
+        return {
+            "step": self.step,
+            "epoch": self.epoch,
+            "loss": window["loss"] / per_token,
+            "nll": window["nll"] / per_token,
+            "lr": learning_rate,
+            "tokens": self.tokens_seen,
+            "tokens_per_step": window["tokens"] / window["steps"],
+            "tokens_per_sec": window["tokens"] / window["seconds"],
+            "skipped_steps": window["skipped"],
+        }
+
     @classmethod
     def read(cls, checkpoint):
         """The state saved in a checkpoint. Checkpoints written before the settings were recorded hold the process
@@ -62,8 +99,11 @@ class TrainState:
 
 def settings_changes(saved, current):
     """The settings that differ between a checkpoint and the run that resumes it, one phrase each."""
-    return [f"{name} was {saved[name]!r} and is now {value!r}" for name, value in current.items()
-            if name in saved and saved[name] != value]
+    return [
+        f"{name} was {saved[name]!r} and is now {value!r}"
+        for name, value in current.items()
+        if name in saved and saved[name] != value
+    ]
 
 
 def list_checkpoints(checkpoint_root):
@@ -71,8 +111,9 @@ def list_checkpoints(checkpoint_root):
     root = Path(checkpoint_root)
     if not root.is_dir():
         return []
-    found = [path for path in root.iterdir()
-             if CHECKPOINT_NAME.match(path.name) and (path / TRAIN_STATE_FILE).is_file()]
+    found = [
+        path for path in root.iterdir() if CHECKPOINT_NAME.match(path.name) and (path / TRAIN_STATE_FILE).is_file()
+    ]
     return sorted(found, key=checkpoint_step)
 
 
@@ -109,7 +150,9 @@ def save_checkpoint(accelerator, model, config, checkpoint_root, state, keep, in
         accelerator.save_state(str(temporary))
         if accelerator.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED):
             # These save sharded or engine-specific files; averaging reads one plain safetensors file, gathered here.
-            accelerate_save(accelerator.get_state_dict(model), temporary / "model.safetensors", safe_serialization=True)
+            accelerate_save(
+                accelerator.get_state_dict(model), temporary / "model.safetensors", safe_serialization=True
+            )
         accelerator.wait_for_everyone()
         if accelerator.is_main_process:
             config.to_json_file(temporary / "config.json")
@@ -181,12 +224,15 @@ def average_checkpoints(paths):
             total = {key: tensor.to(torch.float64) for key, tensor in weights.items()}
             continue
         if weights.keys() != total.keys():
-            raise ValueError(f"checkpoint {path} holds different tensors than {paths[0]}: "
-                             f"{sorted(weights.keys() ^ total.keys())[:5]}")
+            raise ValueError(
+                f"checkpoint {path} holds different tensors than {paths[0]}: "
+                f"{sorted(weights.keys() ^ total.keys())[:5]}"
+            )
         for key, tensor in weights.items():
             if tensor.shape != total[key].shape:
-                raise ValueError(f"{key} has shape {tuple(tensor.shape)} in {path} but {tuple(total[key].shape)} "
-                                 f"in {paths[0]}")
+                raise ValueError(
+                    f"{key} has shape {tuple(tensor.shape)} in {path} but {tuple(total[key].shape)} in {paths[0]}"
+                )
             total[key] += tensor.to(torch.float64)
     return {key: (tensor / len(paths)).to(dtypes[key]) for key, tensor in total.items()}
 
@@ -196,8 +242,10 @@ def load_weights_into(model, state_dict):
     missing, unexpected = model.load_state_dict(state_dict, strict=False)
     tied = set(getattr(model, "_tied_weights_keys", None) or {})
     if unexpected or set(missing) - tied:
-        raise ValueError(f"checkpoint does not fit the model: missing {sorted(set(missing) - tied)}, "
-                         f"unexpected {sorted(unexpected)}")
+        raise ValueError(
+            f"checkpoint does not fit the model: missing {sorted(set(missing) - tied)}, "
+            f"unexpected {sorted(unexpected)}"
+        )
     model.tie_weights()
     return model
 
@@ -216,8 +264,10 @@ def check_checkpoint_fits(path, model_class, config):
     pickle, pytorch_model.bin), with exactly the tensors, by name and shape, of the model `config` builds."""
     path = Path(path)
     if not (path / "model.safetensors").is_file():
-        raise UsageError(f"checkpoint {path} has no model.safetensors; it cannot be resumed (weights are only read "
-                         "from safetensors files).")
+        raise UsageError(
+            f"checkpoint {path} has no model.safetensors; it cannot be resumed (weights are only read "
+            "from safetensors files)."
+        )
     with torch.device("meta"):
         model = model_class(config)
     expected = {key: tuple(tensor.shape) for key, tensor in model.state_dict().items()}
@@ -227,10 +277,15 @@ def check_checkpoint_fits(path, model_class, config):
             saved = {key.removeprefix("module."): tuple(file.get_slice(key).get_shape()) for key in file.keys()}
     except Exception as error:  # safetensors raises its own error for a damaged header
         raise UsageError(f"cannot read {path / 'model.safetensors'} ({error}).") from error
-    problems = [f"{key} is {saved[key]} in the checkpoint but {expected[key]} in the model"
-                for key in sorted(saved.keys() & expected.keys()) if saved[key] != expected[key]]
+    problems = [
+        f"{key} is {saved[key]} in the checkpoint but {expected[key]} in the model"
+        for key in sorted(saved.keys() & expected.keys())
+        if saved[key] != expected[key]
+    ]
     problems += [f"{key} is missing from the checkpoint" for key in sorted(expected.keys() - saved.keys() - tied)]
     problems += [f"{key} is not in the model" for key in sorted(saved.keys() - expected.keys())]
     if problems:
-        raise UsageError(f"checkpoint {path} does not fit the model of its config.json ({len(problems)} tensors "
-                         "differ: " + "; ".join(problems[:6]) + ("; ..." if len(problems) > 6 else "") + ").")
+        raise UsageError(
+            f"checkpoint {path} does not fit the model of its config.json ({len(problems)} tensors "
+            "differ: " + "; ".join(problems[:6]) + ("; ..." if len(problems) > 6 else "") + ")."
+        )

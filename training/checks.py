@@ -37,16 +37,25 @@ def check_tokenizer_matches_config(tokenizer, config, where="the model"):
     """
     problems = []
     if len(tokenizer) > config.vocab_size:
-        problems.append(f"the tokenizer has {len(tokenizer)} tokens but the vocabulary of {where} only "
-                        f"{config.vocab_size} (config.vocab_size): ids from {config.vocab_size} on have no embedding")
-    for field, token_id in (("pad_token_id", tokenizer.pad_token_id), ("eos_token_id", tokenizer.eos_token_id),
-                            ("decoder_start_token_id", tokenizer.bos_token_id)):
+        problems.append(
+            f"the tokenizer has {len(tokenizer)} tokens but the vocabulary of {where} only "
+            f"{config.vocab_size} (config.vocab_size): ids from {config.vocab_size} on have no embedding"
+        )
+    for field, token_id in (
+        ("pad_token_id", tokenizer.pad_token_id),
+        ("eos_token_id", tokenizer.eos_token_id),
+        ("decoder_start_token_id", tokenizer.bos_token_id),
+    ):
         if getattr(config, field) != token_id:
-            problems.append(f"config.{field} of {where} is {getattr(config, field)} but the tokenizer's id is "
-                            f"{token_id}")
+            problems.append(
+                f"config.{field} of {where} is {getattr(config, field)} but the tokenizer's id is {token_id}"
+            )
     if problems:
-        raise UsageError("the tokenizer does not match the model: " + "; ".join(problems)
-                         + ". Use the tokenizer the model was trained with.")
+        raise UsageError(
+            "the tokenizer does not match the model: "
+            + "; ".join(problems)
+            + ". Use the tokenizer the model was trained with."
+        )
 
 
 def check_safetensors_weights(model_dir):
@@ -57,6 +66,8 @@ def check_safetensors_weights(model_dir):
     if not any((model_dir / name).is_file() for name in ("model.safetensors", "model.safetensors.index.json")):
         others = sorted(p.name for p in model_dir.glob("*") if p.suffix in (".bin", ".pt", ".pth", ".ckpt"))
         found = f" (found {', '.join(others)})" if others else ""
-        raise UsageError(f"{model_dir} has no model.safetensors{found}; weights are only read from safetensors "
-                         "files, never from pickles. Save the model with save_pretrained(folder).")
+        raise UsageError(
+            f"{model_dir} has no model.safetensors{found}; weights are only read from safetensors "
+            "files, never from pickles. Save the model with save_pretrained(folder)."
+        )
     return model_dir

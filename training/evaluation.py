@@ -22,8 +22,17 @@ from .data import load_translation_dataset, text_pairs
 
 
 @torch.no_grad()
-def translate(model, tokenizer, sentences, batch_size=32, num_beams=4, length_penalty=0.6, max_source_length=None,
-              max_new_tokens=None, progress=False):
+def translate(
+    model,
+    tokenizer,
+    sentences,
+    batch_size=32,
+    num_beams=4,
+    length_penalty=0.6,
+    max_source_length=None,
+    max_new_tokens=None,
+    progress=False,
+):
     """Translate `sentences` and return the translations in the same order.
 
     `sentences` is a list of str or a pyarrow string array, such as a column of a memory-mapped dataset split: only
@@ -40,7 +49,7 @@ def translate(model, tokenizer, sentences, batch_size=32, num_beams=4, length_pe
     order = np.argsort(-pc.utf8_length(sentences).to_numpy(zero_copy_only=False), kind="stable")
     translations = [None] * len(sentences)
     for start in tqdm(range(0, len(order), batch_size), desc="translating", unit="batch", disable=not progress):
-        chunk = order[start:start + batch_size]
+        chunk = order[start : start + batch_size]
         encoded = tokenizer(
             sentences.take(chunk).to_pylist(),
             padding=True,
@@ -48,7 +57,7 @@ def translate(model, tokenizer, sentences, batch_size=32, num_beams=4, length_pe
             max_length=max_source_length,
             return_tensors="pt",
         )
-        generate_kwargs = dict(num_beams=num_beams, do_sample=False)
+        generate_kwargs = {"num_beams": num_beams, "do_sample": False}
         if num_beams > 1:  # the length penalty only ranks finished beams
             generate_kwargs["length_penalty"] = length_penalty
         if max_new_tokens is not None:
@@ -89,8 +98,17 @@ def load_pairs(dataset_dir, split, source_lang, target_lang, max_samples=None):
 
 
 @torch.no_grad()
-def validate(accelerator, model, valid_loader, tokenizer=None, bleu_pairs=((), ()), batch_size=64, num_beams=1,
-             length_penalty=0.6, max_source_length=None):
+def validate(
+    accelerator,
+    model,
+    valid_loader,
+    tokenizer=None,
+    bleu_pairs=((), ()),
+    batch_size=64,
+    num_beams=1,
+    length_penalty=0.6,
+    max_source_length=None,
+):
     """Validation during training, shared out over the processes: the cross-entropy per target token (no label
     smoothing) over `valid_loader` (each process's share of the batches), and BLEU of `bleu_pairs` (sources,
     references), each process translating a contiguous share."""
@@ -100,8 +118,11 @@ def validate(accelerator, model, valid_loader, tokenizer=None, bleu_pairs=((), (
     for batch in valid_loader:
         batch = {key: value.to(accelerator.device) for key, value in batch.items()}
         with accelerator.autocast():
-            logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                           decoder_input_ids=batch["decoder_input_ids"]).logits
+            logits = model(
+                input_ids=batch["input_ids"],
+                attention_mask=batch["attention_mask"],
+                decoder_input_ids=batch["decoder_input_ids"],
+            ).logits
         totals[0] += label_smoothed_cross_entropy(logits, batch["labels"])[1].sum().double()
         totals[1] += batch["labels"].ne(-100).sum()
     totals = accelerator.reduce(totals, reduction="sum")
@@ -113,10 +134,17 @@ def validate(accelerator, model, valid_loader, tokenizer=None, bleu_pairs=((), (
         from accelerate.utils import gather_object
 
         share = math.ceil(len(sources) / accelerator.num_processes)
-        mine = sources[accelerator.process_index * share:(accelerator.process_index + 1) * share]
+        mine = sources[accelerator.process_index * share : (accelerator.process_index + 1) * share]
         with accelerator.autocast():
-            hypotheses = translate(model, tokenizer, list(mine), batch_size=batch_size, num_beams=num_beams,
-                                   length_penalty=length_penalty, max_source_length=max_source_length)
+            hypotheses = translate(
+                model,
+                tokenizer,
+                list(mine),
+                batch_size=batch_size,
+                num_beams=num_beams,
+                length_penalty=length_penalty,
+                max_source_length=max_source_length,
+            )
         hypotheses = gather_object(hypotheses)  # in process order, so in the order of the pairs
         score, signature = corpus_bleu(hypotheses, references)
         result.update(bleu=score.score, bleu_signature=signature, example=hypotheses[0])

@@ -112,19 +112,27 @@ class VaswaniConverter(ctranslate2.converters.Converter):
 def export(model, output_dir: str | Path, tokenizer=None, quantization: str | None = None) -> Path:
     """Write `model` as a CTranslate2 model folder (overwriting it), with `tokenizer`'s vocabulary if given."""
     if tokenizer is not None and tokenizer.unk_token is None:
-        raise UsageError("The tokenizer has no unk token; CTranslate2 maps input outside the vocabulary to one. Give "
-                         "the tokenizer an unk token (its special tokens) and export again.")
-    converter = VaswaniConverter(model.eval(), vocabulary(model, tokenizer),
-                                 "<unk>" if tokenizer is None else tokenizer.unk_token)
+        raise UsageError(
+            "The tokenizer has no unk token; CTranslate2 maps input outside the vocabulary to one. Give "
+            "the tokenizer an unk token (its special tokens) and export again."
+        )
+    converter = VaswaniConverter(
+        model.eval(), vocabulary(model, tokenizer), "<unk>" if tokenizer is None else tokenizer.unk_token
+    )
     return Path(converter.convert(str(output_dir), quantization=quantization, force=True))
 
 
-def translate_ids(translator: ctranslate2.Translator, tokens: list[str], batch: list[list[int]],
-                  beam_size: int = 1, length: int | None = None) -> list[list[int]]:
+def translate_ids(
+    translator: ctranslate2.Translator,
+    tokens: list[str],
+    batch: list[list[int]],
+    beam_size: int = 1,
+    length: int | None = None,
+) -> list[list[int]]:
     """Translate token-id sequences with CTranslate2; `length` forces an exact output length (benchmarks)."""
     lookup = {token: i for i, token in enumerate(tokens)}
     source = [[tokens[i] for i in ids] for ids in batch]
-    options = dict(beam_size=beam_size, max_decoding_length=length or max(map(len, batch)) + 50)
+    options = {"beam_size": beam_size, "max_decoding_length": length or max(map(len, batch)) + 50}
     if length is not None:
         options["min_decoding_length"] = length
     results = translator.translate_batch(source, **options)

@@ -64,12 +64,17 @@ def non_finite_loss_message(state, max_bad_steps, checkpoint_root):
     """Why a run whose loss stayed non-finite stopped, naming the last checkpoint with good weights: the newest one
     not after the weights that last gave a finite loss (the update that followed was never scored)."""
     good = [path for path in list_checkpoints(checkpoint_root) if checkpoint_step(path) <= state.good_weights_step]
-    return (f"the loss was not finite for {state.bad_streak} steps in a row; stopped at step {state.step} "
-            f"(--max_bad_steps {max_bad_steps}). The weights of step {state.good_weights_step} are the last known to "
-            "give a finite loss: "
-            + (f"the last good checkpoint is {good[-1]}. Continue from it with --resume {good[-1]} " if good
-               else "no checkpoint holds them. Start again ")
-            + "after lowering the learning rate (--peak_lr / --lr_scale) or with --max_grad_norm.")
+    return (
+        f"the loss was not finite for {state.bad_streak} steps in a row; stopped at step {state.step} "
+        f"(--max_bad_steps {max_bad_steps}). The weights of step {state.good_weights_step} are the last known to "
+        "give a finite loss: "
+        + (
+            f"the last good checkpoint is {good[-1]}. Continue from it with --resume {good[-1]} "
+            if good
+            else "no checkpoint holds them. Start again "
+        )
+        + "after lowering the learning rate (--peak_lr / --lr_scale) or with --max_grad_norm."
+    )
 
 
 def check_free_space(output_dir, model_class, config, keep, existing):
@@ -86,8 +91,10 @@ def check_free_space(output_dir, model_class, config, keep, existing):
     needed = max(keep + 1 - existing, 1) * checkpoint_bytes + parameters * 4
     free = shutil.disk_usage(output_dir).free
     if free < needed:
-        raise UsageError(f"--output_dir {output_dir} has {free / 1e6:,.0f} MB free, but the run needs about "
-                         f"{needed / 1e6:,.0f} MB: up to {keep + 1} checkpoints of {checkpoint_bytes / 1e6:,.0f} MB "
-                         f"({parameters:,} parameters x 12 bytes of weights and Adam moments) and the final model. "
-                         "Free some space, lower --keep_checkpoints / --average_last, or choose another --output_dir.")
+        raise UsageError(
+            f"--output_dir {output_dir} has {free / 1e6:,.0f} MB free, but the run needs about "
+            f"{needed / 1e6:,.0f} MB: up to {keep + 1} checkpoints of {checkpoint_bytes / 1e6:,.0f} MB "
+            f"({parameters:,} parameters x 12 bytes of weights and Adam moments) and the final model. "
+            "Free some space, lower --keep_checkpoints / --average_last, or choose another --output_dir."
+        )
     return needed

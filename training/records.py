@@ -46,8 +46,9 @@ def write_plots(output_dir, schedule, max_steps, warmup_steps, peak_lr, bleu_sam
     bleu_points = [r for r in evals if "bleu" in r]
     bleu_axis.plot([r["step"] for r in bleu_points], [r["bleu"] for r in bleu_points], "o-", color="tab:green")
     for final in (r for r in records if r.get("final")):  # the averaged model, section 6.1
-        loss_axis.plot(final["step"], final["val_loss"], "*", markersize=12, color="tab:red",
-                       label="averaged model, validation")
+        loss_axis.plot(
+            final["step"], final["val_loss"], "*", markersize=12, color="tab:red", label="averaged model, validation"
+        )
         loss_axis.legend()
         if "bleu" in final:
             bleu_axis.plot(final["step"], final["bleu"], "*", markersize=12, color="tab:red", label="averaged model")
@@ -74,7 +75,12 @@ def write_plots(output_dir, schedule, max_steps, warmup_steps, peak_lr, bleu_sam
 def hardware_description(accelerator):
     device = accelerator.device
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or platform.machine()
-    return {"device": str(device), "device_name": name, "num_processes": accelerator.num_processes,
-            "distributed_type": str(accelerator.distributed_type).split(".")[-1],
-            "mixed_precision": accelerator.mixed_precision, "torch_threads": torch.get_num_threads(),
-            "cpu_count": os.cpu_count()}
+    return {
+        "device": str(device),
+        "device_name": name,
+        "num_processes": accelerator.num_processes,
+        "distributed_type": str(accelerator.distributed_type).split(".")[-1],
+        "mixed_precision": accelerator.mixed_precision,
+        "torch_threads": torch.get_num_threads(),
+        "cpu_count": os.cpu_count(),
+    }

@@ -67,12 +67,18 @@ import tempfile
 import time
 from pathlib import Path
 
+
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = Path(__file__).resolve().with_suffix("")  # docs/benchmarks/data_scale, for .json and .md
 OLD_COMMIT = "9231e65"
 MEMORY_PRESET, MEMORY_VOCAB, MEMORY_STEPS, MEMORY_STEADY_AFTER = "tiny", 4000, 40, 10
 THROUGHPUT_PRESET, THROUGHPUT_VOCAB, THROUGHPUT_PROCESSES, THROUGHPUT_STEPS, THROUGHPUT_LOG_EVERY = (
-    "small", 8000, 2, 40, 10)
+    "small",
+    8000,
+    2,
+    40,
+    10,
+)
 SAMPLE_SECONDS, POLL_SECONDS = 0.2, 0.05  # memory samples; reads of train_log.jsonl
 # The old code in the issue this benchmark answers (tiny preset): train pairs -> (peak RSS, seconds to first steps).
 ISSUE_OLD_FIGURES = {100_000: (1.33e9, 51.0), 1_000_000: (4.75e9, 275.0)}
@@ -111,6 +117,7 @@ def choice(*allowed):
         if text not in allowed:
             raise argparse.ArgumentTypeError(f"{text!r} is not one of {', '.join(allowed)}")
         return text
+
     return parse
 
 
@@ -155,9 +162,21 @@ def train_tokenizer(args, vocab_size, target):
     """The project's own BPE training (the old worktree's copy), written to TARGET.partial and then renamed."""
     partial = target.with_name(target.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
-    subprocess.run([sys.executable, "scripts/train_tokenizer.py", "--dataset_dir", str(args.dataset_dir),
-                    "--vocab_size", str(vocab_size), "--output_dir", str(partial)],
-                   cwd=old_code_path(args), check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(
+        [
+            sys.executable,
+            "scripts/train_tokenizer.py",
+            "--dataset_dir",
+            str(args.dataset_dir),
+            "--vocab_size",
+            str(vocab_size),
+            "--output_dir",
+            str(partial),
+        ],
+        cwd=old_code_path(args),
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
     partial.rename(target)
 
 
@@ -192,12 +211,19 @@ def build_corpus(args, rows, target):
     copies = -(-rows // len(train))
     repeated = concatenate_datasets([train] * copies).select(range(rows))
     # The map's output goes to a scratch file of its own; by default it would land in BIBLE's train folder.
-    shuffled = repeated.map(shuffle_words, batched=True, num_proc=2, with_indices=True, features=train.features,
-                            fn_kwargs={"rows_per_copy": len(train)},
-                            cache_file_name=str(partial / "map" / "train.arrow"),
-                            desc=f"corpus_{rows}")
+    shuffled = repeated.map(
+        shuffle_words,
+        batched=True,
+        num_proc=2,
+        with_indices=True,
+        features=train.features,
+        fn_kwargs={"rows_per_copy": len(train)},
+        cache_file_name=str(partial / "map" / "train.arrow"),
+        desc=f"corpus_{rows}",
+    )
     DatasetDict(train=shuffled, validation=source["validation"], test=source["test"]).save_to_disk(
-        str(partial / "corpus"))
+        str(partial / "corpus")
+    )
     (partial / "corpus").rename(target)
     shutil.rmtree(partial)
 
@@ -241,8 +267,11 @@ def process_tree(root):
         except OSError:
             continue
         if stats.get(pid):
-            tree[pid] = (stats[pid][1], [argument.decode(errors="replace") for argument in argv if argument],
-                         stats[pid][2])
+            tree[pid] = (
+                stats[pid][1],
+                [argument.decode(errors="replace") for argument in argv if argument],
+                stats[pid][2],
+            )
             pending += children.get(pid, [])
     return tree
 
@@ -376,24 +405,69 @@ def measure(args, *, code, corpus, processes, cache, preset, tokenizer, max_step
     (args.workdir / "runs").mkdir(parents=True, exist_ok=True)
     (args.workdir / "logs").mkdir(parents=True, exist_ok=True)
     output_dir = Path(tempfile.mkdtemp(prefix=f"{label}_", dir=args.workdir / "runs"))
-    train_args = ["--dataset_dir", str(corpus), "--tokenizer", str(tokenizer), "--output_dir", str(output_dir),
-                  "--preset", preset, "--max_steps", str(max_steps), "--batch_tokens", "2000",
-                  "--lr_schedule", "short", "--peak_lr", "1e-3", "--warmup_steps", "130", "--save_every", "100000",
-                  "--average_last", "1", "--keep_checkpoints", "1", "--eval_every", "0", "--eval_bleu_samples", "0",
-                  "--log_every", str(log_every), "--report_to", "none"]
+    train_args = [
+        "--dataset_dir",
+        str(corpus),
+        "--tokenizer",
+        str(tokenizer),
+        "--output_dir",
+        str(output_dir),
+        "--preset",
+        preset,
+        "--max_steps",
+        str(max_steps),
+        "--batch_tokens",
+        "2000",
+        "--lr_schedule",
+        "short",
+        "--peak_lr",
+        "1e-3",
+        "--warmup_steps",
+        "130",
+        "--save_every",
+        "100000",
+        "--average_last",
+        "1",
+        "--keep_checkpoints",
+        "1",
+        "--eval_every",
+        "0",
+        "--eval_bleu_samples",
+        "0",
+        "--log_every",
+        str(log_every),
+        "--report_to",
+        "none",
+    ]
     if processes == 1:
         command = [sys.executable, "scripts/train.py", *train_args]
     else:
-        command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes",
-                   str(processes), "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-                   "--main_process_port", str(free_port()), "scripts/train.py", *train_args]
+        command = [
+            sys.executable,
+            "-m",
+            "accelerate.commands.launch",
+            "--multi_gpu",
+            "--num_processes",
+            str(processes),
+            "--num_machines",
+            "1",
+            "--mixed_precision",
+            "no",
+            "--dynamo_backend",
+            "no",
+            "--main_process_port",
+            str(free_port()),
+            "scripts/train.py",
+            *train_args,
+        ]
     environment = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     log_path = args.workdir / "logs" / f"{label}.log"
     first_record_seconds, status, records = None, None, []
     with log_path.open("w") as log:
         start = time.monotonic()
-        process = subprocess.Popen(command, cwd=code_dir, env=environment, stdout=log, stderr=subprocess.STDOUT,
-                                   start_new_session=True)
+        process = subprocess.Popen(
+            command, cwd=code_dir, env=environment, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
     sampler, next_sample = MemorySampler(process.pid), start
     try:
         while status is None:
@@ -452,6 +526,7 @@ def measure(args, *, code, corpus, processes, cache, preset, tokenizer, max_step
 
 def run_memory(args):
     """Per size, code and process count: one run of the old code, a first and a cached run of the new."""
+
     def old_runs(size):
         return size == "default" or size <= args.old_max_rows
 
@@ -463,18 +538,36 @@ def run_memory(args):
         rows = train_rows(corpus) if size in measured_sizes else size
         for code in args.codes:
             for processes in args.processes:
-                key = {"mode": "memory", "code": code, "corpus": corpus_name(size), "rows": rows,
-                       "processes": processes}
+                key = {
+                    "mode": "memory",
+                    "code": code,
+                    "corpus": corpus_name(size),
+                    "rows": rows,
+                    "processes": processes,
+                }
                 if code == "old" and not old_runs(size):
                     save_result(args, {**key, "cache": "none", "status": "not run"}, replace_measured=False)
                     continue
                 for cache in ("none",) if code == "old" else ("first run", "cached"):
                     print(f"memory: {code} code, {rows:,} pairs, {processes} process(es), cache {cache}", flush=True)
                     label = f"memory_{code}_{corpus_name(size)}_{processes}p_{cache.replace(' ', '_')}"
-                    entry = {**key, "cache": cache, **measure(
-                        args, code=code, corpus=corpus, processes=processes, cache=cache, preset=MEMORY_PRESET,
-                        tokenizer=tokenizer, max_steps=MEMORY_STEPS, log_every=1, steady_after=MEMORY_STEADY_AFTER,
-                        label=label)}
+                    entry = {
+                        **key,
+                        "cache": cache,
+                        **measure(
+                            args,
+                            code=code,
+                            corpus=corpus,
+                            processes=processes,
+                            cache=cache,
+                            preset=MEMORY_PRESET,
+                            tokenizer=tokenizer,
+                            max_steps=MEMORY_STEPS,
+                            log_every=1,
+                            steady_after=MEMORY_STEADY_AFTER,
+                            label=label,
+                        ),
+                    }
                     save_result(args, entry)
                     print("  " + " | ".join(memory_cells(entry, [])), flush=True)
 
@@ -486,17 +579,38 @@ def run_throughput(args):
     for size in args.sizes:
         corpus = corpus_path(args, size)
         for processes in args.processes:
-            entries = {code: {"mode": "throughput", "code": code, "corpus": corpus_name(size),
-                              "rows": train_rows(corpus), "processes": processes, "cache": "as found", "runs": []}
-                       for code in args.codes}
+            entries = {
+                code: {
+                    "mode": "throughput",
+                    "code": code,
+                    "corpus": corpus_name(size),
+                    "rows": train_rows(corpus),
+                    "processes": processes,
+                    "cache": "as found",
+                    "runs": [],
+                }
+                for code in args.codes
+            }
             for round_index in range(args.rounds):
                 for code in args.codes:
-                    print(f"throughput: {code} code, {corpus_name(size)}, {processes} process(es), round "
-                          f"{round_index + 1} of {args.rounds}", flush=True)
-                    run = measure(args, code=code, corpus=corpus, processes=processes, cache="as found",
-                                  preset=THROUGHPUT_PRESET, tokenizer=tokenizer, max_steps=THROUGHPUT_STEPS,
-                                  log_every=THROUGHPUT_LOG_EVERY, steady_after=THROUGHPUT_LOG_EVERY,
-                                  label=f"throughput_{code}_{corpus_name(size)}_{processes}p_round{round_index + 1}")
+                    print(
+                        f"throughput: {code} code, {corpus_name(size)}, {processes} process(es), round "
+                        f"{round_index + 1} of {args.rounds}",
+                        flush=True,
+                    )
+                    run = measure(
+                        args,
+                        code=code,
+                        corpus=corpus,
+                        processes=processes,
+                        cache="as found",
+                        preset=THROUGHPUT_PRESET,
+                        tokenizer=tokenizer,
+                        max_steps=THROUGHPUT_STEPS,
+                        log_every=THROUGHPUT_LOG_EVERY,
+                        steady_after=THROUGHPUT_LOG_EVERY,
+                        label=f"throughput_{code}_{corpus_name(size)}_{processes}p_round{round_index + 1}",
+                    )
                     entry = entries[code]
                     entry["runs"].append(run)
                     rates = [run["tokens_per_sec"] for run in entry["runs"] if run["status"] == "ok"]
@@ -512,12 +626,22 @@ def run_throughput(args):
 
 
 def machine_description():
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.machine())
-    memory_kib = int(next(line.split()[1] for line in Path("/proc/meminfo").read_text().splitlines()
-                          if line.startswith("MemTotal:")))
-    return (f"{cpu}, nproc {len(os.sched_getaffinity(0))}, {memory_kib / 2**20:.1f} GiB memory, "
-            f"Linux {platform.release()}")
+    cpu = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        ),
+        platform.machine(),
+    )
+    memory_kib = int(
+        next(
+            line.split()[1] for line in Path("/proc/meminfo").read_text().splitlines() if line.startswith("MemTotal:")
+        )
+    )
+    return (
+        f"{cpu}, nproc {len(os.sched_getaffinity(0))}, {memory_kib / 2**20:.1f} GiB memory, Linux {platform.release()}"
+    )
 
 
 def versions():
@@ -567,9 +691,14 @@ def fmt_number(value):
 
 def extrapolate_old(results, processes, rows):
     """Peak RSS and time to the first step of the old code at `rows` pairs, on the line through two measured sizes."""
-    measured = sorted((entry["rows"], entry["peak_rss_per_process"], entry["seconds_to_first_record"])
-                      for entry in results if entry["mode"] == "memory" and entry["code"] == "old"
-                      and entry["processes"] == processes and entry["status"] == "ok")
+    measured = sorted(
+        (entry["rows"], entry["peak_rss_per_process"], entry["seconds_to_first_record"])
+        for entry in results
+        if entry["mode"] == "memory"
+        and entry["code"] == "old"
+        and entry["processes"] == processes
+        and entry["status"] == "ok"
+    )
     if len(measured) >= 2:
         points, source = measured[-2:], "the two largest old rows above"
     else:
@@ -599,28 +728,47 @@ def memory_cells(entry, results):
     cells = [entry["code"], rows, str(entry["processes"]), entry["cache"]]
     if entry["status"] == "not run":
         return cells + ["—"] * 5 + [extrapolate_old(results, entry["processes"], entry["rows"])]
-    return cells + [fmt_bytes(entry["peak_rss_anon_per_process"]), fmt_bytes(entry["peak_rss_per_process"]),
-                    fmt_bytes(entry["peak_rss_anon_all"]), fmt_seconds(entry["seconds_to_first_record"]),
-                    fmt_number(entry["tokens_per_sec"]), "; ".join(memory_notes(entry))]
+    return cells + [
+        fmt_bytes(entry["peak_rss_anon_per_process"]),
+        fmt_bytes(entry["peak_rss_per_process"]),
+        fmt_bytes(entry["peak_rss_anon_all"]),
+        fmt_seconds(entry["seconds_to_first_record"]),
+        fmt_number(entry["tokens_per_sec"]),
+        "; ".join(memory_notes(entry)),
+    ]
 
 
 def table(header, rows):
-    return "\n".join(["| " + " | ".join(header) + " |", "|" + "---|" * len(header),
-                      *("| " + " | ".join(row) + " |" for row in rows)])
+    return "\n".join(
+        [
+            "| " + " | ".join(header) + " |",
+            "|" + "---|" * len(header),
+            *("| " + " | ".join(row) + " |" for row in rows),
+        ]
+    )
 
 
 def render_markdown(data):
     results = data["results"]
-    memory = sorted((entry for entry in results if entry["mode"] == "memory"),
-                    key=lambda entry: (entry["rows"], CODE_ORDER.index(entry["code"]), entry["processes"],
-                                       CACHE_ORDER.index(entry["cache"])))
-    throughput = sorted((entry for entry in results if entry["mode"] == "throughput"),
-                        key=lambda entry: (entry["rows"], entry["processes"], CODE_ORDER.index(entry["code"])))
+    memory = sorted(
+        (entry for entry in results if entry["mode"] == "memory"),
+        key=lambda entry: (
+            entry["rows"],
+            CODE_ORDER.index(entry["code"]),
+            entry["processes"],
+            CACHE_ORDER.index(entry["cache"]),
+        ),
+    )
+    throughput = sorted(
+        (entry for entry in results if entry["mode"] == "throughput"),
+        key=lambda entry: (entry["rows"], entry["processes"], CODE_ORDER.index(entry["code"])),
+    )
     measured = [entry for entry in results if "machine" in entry]
     dates = sorted(entry["date"][:10] for entry in measured)
     setups = sorted({(entry["machine"], json.dumps(entry["versions"])) for entry in measured})
-    code_versions = sorted({(run["cwd"], run["code_version"]) for entry in measured
-                            for run in entry.get("runs", [entry])})
+    code_versions = sorted(
+        {(run["cwd"], run["code_version"]) for entry in measured for run in entry.get("runs", [entry])}
+    )
     lines = [
         "# Training data path at scale: old code against new",
         "",
@@ -628,33 +776,57 @@ def render_markdown(data):
         "measured)" + (f"; measured from {dates[0]} to {dates[-1]}." if dates else "."),
         "",
         "Machines and versions:",
-        *(f"- {machine}; " + ", ".join(f"{name} {version}" for name, version in json.loads(packages).items())
-          for machine, packages in setups),
+        *(
+            f"- {machine}; " + ", ".join(f"{name} {version}" for name, version in json.loads(packages).items())
+            for machine, packages in setups
+        ),
         "",
         "Code measured (old: a worktree of --old_commit, importing the installed `vaswani`; new: this checkout):",
         *(f"- `{cwd}`: {version}" for cwd, version in code_versions),
         "",
-        (f"## Memory and start-up: {MEMORY_PRESET} preset, {MEMORY_VOCAB}-token vocabulary, "
-         f"--batch_tokens 2000, --log_every 1 --max_steps {MEMORY_STEPS}"),
+        (
+            f"## Memory and start-up: {MEMORY_PRESET} preset, {MEMORY_VOCAB}-token vocabulary, "
+            f"--batch_tokens 2000, --log_every 1 --max_steps {MEMORY_STEPS}"
+        ),
         "",
-        ("Per process: the highest of the training processes' peaks (the launcher and its children are not "
-         "training processes). RssAnon: anonymous memory, without the memory-mapped Arrow files; RSS: VmHWM. All: "
-         "the summed RssAnon of the training processes and their children at the worst sample. Time: from the launch "
-         f"to the log record of step 1. Tokens/s: median of the per-step rates of steps {MEMORY_STEADY_AFTER + 1} to "
-         f"{MEMORY_STEPS} (source + target tokens, all processes). GB = 10^9 bytes."),
+        (
+            "Per process: the highest of the training processes' peaks (the launcher and its children are not "
+            "training processes). RssAnon: anonymous memory, without the memory-mapped Arrow files; RSS: VmHWM. All: "
+            "the summed RssAnon of the training processes and their children at the worst sample. Time: from the launch "
+            f"to the log record of step 1. Tokens/s: median of the per-step rates of steps {MEMORY_STEADY_AFTER + 1} to "
+            f"{MEMORY_STEPS} (source + target tokens, all processes). GB = 10^9 bytes."
+        ),
         "",
-        table(["code", "train pairs", "processes", "tokenized cache", "peak RssAnon / process", "peak RSS / process",
-               "peak RssAnon, all", "to first step", "tokens/s", "notes"],
-              [memory_cells(entry, results) for entry in memory]),
+        table(
+            [
+                "code",
+                "train pairs",
+                "processes",
+                "tokenized cache",
+                "peak RssAnon / process",
+                "peak RSS / process",
+                "peak RssAnon, all",
+                "to first step",
+                "tokens/s",
+                "notes",
+            ],
+            [memory_cells(entry, results) for entry in memory],
+        ),
         "",
-        (f"## Training speed of the main job's model: {THROUGHPUT_PRESET} preset, {THROUGHPUT_VOCAB}-token "
-         "vocabulary, --batch_tokens 2000"),
+        (
+            f"## Training speed of the main job's model: {THROUGHPUT_PRESET} preset, {THROUGHPUT_VOCAB}-token "
+            "vocabulary, --batch_tokens 2000"
+        ),
         "",
-        (f"--log_every {THROUGHPUT_LOG_EVERY} --max_steps {THROUGHPUT_STEPS}; each run: the median tokens_per_sec "
-         "of its records after the first; the codes' runs alternate (old, new, old, new, ...)."),
+        (
+            f"--log_every {THROUGHPUT_LOG_EVERY} --max_steps {THROUGHPUT_STEPS}; each run: the median tokens_per_sec "
+            "of its records after the first; the codes' runs alternate (old, new, old, new, ...)."
+        ),
         "",
-        table(["train pairs", "processes", "code", "runs (tokens/s)", "median tokens/s", "new / old"],
-              throughput_rows(throughput)),
+        table(
+            ["train pairs", "processes", "code", "runs (tokens/s)", "median tokens/s", "new / old"],
+            throughput_rows(throughput),
+        ),
         "",
         "## Commands",
         "",
@@ -681,11 +853,19 @@ def throughput_rows(throughput):
         new, old = (medians.get((entry["rows"], entry["processes"], code)) for code in CODE_ORDER[::-1])
         return f"{new / old:.3f}x" if entry["code"] == "new" and new and old else ""
 
-    return [[f"{entry['rows']:,}", str(entry["processes"]), entry["code"],
-             ", ".join(fmt_number(run["tokens_per_sec"]) if run["status"] == "ok" else run["status"]
-                       for run in entry["runs"]),
-             fmt_number(entry.get("tokens_per_sec")), ratio(entry)]
-            for entry in throughput]
+    return [
+        [
+            f"{entry['rows']:,}",
+            str(entry["processes"]),
+            entry["code"],
+            ", ".join(
+                fmt_number(run["tokens_per_sec"]) if run["status"] == "ok" else run["status"] for run in entry["runs"]
+            ),
+            fmt_number(entry.get("tokens_per_sec")),
+            ratio(entry),
+        ]
+        for entry in throughput
+    ]
 
 
 def example_commands(measured):
@@ -705,41 +885,85 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--dataset_dir", type=Path, required=True,
-                        help="the default corpus: a DatasetDict saved by scripts/prepare_data.py (BIBLE)")
-    common.add_argument("--workdir", type=Path, required=True,
-                        help="where the corpora, tokenizers, old code worktree, run folders and logs go (WORK)")
+    common.add_argument(
+        "--dataset_dir",
+        type=Path,
+        required=True,
+        help="the default corpus: a DatasetDict saved by scripts/prepare_data.py (BIBLE)",
+    )
+    common.add_argument(
+        "--workdir",
+        type=Path,
+        required=True,
+        help="where the corpora, tokenizers, old code worktree, run folders and logs go (WORK)",
+    )
     common.add_argument("--old_commit", default=OLD_COMMIT, help="the commit whose scripts/train.py is the old code")
     results = argparse.ArgumentParser(add_help=False)
-    results.add_argument("--results", type=Path, default=RESULTS,
-                         help="where the results go, as RESULTS.json and RESULTS.md (default: next to this script)")
+    results.add_argument(
+        "--results",
+        type=Path,
+        default=RESULTS,
+        help="where the results go, as RESULTS.json and RESULTS.md (default: next to this script)",
+    )
     launches = argparse.ArgumentParser(add_help=False, parents=[results])
-    launches.add_argument("--timeout", type=float, default=1200,
-                          help="a launch's time limit in seconds (default: 1200)")
-    launches.add_argument("--codes", type=comma_list(choice(*CODE_ORDER)), default=list(CODE_ORDER),
-                          help="old, new or both (default: old,new)")
+    launches.add_argument(
+        "--timeout", type=float, default=1200, help="a launch's time limit in seconds (default: 1200)"
+    )
+    launches.add_argument(
+        "--codes",
+        type=comma_list(choice(*CODE_ORDER)),
+        default=list(CODE_ORDER),
+        help="old, new or both (default: old,new)",
+    )
     sizes = argparse.ArgumentParser(add_help=False)
-    sizes.add_argument("--sizes", type=comma_list(parse_size), default=["default", 100_000, 1_000_000, 4_500_000],
-                       help="corpus sizes in train pairs, comma-separated; 'default' is --dataset_dir itself "
-                            "(default: default,100k,1M,4.5M)")
+    sizes.add_argument(
+        "--sizes",
+        type=comma_list(parse_size),
+        default=["default", 100_000, 1_000_000, 4_500_000],
+        help="corpus sizes in train pairs, comma-separated; 'default' is --dataset_dir itself "
+        "(default: default,100k,1M,4.5M)",
+    )
 
     def subcommand(name, parents, summary):
-        return commands.add_parser(name, parents=parents, help=summary,
-                                   description=f"{summary}. How each figure is measured: data_scale.py --help.")
+        return commands.add_parser(
+            name,
+            parents=parents,
+            help=summary,
+            description=f"{summary}. How each figure is measured: data_scale.py --help.",
+        )
 
-    subcommand("prepare", [common, sizes], "build the old code worktree, both tokenizers and the corpora ahead of "
-               "time (memory and throughput build what they lack)")
-    memory = subcommand("memory", [common, sizes, launches], "peak memory, time to the first step and tokens/s for "
-                     "each code, corpus size and number of processes")
-    memory.add_argument("--processes", type=comma_list(int), default=[1, 2],
-                        help="training processes, comma-separated (default: 1,2)")
-    memory.add_argument("--old_max_rows", type=parse_pairs, default=1_000_000,
-                        help="larger corpora are not run with the old code, only extrapolated (default: 1M)")
-    throughput = subcommand("throughput", [common, sizes, launches], "the main job's training tokens/s per corpus "
-                            "size and process count, the codes' launches alternating")
+    subcommand(
+        "prepare",
+        [common, sizes],
+        "build the old code worktree, both tokenizers and the corpora ahead of "
+        "time (memory and throughput build what they lack)",
+    )
+    memory = subcommand(
+        "memory",
+        [common, sizes, launches],
+        "peak memory, time to the first step and tokens/s for each code, corpus size and number of processes",
+    )
+    memory.add_argument(
+        "--processes", type=comma_list(int), default=[1, 2], help="training processes, comma-separated (default: 1,2)"
+    )
+    memory.add_argument(
+        "--old_max_rows",
+        type=parse_pairs,
+        default=1_000_000,
+        help="larger corpora are not run with the old code, only extrapolated (default: 1M)",
+    )
+    throughput = subcommand(
+        "throughput",
+        [common, sizes, launches],
+        "the main job's training tokens/s per corpus size and process count, the codes' launches alternating",
+    )
     throughput.add_argument("--rounds", type=int, default=3, help="launches per code (default: 3)")
-    throughput.add_argument("--processes", type=comma_list(int), default=[THROUGHPUT_PROCESSES],
-                            help=f"training processes, comma-separated (default: {THROUGHPUT_PROCESSES})")
+    throughput.add_argument(
+        "--processes",
+        type=comma_list(int),
+        default=[THROUGHPUT_PROCESSES],
+        help=f"training processes, comma-separated (default: {THROUGHPUT_PROCESSES})",
+    )
     subcommand("report", [results], "rewrite RESULTS.md from RESULTS.json")
     args = parser.parse_args(argv)
     for name in ("dataset_dir", "workdir"):  # train.py runs in other folders
@@ -747,8 +971,9 @@ def parse_args(argv=None):
             setattr(args, name, getattr(args, name).resolve())
     if getattr(args, "dataset_dir", None) and not (args.dataset_dir / "dataset_dict.json").is_file():
         parser.error(f"--dataset_dir {args.dataset_dir} is not a DatasetDict saved with save_to_disk")
-    args.invocation = shlex.join(["python3", str(Path(__file__).resolve().relative_to(REPO)),
-                                  *(sys.argv[1:] if argv is None else argv)])
+    args.invocation = shlex.join(
+        ["python3", str(Path(__file__).resolve().relative_to(REPO)), *(sys.argv[1:] if argv is None else argv)]
+    )
     return args
 
 
