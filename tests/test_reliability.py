@@ -13,7 +13,6 @@ import re
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -28,7 +27,7 @@ import pytest
 import torch
 from accelerate.utils import DistributedType
 from safetensors.torch import load_file
-from test_training import ENGLISH, SPANISH, make_dataset, make_tokenizer, max_difference, read_log
+from test_training import ENGLISH, SPANISH, make_dataset, make_tokenizer, max_difference, read_log, two_process_launch
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
 from transformers import PreTrainedTokenizerFast
 
@@ -137,12 +136,6 @@ def logged_step(output_dir):
         return 0
 
 
-def free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
     root = tmp_path_factory.mktemp("reliability")
@@ -245,23 +238,7 @@ def test_the_resume_command_repeats_the_arguments_with_resume_once(monkeypatch):
 @pytest.mark.slow
 def test_two_processes_stop_after_the_same_step_when_the_launcher_gets_sigterm(corpus, tmp_path):
     def launcher():
-        return [
-            sys.executable,
-            "-m",
-            "accelerate.commands.launch",
-            "--multi_gpu",
-            "--num_processes",
-            "2",
-            "--num_machines",
-            "1",
-            "--mixed_precision",
-            "no",
-            "--dynamo_backend",
-            "no",
-            "--main_process_port",
-            str(free_port()),
-            str(SCRIPTS / "train.py"),
-        ]
+        return [*two_process_launch(), str(SCRIPTS / "train.py")]
 
     arguments = [str(argument) for argument in arguments_for(corpus, "OUT", "--batch_tokens", "400")]
     straight = run([*launcher(), *[str(tmp_path / "straight") if a == "OUT" else a for a in arguments]], timeout=600)
@@ -377,24 +354,7 @@ def test_writes_the_kernel_refuses_during_a_checkpoint_keep_the_last_one_and_end
     if processes == 2:
         script = tmp_path / "limited_train.py"
         script.write_text(command[2])
-        command = [
-            sys.executable,
-            "-m",
-            "accelerate.commands.launch",
-            "--multi_gpu",
-            "--num_processes",
-            "2",
-            "--num_machines",
-            "1",
-            "--mixed_precision",
-            "no",
-            "--dynamo_backend",
-            "no",
-            "--main_process_port",
-            str(free_port()),
-            str(script),
-            *command[3:],
-        ]
+        command = [*two_process_launch(), str(script), *command[3:]]
     started = time.monotonic()
     result = run(command, timeout=240)
     assert result.returncode != 0 and time.monotonic() - started < 200

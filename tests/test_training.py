@@ -83,6 +83,13 @@ def free_port():
         return sock.getsockname()[1]
 
 
+def two_process_launch():
+    """`accelerate launch` of two gloo processes on this machine (the CPU's DDP), to be followed by the script."""
+    return [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+            "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+            "--main_process_port", str(free_port())]  # fmt: skip
+
+
 def read_log(output_dir):
     return [json.loads(line) for line in (Path(output_dir) / "train_log.jsonl").read_text().splitlines()]
 
@@ -235,21 +242,7 @@ def test_two_ddp_processes_train_together_from_one_tokenization_and_end_identica
     tokenizer = corpus[1]
     data = make_dataset(tmp_path / "data", {"train": 1200, "validation": 40})  # not tokenized yet
     output_dir = tmp_path / "ddp"
-    launcher = [
-        "-m",
-        "accelerate.commands.launch",
-        "--multi_gpu",
-        "--num_processes",
-        "2",
-        "--num_machines",
-        "1",
-        "--mixed_precision",
-        "no",
-        "--dynamo_backend",
-        "no",
-        "--main_process_port",
-        free_port(),
-    ]
+    launcher = two_process_launch()[1:]  # run_script puts the interpreter first
     result = run_script(
         "train",
         "--dataset_dir",
@@ -655,3 +648,25 @@ def test_visualize_writes_positional_encoding_and_attention_pngs(trained, tmp_pa
         assert image.shape[0] > 200 and image.shape[1] > 200, name
     image = matplotlib.image.imread(tmp_path / "figures" / "attention_encoder_decoder.png")
     assert image.shape[1] > image.shape[0]  # a grid of 2 layers x 4 heads
+
+
+def test_train_state_reads_the_checkpoints_of_earlier_versions(tmp_path):
+    """train_state.json as the code before vaswani.training wrote it (a dict with the settings, the log window and
+    the interim mark), and as the code before the settings were recorded wrote it (the process count alone)."""
+    from vaswani.training.checkpoints import TrainState
+
+    window = {"loss": 9.5, "nll": 8.0, "target_tokens": 3, "tokens": 7, "seconds": 0.5, "steps": 1, "skipped": 0}
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "train_state.json").write_text(
+        json.dumps({"step": 12, "epoch": 1, "batch_index": 4, "tokens_seen": 900, "target_tokens_seen": 400,
+                    "train_seconds": 3.5, "skipped_steps": 1, "bad_streak": 0, "good_weights_step": 11,
+                    "settings": {"seed": 0, "num_processes": 2}, "log_window": window, "interim": True})
+    )  # fmt: skip
+    state = TrainState.read(tmp_path / "a")
+    assert (state.step, state.epoch, state.batch_index, state.good_weights_step) == (12, 1, 4, 11)
+    assert state.settings == {"seed": 0, "num_processes": 2} and state.log_window == window
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "train_state.json").write_text(json.dumps({"step": 6, "epoch": 0, "batch_index": 6,
+                                                                  "num_processes": 1}))  # fmt: skip
+    state = TrainState.read(tmp_path / "b")
+    assert state.step == 6 and state.settings == {"num_processes": 1} and state.log_window["steps"] == 0

@@ -1,0 +1,72 @@
+"""The commands' common shape: every console entry point exists and answers --help, arguments that do not parse end
+with argparse's usage and status 2, and a mistake in the input ends a command with `NAME: error: message`."""
+
+import importlib.metadata
+from dataclasses import dataclass
+
+import pytest
+
+from vaswani.training.checks import UsageError
+from vaswani.training.cli import command, parse_arguments
+
+
+ENTRY_POINTS = [point for point in importlib.metadata.entry_points(group="console_scripts")
+                if point.value.startswith("vaswani.scripts.")]  # fmt: skip
+
+
+def test_every_command_is_a_console_entry_point():
+    names = {point.name for point in ENTRY_POINTS}
+    assert names == {"vaswani-prepare-data", "vaswani-train-tokenizer", "vaswani-train", "vaswani-evaluate",
+                     "vaswani-finetune", "vaswani-push-to-hub", "vaswani-export-ctranslate2", "vaswani-visualize",
+                     "vaswani-benchmark"}  # fmt: skip
+
+
+@pytest.mark.parametrize("point", ENTRY_POINTS, ids=lambda point: point.name)
+def test_every_entry_point_answers_help(point, capsys):
+    with pytest.raises(SystemExit) as raised:
+        point.load()(["--help"])
+    assert raised.value.code == 0
+    assert "--help" in capsys.readouterr().out
+
+
+@dataclass
+class Arguments:
+    steps: int = 1
+
+    def __post_init__(self):
+        if self.steps < 1:
+            raise UsageError("--steps must be at least 1")
+
+
+@pytest.mark.parametrize(
+    "argv,message",
+    [(["--nope", "1"], "unrecognized arguments: --nope 1"), (["--steps", "0"], "--steps must be at least 1")],
+)
+def test_arguments_that_do_not_parse_end_with_the_usage(argv, message, capsys):
+    with pytest.raises(SystemExit) as raised:
+        parse_arguments([Arguments], argv)
+    assert raised.value.code == 2
+    error = capsys.readouterr().err
+    assert error.startswith("usage: ") and f"error: {message}" in error and "Traceback" not in error
+
+
+def test_a_usage_error_ends_a_command_with_its_message(monkeypatch):
+    @command
+    def main(argv):
+        (args,) = parse_arguments([Arguments], argv)
+        raise UsageError(f"no data for {args.steps} steps")
+
+    monkeypatch.setattr("sys.argv", ["/usr/local/bin/vaswani-train"])
+    with pytest.raises(SystemExit) as raised:
+        main(["--steps", "3"])
+    assert raised.value.code == "vaswani-train: error: no data for 3 steps"  # printed to stderr, exit status 1
+
+
+def test_hooks_for_tests_and_worker_processes_stay_out_of_help(capsys):
+    from vaswani.scripts import benchmark, train
+
+    for main, hidden in ((train.main, ["--stop_after"]), (benchmark.main, ["--implementation", "--sweep_point"])):
+        with pytest.raises(SystemExit):
+            main(["--help"])
+        shown = capsys.readouterr().out
+        assert not any(flag in shown for flag in hidden), hidden
