@@ -48,3 +48,16 @@ def test_each_extra_holds_what_its_commands_import():
     assert {"datasets", "pysword"} <= extras["data"]
     assert "jinja2" in extras["hub"] and "ctranslate2" in extras["export"]
     assert "evaluate" not in set().union(*extras.values())  # BLEU is sacreBLEU, called directly (README)
+
+
+def test_the_tests_import_the_installed_package_once():
+    """pytest must not import the repository root as a package of its own (pyproject.toml's --confcutdir): the Auto
+    classes would then map "vaswani" to that second copy's classes."""
+    from transformers import AutoConfig
+
+    import vaswani
+
+    roots = [name for name, module in list(sys.modules.items())
+             if getattr(module, "__file__", None) and Path(module.__file__).resolve() == Path(vaswani.__file__).resolve()]  # fmt: skip
+    assert roots == ["vaswani"]
+    assert type(AutoConfig.for_model("vaswani")) is vaswani.VaswaniConfig
