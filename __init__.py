@@ -1,11 +1,13 @@
 """vaswani: the Transformer of "Attention Is All You Need" (Vaswani et al., 2017) as a Hugging Face model.
 
-Importing this package registers `model_type="vaswani"` with `AutoConfig`, `AutoModel` and `AutoModelForSeq2SeqLM`.
+Importing this package registers `model_type="vaswani"` with `AutoConfig`, `AutoModel` and `AutoModelForSeq2SeqLM`,
+and its translation pipeline for the task "translation".
 """
 
 import importlib.metadata
 
 from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
+from transformers.pipelines import PIPELINE_REGISTRY, REMOVED_TASKS
 
 from .configuration import PRESETS, VaswaniConfig
 from .modeling import (
@@ -24,6 +26,12 @@ __version__ = importlib.metadata.version("vaswani")
 AutoConfig.register("vaswani", VaswaniConfig, exist_ok=True)
 AutoModel.register(VaswaniConfig, VaswaniModel, exist_ok=True)
 AutoModelForSeq2SeqLM.register(VaswaniConfig, VaswaniForConditionalGeneration, exist_ok=True)
+# transformers 5 removed its "translation" task and refuses the name before it looks at registered tasks; this
+# package brings a translation pipeline, so `pipeline("translation", model=...)` is given back to it.
+REMOVED_TASKS.pop("translation", None)
+PIPELINE_REGISTRY.register_pipeline(
+    "translation", pipeline_class=VaswaniTranslationPipeline, pt_model=AutoModelForSeq2SeqLM, type="text"
+)
 
 __all__ = [
     "PRESETS",

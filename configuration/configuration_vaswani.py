@@ -65,6 +65,10 @@ AUTO_MAP = {
     "AutoModelForSeq2SeqLM": "modeling_vaswani.VaswaniForConditionalGeneration",
 }
 # transformers 5 has no built-in translation pipeline; the folder brings its own (modeling/pipeline_vaswani.py).
+# Where the package is installed, `import vaswani` registers that pipeline for the "translation" task itself, and a
+# loaded config leaves `custom_pipelines` out: with it, `pipeline()` would demand trust_remote_code for the package's
+# own code. A folder loaded without the package (remote code) keeps it.
+INSTALLED = bool(__package__) and __package__.startswith("vaswani.")
 CUSTOM_PIPELINES = {
     "translation": {
         "impl": "pipeline_vaswani.VaswaniTranslationPipeline",
@@ -136,6 +140,8 @@ class VaswaniConfig(PreTrainedConfig):
 
     def __post_init__(self, **kwargs):
         self._check_values()
+        if INSTALLED:
+            kwargs.pop("custom_pipelines", None)
         super().__post_init__(**kwargs)
 
     def _check_values(self):
@@ -189,9 +195,13 @@ class VaswaniConfig(PreTrainedConfig):
         self.auto_map = dict(AUTO_MAP)
         self.custom_pipelines = dict(CUSTOM_PIPELINES)
         self.code_sha256 = hashlib.sha256("".join(code[name] for name in sorted(code)).encode()).hexdigest()
-        if __package__ and __package__.startswith("vaswani."):  # the installed package, not a downloaded copy
+        if INSTALLED:  # the installed package, not a downloaded copy
             self.vaswani_version = importlib.metadata.version("vaswani")
-        super().save_pretrained(save_directory, **kwargs)
+        try:
+            super().save_pretrained(save_directory, **kwargs)
+        finally:
+            if INSTALLED:  # written for the folder; in memory the package's registered pipeline serves
+                del self.custom_pipelines
         for name, text in code.items():
             (Path(save_directory) / name).write_text(text, encoding="utf-8")
 
