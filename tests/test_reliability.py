@@ -16,7 +16,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import textwrap
 import time
 from fnmatch import fnmatch
 from pathlib import Path
@@ -27,7 +26,16 @@ import pytest
 import torch
 from accelerate.utils import DistributedType
 from safetensors.torch import load_file
-from test_training import ENGLISH, SPANISH, make_dataset, make_tokenizer, max_difference, read_log, two_process_launch
+from test_training import (
+    ENGLISH,
+    SPANISH,
+    make_dataset,
+    make_tokenizer,
+    max_difference,
+    read_log,
+    train_command,
+    two_process_launch,
+)
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
 from transformers import PreTrainedTokenizerFast
 
@@ -83,15 +91,6 @@ RUN = [
     "--report_to",
     "none",
 ]
-
-
-def train_command(*arguments, patch=None):
-    """The command that runs scripts/train.py; with `patch`, that code runs first in the same interpreter."""
-    arguments = [str(argument) for argument in arguments]
-    if patch is None:
-        return [sys.executable, str(SCRIPTS / "train.py"), *arguments]
-    program = f"import sys\nfrom vaswani.scripts import train\n{textwrap.dedent(patch)}\ntrain.main(sys.argv[1:])\n"
-    return [sys.executable, "-c", program, *arguments]
 
 
 def start(command):

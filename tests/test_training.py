@@ -11,6 +11,7 @@ import random
 import socket
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -81,6 +82,15 @@ def free_port():
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def train_command(*arguments, patch=None):
+    """The command that runs scripts/train.py; with `patch`, that code runs first in the same interpreter."""
+    arguments = [str(argument) for argument in arguments]
+    if patch is None:
+        return [sys.executable, str(SCRIPTS / "train.py"), *arguments]
+    program = f"import sys\nfrom vaswani.scripts import train\n{textwrap.dedent(patch)}\ntrain.main(sys.argv[1:])\n"
+    return [sys.executable, "-c", program, *arguments]
 
 
 def two_process_launch():
@@ -404,6 +414,68 @@ def test_resumed_run_ends_exactly_like_an_uninterrupted_one(corpus, tmp_path):
     resumed_log = [r for r in read_log(tmp_path / "stopped") if "loss" in r]
     assert [r["step"] for r in resumed_log] == [r["step"] for r in straight_log]  # no duplicated lines
     assert [r["loss"] for r in resumed_log] == pytest.approx([r["loss"] for r in straight_log], abs=1e-6)
+
+
+# The first optimizer step's gradients, from rank 0 after DDP's all-reduce: fixed batches instead of the token
+# buckets (BATCH_BOUNDS: rows [b0, b1), [b1, b2), ... of the training split, dealt to the processes in turn).
+FIXED_BATCHES_AND_FIRST_GRADIENTS = """
+    import json
+    import os
+
+    import numpy as np
+    import torch
+
+    class FixedBatches(train.TokenBucketSampler):
+        def epoch_batches(self, epoch):
+            if not self.shuffle:  # validation keeps its own batches
+                return super().epoch_batches(epoch)
+            bounds = np.array(json.loads(os.environ["BATCH_BOUNDS"]))
+            return np.arange(len(self.source_lengths)), bounds, np.arange(len(bounds) - 1)
+
+    train.TokenBucketSampler = FixedBatches
+    adam_step = torch.optim.Adam.step
+
+    def record_first_gradients(self, *args, **kwargs):
+        if self.state_dict()["state"] == {} and os.environ.get("RANK", "0") == "0":
+            torch.save([p.grad.clone() for group in self.param_groups for p in group["params"]], os.environ["GRADIENTS"])
+        return adam_step(self, *args, **kwargs)
+
+    torch.optim.Adam.step = record_first_gradients
+"""
+
+
+def test_a_step_has_the_token_normalised_gradient_however_its_tokens_are_split(corpus, tmp_path):
+    """Section 5.1's batches are counted in tokens: a step's loss is the sum over all its target tokens divided by
+    their number, whether the tokens come as one batch, as two accumulated micro-batches, or from two DDP processes,
+    here with 4 short pairs in one micro-batch and 2 long ones in the other (unequal token counts)."""
+    words = [["the", "red", "cat"]] * 4 + [["the", "big", "green", "bird", "sees", "a", "small", "red", "dog"]] * 2
+    pairs = [{"en": " ".join(w), "es": " ".join(LEXICON[x] for x in w)} for w in words]
+    split = Dataset.from_dict({"translation": pairs})
+    DatasetDict(train=split, validation=split).save_to_disk(str(tmp_path / "data"))
+    common = ["--dataset_dir", tmp_path / "data", "--tokenizer", corpus[1], "--preset", "tiny", "--dropout", 0,
+              "--batch_tokens", 1000, "--max_steps", 1, "--save_every", 1, "--average_last", 1, "--eval_every", 0,
+              "--eval_bleu_samples", 0, "--report_to", "none"]  # fmt: skip
+    gradients = {}
+    for name, bounds, launch, accumulate in (
+        ("one batch", [0, 6], [], 1),
+        ("two accumulated micro-batches", [0, 4, 6], [], 2),
+        ("two DDP processes", [0, 4, 6], two_process_launch(), 1),
+    ):
+        command = train_command(*common, "--grad_accum", accumulate, "--output_dir", tmp_path / name,
+                                patch=FIXED_BATCHES_AND_FIRST_GRADIENTS)  # fmt: skip
+        if launch:
+            (tmp_path / "train_fixed.py").write_text(command[2])
+            command = [*launch, str(tmp_path / "train_fixed.py"), *command[3:]]
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "BATCH_BOUNDS": json.dumps(bounds),
+               "GRADIENTS": str(tmp_path / f"{name}.pt")}  # fmt: skip
+        done = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=REPO_ROOT, env=env)
+        assert done.returncode == 0, f"{name}:\n{done.stderr[-3000:]}"
+        gradients[name] = torch.load(tmp_path / f"{name}.pt")
+    reference = gradients["one batch"]
+    assert max(gradient.abs().max().item() for gradient in reference) > 1e-3
+    for name, measured in gradients.items():
+        for expected, got in zip(reference, measured, strict=True):
+            torch.testing.assert_close(got, expected, rtol=0, atol=1e-6, msg=lambda m, name=name: f"{name}: {m}")
 
 
 def test_model_overfits_a_handful_of_pairs(tmp_path):
