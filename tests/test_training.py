@@ -478,6 +478,31 @@ def test_a_step_has_the_token_normalised_gradient_however_its_tokens_are_split(c
             torch.testing.assert_close(got, expected, rtol=0, atol=1e-6, msg=lambda m, name=name: f"{name}: {m}")
 
 
+def test_long_pairs_are_dropped_or_truncated_and_counted(corpus, tmp_path):
+    """--long_pairs: training pairs longer than --max_source_length/--max_target_length (with </s>) are left out
+    (filter) or cut to the limits (truncate), and the run says how many; validation pairs are always truncated."""
+    short, long = "the red cat", "the big green bird sees a small red dog"  # 4 and 10 tokens with </s>
+    pairs = [{"en": e, "es": " ".join(LEXICON[w] for w in e.split())} for e in [short] * 6 + [long] * 3]
+    split = Dataset.from_dict({"translation": pairs})
+    DatasetDict(train=split, validation=split).save_to_disk(str(tmp_path / "data"))
+    for long_pairs, kept, dropped, truncated in (("filter", 6, 3, 0), ("truncate", 9, 0, 3)):
+        output_dir = tmp_path / long_pairs
+        result = run_script(
+            "train", "--dataset_dir", tmp_path / "data", "--tokenizer", corpus[1], "--output_dir", output_dir,
+            "--preset", "tiny", "--max_source_length", 6, "--max_target_length", 6, "--long_pairs", long_pairs,
+            "--batch_tokens", 100, "--max_steps", 2, "--save_every", 2, "--average_last", 1, "--eval_every", 0,
+            "--eval_bleu_samples", 0, "--report_to", "none",
+        )  # fmt: skip
+        assert (
+            f"train: {kept} pairs ({dropped} longer than the maximum lengths dropped, {truncated} truncated"
+            in result.stdout
+        )
+        summary = json.loads((output_dir / "training_summary.json").read_text())
+        assert (summary["train_pairs"], summary["train_pairs_dropped"], summary["train_pairs_truncated"]) == (
+            kept, dropped, truncated,
+        )  # fmt: skip
+
+
 def test_model_overfits_a_handful_of_pairs(tmp_path):
     pairs = ["the red cat sees a dog", "a big bird eats", "the small house has a green tree", "dog likes blue"]
     records = [{"en": e, "es": " ".join(LEXICON[w] for w in e.split())} for e in pairs]
