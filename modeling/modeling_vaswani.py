@@ -293,29 +293,30 @@ class VaswaniPreTrainedModel(PreTrainedModel):
     _can_compile_fullgraph = True
 
     @classmethod
-    def from_pretrained(cls, *args, **kwargs):
-        """`PreTrainedModel.from_pretrained`, but a checkpoint that does not fill the model exactly is an error.
+    def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs):
+        """`PreTrainedModel.from_pretrained`; refuses a checkpoint of another architecture with nothing in common.
 
-        The library only warns and initialises the missing tensors at random, which turns a checkpoint of another
-        architecture into a model that silently translates garbage. Pass `output_loading_info=True` to get the
-        library's behaviour and the report instead.
+        As everywhere in the library, tensors missing from the checkpoint are initialised by `_init_weights` and
+        reported (the load report's warning, or `output_loading_info=True`), and tensors of another shape are an error
+        unless `ignore_mismatched_sizes=True`. The library only warns about a checkpoint of another `model_type`, since
+        it may share part of the model; one that shares not a single tensor would give a model that is random
+        throughout, so it is an error naming the checkpoint.
         """
-        if kwargs.get("output_loading_info"):
-            return super().from_pretrained(*args, **kwargs)
-        model, info = super().from_pretrained(*args, output_loading_info=True, **kwargs)
-        problems = {kind: sorted(info[kind]) for kind in ("missing_keys", "unexpected_keys") if info[kind]}
-        if problems:
-            details = "; ".join(
-                f"{kind.replace('_', ' ')} ({len(keys)}): {', '.join(keys[:6])}{', ...' if len(keys) > 6 else ''}"
-                for kind, keys in problems.items()
-            )
+        wants_loading_info = kwargs.pop("output_loading_info", False)
+        model, info = super().from_pretrained(
+            pretrained_model_name_or_path, *model_args, output_loading_info=True, **kwargs
+        )
+        # The loaded config keeps the model_type written in the checkpoint's config.json.
+        checkpoint_type = model.config.model_type
+        nothing_loaded = info["missing_keys"] >= set(model.state_dict())
+        if checkpoint_type != cls.config_class.model_type and info["unexpected_keys"] and nothing_loaded:
+            theirs = sorted(info["unexpected_keys"])
             raise ValueError(
-                f"The checkpoint {args[0] if args else kwargs.get('pretrained_model_name_or_path')!r} does not match "
-                f"{cls.__name__} ({model.config.model_type}, d_model={model.config.d_model}, "
-                f"{model.config.encoder_layers}+{model.config.decoder_layers} layers): {details}. "
-                "Is it a checkpoint of another architecture or size?"
+                f"The checkpoint {str(pretrained_model_name_or_path)!r} is a {checkpoint_type!r} model's, and none of "
+                f"its {len(theirs)} tensors ({', '.join(theirs[:6])}{', ...' if len(theirs) > 6 else ''}) is one of "
+                f"{cls.__name__}'s: every weight would be random. Load it with its own model class."
             )
-        return model
+        return (model, info) if wants_loading_info else model
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:

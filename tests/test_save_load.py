@@ -2,6 +2,7 @@
 
 import hashlib
 import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -11,6 +12,8 @@ import pytest
 import torch
 from conftest import REPO_ROOT
 from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
+from transformers.testing_utils import CaptureLogger, LoggingLevel
+from transformers.utils import logging
 
 import vaswani
 from vaswani import VaswaniConfig, VaswaniForConditionalGeneration, VaswaniModel
@@ -155,7 +158,32 @@ def test_wheel_installs_the_vaswani_package(tmp_path):
     assert out.stdout.strip() == vaswani.__version__
 
 
-def test_checkpoint_of_another_architecture_is_refused_naming_tensors(tmp_path):
+def test_missing_tensors_are_initialised_and_reported(tiny_model, tmp_path):
+    """The library's convention: a checkpoint that lacks some of the model's tensors (here, of a model one encoder
+    layer deeper) loads; the missing tensors are initialised by `_init_weights` and reported, the rest are loaded."""
+    tiny_model.save_pretrained(tmp_path)
+    with LoggingLevel(logging.WARNING), CaptureLogger(logging.get_logger("transformers.modeling_utils")) as report:
+        deeper = VaswaniForConditionalGeneration.from_pretrained(tmp_path, encoder_layers=3)
+    _, info = VaswaniForConditionalGeneration.from_pretrained(tmp_path, encoder_layers=3, output_loading_info=True)
+    new_layer = {f"model.encoder.layers.2.{name}" for name in tiny_model.model.encoder.layers[1].state_dict()}
+    assert info["missing_keys"] == new_layer
+    assert info["unexpected_keys"] == set() and info["mismatched_keys"] == set()
+    assert str(tmp_path) in report.out and "model.encoder.layers.2.self_attn.q_proj.weight" in report.out
+    saved, loaded = tiny_model.state_dict(), deeper.state_dict()
+    for name in saved:
+        assert torch.equal(loaded[name], saved[name]), name
+    # `_init_weights`: Glorot-uniform projections, zero biases, unit LayerNorms (meta or empty tensors would fail).
+    layer = deeper.model.encoder.layers[2]
+    bound = (6 / (64 + 64)) ** 0.5
+    q_proj = layer.self_attn.q_proj.weight
+    assert q_proj.abs().max() <= bound and q_proj.std() > bound / 4
+    assert torch.equal(layer.feed_forward.fc1.bias, torch.zeros(256))
+    assert torch.equal(layer.final_layer_norm.weight, torch.ones(64))
+
+
+def test_checkpoint_sharing_part_of_the_model_loads_and_reports_the_rest(tmp_path):
+    """A Marian checkpoint names most tensors as this model does: those load, the feed-forward networks (which
+    Marian keeps directly in the layer) are initialised and reported, as the library does for any checkpoint."""
     from transformers import MarianConfig, MarianMTModel
 
     marian = MarianConfig(
@@ -170,14 +198,32 @@ def test_checkpoint_of_another_architecture_is_refused_naming_tensors(tmp_path):
         pad_token_id=0,
         decoder_start_token_id=0,
     )
-    MarianMTModel(marian).save_pretrained(tmp_path)
-    with pytest.raises(ValueError, match=r"missing keys \(8\): model\.decoder\.layers\.0\.feed_forward\.fc1\.bias"):
-        VaswaniForConditionalGeneration.from_pretrained(tmp_path)
+    marian_model = MarianMTModel(marian)
+    marian_model.save_pretrained(tmp_path)
+    model = VaswaniForConditionalGeneration.from_pretrained(tmp_path)
+    _, info = VaswaniForConditionalGeneration.from_pretrained(tmp_path, output_loading_info=True)
+    assert info["missing_keys"] == {
+        f"model.{stack}.layers.0.feed_forward.{linear}.{kind}"
+        for stack in ("encoder", "decoder")
+        for linear in ("fc1", "fc2")
+        for kind in ("weight", "bias")
+    }
+    assert "model.encoder.layers.0.fc1.weight" in info["unexpected_keys"]
+    shared = "model.encoder.layers.0.self_attn.q_proj.weight"
+    assert torch.equal(model.state_dict()[shared], marian_model.state_dict()[shared])
 
 
-def test_checkpoint_of_another_size_is_refused(tiny_model, tmp_path):
+def test_checkpoint_of_another_architecture_with_nothing_in_common_is_refused_naming_the_path(tmp_path):
+    from transformers import BertConfig, BertModel
+
+    bert = BertConfig(vocab_size=100, hidden_size=64, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64)
+    BertModel(bert).save_pretrained(tmp_path)
+    for model_class in (VaswaniForConditionalGeneration, VaswaniModel):
+        with pytest.raises(ValueError, match=rf"{re.escape(repr(str(tmp_path)))} is a 'bert' model's.*embeddings\."):
+            model_class.from_pretrained(tmp_path)
+
+
+def test_checkpoint_with_tensors_of_another_shape_is_refused(tiny_model, tmp_path):
     tiny_model.save_pretrained(tmp_path)
     with pytest.raises(RuntimeError, match="ignore_mismatched_sizes"):
         VaswaniForConditionalGeneration.from_pretrained(tmp_path, vocab_size=120)
-    with pytest.raises(ValueError, match=r"missing keys .*layers\.2\."):
-        VaswaniForConditionalGeneration.from_pretrained(tmp_path, encoder_layers=3)
