@@ -422,12 +422,14 @@ class VaswaniDecoder(VaswaniPreTrainedModel):
             past_key_values = EncoderDecoderCache(DynamicCache(), DynamicCache())
         batch_size, length = inputs_embeds.shape[:2]
         # A static cache counts its tokens in a tensor: a compiled graph cannot branch on it, so the checks that
-        # need its value run eagerly only.
+        # need its value run eagerly only. Compiled, the cache's size (a Python int) bounds the length instead.
         past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
         if not is_torchdynamo_compiling():
             total_length = int(past_length) + length
             check_attention_mask(attention_mask, (batch_size, total_length), "decoder_attention_mask")
             self.embed_positions.check_length(total_length)
+        elif past_key_values is not None:
+            self.embed_positions.check_length(max(past_key_values.self_attention_cache.get_max_length(), length))
         check_attention_mask(encoder_attention_mask, tuple(encoder_hidden_states.shape[:2]), "attention_mask")
         position_ids = torch.arange(length, device=inputs_embeds.device) + past_length
         positions = self.embed_positions(position_ids, inputs_embeds.dtype)
@@ -713,6 +715,16 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
         if all(limit is None for limit in limits) and source is not None:
             kwargs["max_new_tokens"] = min(
                 source.shape[1] + EXTRA_OUTPUT_TOKENS, self.config.max_position_embeddings - 1
+            )
+        # The decoder refuses a position past max_position_embeddings at the step that reaches it; a compiled
+        # decoding step cannot raise a clean error, so a limit it could never honour is refused here, before any work.
+        new_tokens = kwargs.get("max_new_tokens", config.max_new_tokens)
+        longest = 1 + new_tokens if new_tokens is not None else kwargs.get("max_length", config.max_length)
+        if longest is not None and longest > self.config.max_position_embeddings:
+            raise ValueError(
+                f"Generating up to {longest} decoder positions (the start token and the new tokens), more than "
+                f"max_position_embeddings ({self.config.max_position_embeddings}); ask for fewer tokens, or raise "
+                "config.max_position_embeddings (the positional encoding is computed: no retraining needed)."
             )
         return super().generate(inputs, generation_config=generation_config, **kwargs)
 

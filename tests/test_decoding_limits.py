@@ -1,0 +1,46 @@
+"""How far `generate()` decodes: the paper's source length + 50 by default (section 6.1), never past
+`max_position_embeddings`, whether the decoding step runs eagerly or compiled with a static cache."""
+
+import pytest
+import torch
+from transformers import CompileConfig
+
+from vaswani import VaswaniConfig, VaswaniForConditionalGeneration
+
+
+@pytest.fixture(scope="module")
+def short_model():
+    torch.manual_seed(0)
+    config = VaswaniConfig.from_preset("tiny", vocab_size=40, max_position_embeddings=12, eos_token_id=None)
+    return VaswaniForConditionalGeneration(config).eval()
+
+
+def compiled():
+    config = CompileConfig(fullgraph=True, mode="default")
+    config._compile_all_devices = True  # generate() compiles on accelerators only unless told so
+    return {"cache_implementation": "static", "compile_config": config}
+
+
+SOURCE = torch.tensor([[5, 6, 7, 2]])
+
+
+@pytest.mark.parametrize("path", ["eager", "static cache, compiled"])
+def test_a_limit_past_the_positions_is_refused_before_decoding(short_model, path):
+    options = compiled() if path != "eager" else {}
+    within = short_model.generate(SOURCE, num_beams=1, max_new_tokens=11, min_new_tokens=11, **options)
+    assert within.shape == (1, 12)  # the start token and 11 new ones: all 12 positions
+    for limit in ({"max_new_tokens": 12}, {"max_length": 13}):
+        with pytest.raises(
+            ValueError, match=r"Generating up to 13 decoder positions .* max_position_embeddings \(12\)"
+        ):
+            short_model.generate(SOURCE, num_beams=1, **limit, **options)
+
+
+def test_the_default_limit_is_the_source_length_plus_50_within_the_positions(short_model):
+    """Section 6.1's source + 50, cut to what the positional encoding accepts (here 12 positions)."""
+    assert short_model.generate(SOURCE, num_beams=1).shape == (1, 12)
+    roomy = VaswaniForConditionalGeneration(
+        VaswaniConfig(**{**short_model.config.to_dict(), "max_position_embeddings": 128})
+    )
+    roomy.load_state_dict(short_model.state_dict())
+    assert roomy.eval().generate(SOURCE, num_beams=1).shape == (1, 1 + SOURCE.shape[1] + 50)
