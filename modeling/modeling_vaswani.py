@@ -347,7 +347,6 @@ class VaswaniEncoder(VaswaniPreTrainedModel):
         self.layers = nn.ModuleList([VaswaniEncoderLayer(config, i) for i in range(config.encoder_layers)])
         self.post_init()
 
-    @merge_with_config_defaults
     @capture_outputs
     def forward(
         self,

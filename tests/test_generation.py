@@ -1,24 +1,87 @@
 """generate(): the paper's decoding defaults (section 6.1), the KV cache, padding, and attention kernels.
 
+The cache and padding tests decode with `trained_tiny_model` (conftest.py), trained to translate a handful of pairs:
+its logits change from step to step and from sentence to sentence, so that a decoding bug shows in them (an untrained
+model emits nearly the same token at every step, whatever its cache holds). They compare the raw logits of every
+step, not only the tokens, against decoding without the shortcut under test: no cache, or each sentence alone.
+
 Runs on the GPU too: `python -m pytest tests/test_generation.py --device cuda --dtype bfloat16` (see conftest.py).
 """
 
+import itertools
+
 import pytest
 import torch
+from conftest import pad_pairs
+from transformers import EncoderDecoderCache
 
 from vaswani import VaswaniForConditionalGeneration
 
 
-DECODING = {"greedy": {"num_beams": 1}, "beam": {"num_beams": 4, "length_penalty": 0.6}}
+DECODING = {
+    "greedy": {"num_beams": 1},
+    "beam": {"num_beams": 4, "length_penalty": 0.6},
+    # A high temperature takes the model off the paths it was trained on: the sampled tokens vary with the seed.
+    "sample": {"num_beams": 1, "do_sample": True, "top_k": 0, "temperature": 2.0},
+}
+CACHES = {"dynamic": {}, "static": {"cache_implementation": "static", "disable_compile": True}}
+MAX_NEW_TOKENS = 12
+SEED = 1234
 
 
 @pytest.fixture
-def model(tiny_model, device, dtype):
-    return tiny_model.to(device=device, dtype=dtype)
+def model(trained_tiny_model, device, dtype):
+    return trained_tiny_model.to(device=device, dtype=dtype)
+
+
+@pytest.fixture
+def padded_batch(translation_pairs, device):
+    """Three sources of 4, 7 and 9 tokens as one right-padded batch: (input_ids, attention_mask)."""
+    input_ids, attention_mask, _ = pad_pairs([translation_pairs[i] for i in (0, 4, 7)])
+    return input_ids.to(device), attention_mask.to(device)
 
 
 def tolerance(dtype):
-    return {"atol": 1e-5, "rtol": 1e-5} if dtype == torch.float32 else {"atol": 3e-2, "rtol": 3e-2}
+    # float32: a cached step multiplies one query by the cached keys, an uncached one every query by every key;
+    # sums in another order differ by a few 1e-6 on logits up to about 10.
+    return {"atol": 1e-5, "rtol": 1e-5} if dtype == torch.float32 else {"atol": 0.3, "rtol": 3e-2}
+
+
+def decode(model, input_ids, attention_mask=None, decoding="greedy", **kwargs):
+    """generate() with the seed fixed: (sequences, raw logits of every step stacked, shape (steps, rows, vocab))."""
+    options = {"max_new_tokens": MAX_NEW_TOKENS, **DECODING[decoding], **kwargs}
+    with torch.random.fork_rng():
+        torch.manual_seed(SEED)
+        out = model.generate(
+            input_ids, attention_mask=attention_mask, return_dict_in_generate=True, output_logits=True, **options
+        )
+    return out.sequences, torch.stack(out.logits)
+
+
+def assert_same_decoding(tokens, logits, expected_tokens, expected_logits, dtype, beams=1):
+    """Logits first, step by step: where they differ tells more than the first differing token does.
+
+    The beams of one sentence are compared as a set: two beams whose scores tie to within rounding may be kept in
+    either order, which swaps their rows of logits without changing any hypothesis.
+    """
+    steps = min(len(logits), len(expected_logits))
+    for step in range(steps):
+        rows, expected_rows = logits[step].unflatten(0, (-1, beams)), expected_logits[step].unflatten(0, (-1, beams))
+        for sentence, (beam_logits, expected_beam_logits) in enumerate(zip(rows, expected_rows)):
+            if beams > 1:
+                distance = (beam_logits[:, None] - expected_beam_logits[None]).abs().amax(-1)
+                order = min(
+                    itertools.permutations(range(beams)), key=lambda order: distance[order, range(beams)].max()
+                )
+                beam_logits = beam_logits[list(order)]
+            torch.testing.assert_close(
+                beam_logits,
+                expected_beam_logits,
+                **tolerance(dtype),
+                msg=lambda m: f"decoding step {step}, sentence {sentence}: {m}",
+            )
+    assert len(logits) == len(expected_logits), "a different number of decoding steps"
+    assert torch.equal(tokens, expected_tokens)
 
 
 def test_default_generation_config_is_the_papers(tiny_model):
@@ -36,50 +99,131 @@ def test_output_length_is_limited_to_source_length_plus_50(tiny_model, source_ba
     assert tiny_model.generate(input_ids, attention_mask=attention_mask, max_new_tokens=5).shape == (2, 6)
 
 
-@pytest.mark.parametrize("decoding", DECODING)
-def test_cache_gives_the_same_output(model, source_batch, device, decoding):
-    input_ids, attention_mask = (t.to(device) for t in source_batch)
-    kwargs = dict(attention_mask=attention_mask, max_new_tokens=12, **DECODING[decoding])
-    with_cache = model.generate(input_ids, use_cache=True, **kwargs)
-    without_cache = model.generate(input_ids, use_cache=False, **kwargs)
-    assert torch.equal(with_cache, without_cache)
+def test_trained_model_translates_each_pair_differently(trained_tiny_model, translation_pairs):
+    """The model the cache tests rely on: right translations, which differ from each other and from step to step."""
+    input_ids, attention_mask, labels = pad_pairs(translation_pairs)
+    output = trained_tiny_model.generate(input_ids, attention_mask=attention_mask, num_beams=1, max_new_tokens=12)
+    translations = [row[1 : row.tolist().index(2) + 1].tolist() for row in output]
+    assert translations == [target for _, target in translation_pairs]
+    assert len({tuple(translation) for translation in translations}) == len(translations)
+    assert all(len(set(translation)) >= len(translation) - 2 for translation in translations)
 
 
+@pytest.mark.parametrize("cache", CACHES)
 @pytest.mark.parametrize("decoding", DECODING)
-def test_padded_batch_gives_each_sentence_alone(model, source_batch, device, decoding):
-    input_ids, attention_mask = (t.to(device) for t in source_batch)
-    kwargs = dict(max_new_tokens=12, **DECODING[decoding])
-    batched = model.generate(input_ids, attention_mask=attention_mask, **kwargs)
-    for row in range(2):
-        length = int(attention_mask[row].sum())
-        alone = model.generate(input_ids[row : row + 1, :length], **kwargs)[0]
-        produced = batched[row, : alone.shape[0]]
-        assert torch.equal(produced, alone)
-        assert (batched[row, alone.shape[0] :] == model.config.pad_token_id).all()
+def test_cache_gives_the_logits_of_decoding_without_it(model, padded_batch, dtype, decoding, cache):
+    input_ids, attention_mask = padded_batch
+    expected = decode(model, input_ids, attention_mask, decoding, use_cache=False)
+    tokens, logits = decode(model, input_ids, attention_mask, decoding, use_cache=True, **CACHES[cache])
+    assert_same_decoding(tokens, logits, *expected, dtype, DECODING[decoding]["num_beams"])
 
 
 @pytest.mark.parametrize("decoding", DECODING)
-def test_static_cache_gives_the_same_output(model, source_batch, device, decoding):
-    input_ids, attention_mask = (t.to(device) for t in source_batch)
-    kwargs = dict(attention_mask=attention_mask, max_new_tokens=12, **DECODING[decoding])
-    static = model.generate(input_ids, cache_implementation="static", disable_compile=True, **kwargs)
-    assert torch.equal(static, model.generate(input_ids, **kwargs))
+def test_padded_batch_gives_each_sentence_alone(model, padded_batch, dtype, decoding):
+    input_ids, attention_mask = padded_batch
+    tokens, logits = decode(model, input_ids, attention_mask, decoding)
+    beams = DECODING[decoding]["num_beams"]
+    for row in range(len(input_ids)):
+        alone = input_ids[row : row + 1, : int(attention_mask[row].sum())]
+        replay = {}
+        if decoding == "sample":
+            # A batch draws other random numbers than one sentence does: replay the batch's draws instead.
+            replay["prefix_allowed_tokens_fn"] = lambda _, prefix, row=row: [tokens[row, len(prefix)].item()]
+        alone_tokens, alone_logits = decode(model, alone, None, decoding, **replay)
+        # The batch decodes until its longest translation ends; this sentence's stops where it stops alone.
+        batch_tokens = tokens[row : row + 1, : alone_tokens.shape[1]]
+        batch_logits = logits[: len(alone_logits), row * beams : (row + 1) * beams]
+        assert_same_decoding(batch_tokens, batch_logits, alone_tokens, alone_logits, dtype, beams)
+        # Greedy search and sampling fill with the pad token; beam search with end-of-sentence where the pad id
+        # is 0 (transformers' `pad_token_id or eos_token_id`).
+        filler = {model.config.pad_token_id, model.config.eos_token_id}
+        assert set(tokens[row, alone_tokens.shape[1] :].tolist()) <= filler
 
 
-def test_static_cache_generation_compiles_to_one_graph(model, source_batch, device):
-    """The static-cache path that generate() compiles on GPUs: one graph (fullgraph=True), the same tokens."""
-    from transformers import CompileConfig
+@pytest.mark.parametrize("decoding", DECODING)
+def test_source_padding_never_reaches_cached_decoding(model, padded_batch, dtype, decoding):
+    """Whatever sits under the source mask, every cached decoding step gives the same logits."""
+    input_ids, attention_mask = padded_batch
+    other_tokens = torch.arange(input_ids.numel(), device=input_ids.device).view_as(input_ids) % 96 + 4
+    scrambled = torch.where(attention_mask.bool(), input_ids, other_tokens)
+    expected = decode(model, input_ids, attention_mask, decoding)
+    scrambled_decoding = decode(model, scrambled, attention_mask, decoding)
+    assert_same_decoding(*scrambled_decoding, *expected, dtype, DECODING[decoding]["num_beams"])
 
-    input_ids, attention_mask = (t.to(device) for t in source_batch)
-    kwargs = {"attention_mask": attention_mask, "max_new_tokens": 8, "num_beams": 1}
-    compile_config = CompileConfig(fullgraph=True, mode="default")
-    compile_config._compile_all_devices = True  # generate() compiles on accelerators only unless told so
-    compiled = model.generate(input_ids, cache_implementation="static", compile_config=compile_config, **kwargs)
-    assert torch.equal(compiled, model.generate(input_ids, **kwargs))
+
+@pytest.mark.parametrize("cache", CACHES)
+def test_decoder_positions_advance_under_the_cache(model, padded_batch, cache):
+    """Step k of cached decoding feeds one token, at position k (section 3.5), not at position 0."""
+    input_ids, attention_mask = padded_batch
+    positions = []
+    hook = model.model.decoder.embed_positions.register_forward_pre_hook(
+        lambda module, args: positions.append(args[0].tolist())
+    )
+    try:
+        decode(model, input_ids, attention_mask, min_new_tokens=MAX_NEW_TOKENS, **CACHES[cache])
+    finally:
+        hook.remove()
+    assert positions == [[step] for step in range(MAX_NEW_TOKENS)]
 
 
-def test_cross_attention_keys_are_computed_once(model, source_batch, device):
-    input_ids, attention_mask = (t.to(device) for t in source_batch)
+def test_step_by_step_decoding_with_the_cache_gives_the_logits_of_one_full_forward(model, translation_pairs, dtype):
+    """Teacher forcing one token at a time through `past_key_values`, as generate() does, and all at once."""
+    input_ids, attention_mask, labels = (t.to(model.device) for t in pad_pairs(translation_pairs[:5]))
+    decoder_input_ids = model.prepare_decoder_input_ids_from_labels(labels)
+    with torch.no_grad():
+        full = model(
+            input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids, use_cache=False
+        ).logits
+        out = model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            decoder_input_ids=decoder_input_ids[:, :1],
+            use_cache=True,
+        )
+        steps = [out.logits[:, 0]]
+        for position in range(1, decoder_input_ids.shape[1]):
+            out = model(
+                encoder_outputs=(out.encoder_last_hidden_state,),
+                attention_mask=attention_mask,
+                decoder_input_ids=decoder_input_ids[:, position : position + 1],
+                past_key_values=out.past_key_values,
+                use_cache=True,
+            )
+            steps.append(out.logits[:, 0])
+    for position, logits in enumerate(steps):
+        torch.testing.assert_close(
+            logits, full[:, position], **tolerance(dtype), msg=lambda m: f"decoder position {position}: {m}"
+        )
+
+
+def test_cross_attention_cache_holds_each_layers_projection_of_the_encoder_output(model, padded_batch):
+    """Filled once from the encoder output with the layer's own projections (section 3.2.3), then only read."""
+    input_ids, attention_mask = padded_batch
+    start = torch.full((len(input_ids), 1), model.config.decoder_start_token_id, device=input_ids.device)
+    with torch.no_grad():
+        out = model(input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=start, use_cache=True)
+        encoded = out.encoder_last_hidden_state
+        for _ in range(2):  # two more steps, which must leave the cross-attention cache as it is
+            out = model(
+                encoder_outputs=(encoded,),
+                attention_mask=attention_mask,
+                decoder_input_ids=out.logits.argmax(-1)[:, -1:],
+                past_key_values=out.past_key_values,
+                use_cache=True,
+            )
+        cache = out.past_key_values
+        assert isinstance(cache, EncoderDecoderCache)
+        for index, layer in enumerate(model.model.decoder.layers):
+            attention = layer.encoder_attn
+            shape = (*encoded.shape[:2], -1, attention.head_dim)
+            for name, projection in (("keys", attention.k_proj), ("values", attention.v_proj)):
+                expected = projection(encoded).view(shape).transpose(1, 2)
+                cached = getattr(cache.cross_attention_cache.layers[index], name)
+                torch.testing.assert_close(cached, expected, msg=lambda m: f"layer {index} {name}: {m}")
+
+
+def test_cross_attention_keys_are_computed_once(model, padded_batch):
+    input_ids, attention_mask = padded_batch
     calls = []
     hook = model.model.decoder.layers[0].encoder_attn.k_proj.register_forward_hook(lambda *args: calls.append(1))
     model.generate(input_ids, attention_mask=attention_mask, max_new_tokens=6, num_beams=1, min_new_tokens=6)
@@ -87,31 +231,47 @@ def test_cross_attention_keys_are_computed_once(model, source_batch, device):
     assert len(calls) == 1
 
 
-def test_sdpa_and_eager_agree(tiny_model, source_batch, device, dtype):
-    input_ids, attention_mask = (t.to(device) for t in source_batch)
-    decoder_input_ids = torch.tensor([[1, 5, 9, 13], [1, 6, 10, 14]], device=device)
+def test_static_cache_generation_compiles_to_one_graph(model, padded_batch, dtype):
+    """The static-cache path that generate() compiles on GPUs: one graph (fullgraph=True), the same logits."""
+    from transformers import CompileConfig
+
+    input_ids, attention_mask = padded_batch
+    compile_config = CompileConfig(fullgraph=True, mode="default")
+    compile_config._compile_all_devices = True  # generate() compiles on accelerators only unless told so
+    compiled = decode(
+        model,
+        input_ids,
+        attention_mask,
+        max_new_tokens=8,
+        cache_implementation="static",
+        compile_config=compile_config,
+    )
+    assert_same_decoding(*compiled, *decode(model, input_ids, attention_mask, max_new_tokens=8), dtype)
+
+
+def test_sdpa_and_eager_agree(trained_tiny_model, translation_pairs, device, dtype):
+    input_ids, attention_mask, labels = (t.to(device) for t in pad_pairs(translation_pairs))
+    decoder_input_ids = trained_tiny_model.prepare_decoder_input_ids_from_labels(labels)
     logits = {}
     for implementation in ("eager", "sdpa"):
-        tiny_model.set_attn_implementation(implementation)
-        model = tiny_model.to(device=device, dtype=dtype)
+        trained_tiny_model.set_attn_implementation(implementation)
+        model = trained_tiny_model.to(device=device, dtype=dtype)
         with torch.no_grad():
             out = model(input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids)
         logits[implementation] = out.logits.float()
     torch.testing.assert_close(logits["eager"], logits["sdpa"], **tolerance(dtype))
 
 
-def test_sampling_is_reproducible_with_a_seed(model, source_batch, device):
-    input_ids, attention_mask = (t.to(device) for t in source_batch)
-    outputs = []
-    for _ in range(2):
-        torch.manual_seed(123)
-        outputs.append(
-            model.generate(
-                input_ids, attention_mask=attention_mask, do_sample=True, num_beams=1, top_k=20, max_new_tokens=10
-            )
+def test_sampling_is_reproducible_with_a_seed(model, padded_batch):
+    input_ids, attention_mask = padded_batch
+    first, second = (decode(model, input_ids, attention_mask, "sample")[0] for _ in range(2))
+    assert torch.equal(first, second)
+    with torch.random.fork_rng():
+        torch.manual_seed(SEED + 1)
+        other = model.generate(
+            input_ids, attention_mask=attention_mask, max_new_tokens=MAX_NEW_TOKENS, **DECODING["sample"]
         )
-    assert torch.equal(*outputs)
-    assert outputs[0].shape == (2, 11)
+    assert not torch.equal(first, other), "sampling at temperature 2 should depend on the seed"
 
 
 def test_generation_config_round_trips(tiny_model, tmp_path):

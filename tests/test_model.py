@@ -1,62 +1,208 @@
-"""The architecture of section 3, checked against torch.nn.Transformer and against the paper's formulas."""
+"""The architecture of section 3, checked against torch.nn.Transformer and against the paper's formulas.
 
+The comparisons with torch.nn.Transformer run on random weights, biases and LayerNorm gains included (freshly
+initialised ones are zero and one, under which a mix-up of biases or of LayerNorms changes nothing), in training
+mode, forward and backward. Dropout (section 5.4) is checked call by call, and against torch.nn.Transformer with the
+same dropout masks.
+"""
+
+import contextlib
+import logging as python_logging
 import math
 
 import pytest
 import torch
+from conftest import VOCAB_SIZE
 from torch import nn
 
 from vaswani import VaswaniConfig, VaswaniForConditionalGeneration, VaswaniModel, label_smoothed_cross_entropy
 
 
-def reference_transformer(model: VaswaniForConditionalGeneration) -> nn.Transformer:
-    """`torch.nn.Transformer` (post-norm) holding `model`'s weights, without its extra final stack norms."""
-    config = model.config
-    reference = nn.Transformer(
-        d_model=config.d_model,
-        nhead=config.encoder_attention_heads,
-        num_encoder_layers=config.encoder_layers,
-        num_decoder_layers=config.decoder_layers,
-        dim_feedforward=config.encoder_ffn_dim,
-        dropout=0.0,
-        activation="relu",
-        batch_first=True,
-        norm_first=False,
+def weight_map(config: VaswaniConfig) -> dict[str, tuple[str, slice]]:
+    """Each of our parameters -> the `ReferenceTransformer` parameter holding it, and which of its rows: there, the
+    three input projections of an attention are one matrix."""
+    d_model = config.d_model
+    in_projections = {
+        "q_proj": slice(0, d_model),
+        "k_proj": slice(d_model, 2 * d_model),
+        "v_proj": slice(2 * d_model, None),
+    }
+    every_row = slice(None)
+    mapping = {"model.shared.weight": ("embedding", every_row)}
+    stacks = {
+        "encoder": ({"self_attn": "self_attn"}, {"self_attn_layer_norm": "norm1", "final_layer_norm": "norm2"}),
+        "decoder": (
+            {"self_attn": "self_attn", "encoder_attn": "multihead_attn"},
+            {"self_attn_layer_norm": "norm1", "encoder_attn_layer_norm": "norm2", "final_layer_norm": "norm3"},
+        ),
+    }
+    for stack, (attentions, norms) in stacks.items():
+        for index in range(getattr(config, f"{stack}_layers")):
+            ours, theirs = f"model.{stack}.layers.{index}", f"transformer.{stack}.layers.{index}"
+            for our_attention, their_attention in attentions.items():
+                for projection, rows in in_projections.items():
+                    mapping[f"{ours}.{our_attention}.{projection}.weight"] = (
+                        f"{theirs}.{their_attention}.in_proj_weight",
+                        rows,
+                    )
+                mapping[f"{ours}.{our_attention}.out_proj.weight"] = (
+                    f"{theirs}.{their_attention}.out_proj.weight",
+                    every_row,
+                )
+            for kind in ("weight", "bias"):
+                mapping[f"{ours}.feed_forward.fc1.{kind}"] = (f"{theirs}.linear1.{kind}", every_row)
+                mapping[f"{ours}.feed_forward.fc2.{kind}"] = (f"{theirs}.linear2.{kind}", every_row)
+                for our_norm, their_norm in norms.items():
+                    mapping[f"{ours}.{our_norm}.{kind}"] = (f"{theirs}.{their_norm}.{kind}", every_row)
+    return mapping
+
+
+class ReferenceTransformer(nn.Module):
+    """`torch.nn.Transformer` (post-norm) between the paper's embeddings and its tied output projection.
+
+    Without nn.Transformer's final LayerNorm after each stack (the paper has none) and with no attention biases (the
+    paper's projections have none: kept at zero). `dropout`, a module, is put where section 5.4 puts dropout: on the
+    embedding sums and on each sublayer output before its residual add (nn.Transformer's dropout1/2/3); the dropouts
+    the paper does not have, on the attention weights and inside the feed-forward network, stay at 0.
+    """
+
+    def __init__(self, config: VaswaniConfig, dropout: nn.Module | None = None):
+        super().__init__()
+        self.d_model = config.d_model
+        self.embedding = nn.Parameter(torch.empty(config.vocab_size, config.d_model))
+        self.transformer = nn.Transformer(
+            d_model=config.d_model,
+            nhead=config.encoder_attention_heads,
+            num_encoder_layers=config.encoder_layers,
+            num_decoder_layers=config.decoder_layers,
+            dim_feedforward=config.encoder_ffn_dim,
+            dropout=0.0,
+            activation="relu",
+            batch_first=True,
+            norm_first=False,
+        )
+        self.transformer.encoder.norm = nn.Identity()
+        self.transformer.decoder.norm = nn.Identity()
+        self.dropout = dropout if dropout is not None else nn.Identity()
+        for layer in [*self.transformer.encoder.layers, *self.transformer.decoder.layers]:
+            for name in ("dropout1", "dropout2", "dropout3"):  # after each sublayer, before the residual add
+                if hasattr(layer, name):
+                    setattr(layer, name, self.dropout)
+        for name, parameter in self.named_parameters():
+            if name.endswith(("in_proj_bias", "out_proj.bias")):
+                parameter.requires_grad_(False).data.zero_()
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        positions = paper_positional_encoding(ids.shape[1], self.d_model).float()
+        return self.dropout(nn.functional.embedding(ids, self.embedding) * math.sqrt(self.d_model) + positions)
+
+    def forward(self, input_ids, attention_mask, decoder_input_ids) -> tuple[torch.Tensor, torch.Tensor]:
+        """(encoder output, logits)."""
+        padding = attention_mask == 0
+        memory = self.transformer.encoder(self.embed(input_ids), src_key_padding_mask=padding)
+        decoded = self.transformer.decoder(
+            self.embed(decoder_input_ids),
+            memory,
+            tgt_mask=nn.Transformer.generate_square_subsequent_mask(decoder_input_ids.shape[1]),
+            tgt_is_causal=True,
+            memory_key_padding_mask=padding,
+        )
+        return memory, decoded @ self.embedding.T
+
+
+def reference_for(model: VaswaniForConditionalGeneration, dropout: nn.Module | None = None) -> ReferenceTransformer:
+    """A `ReferenceTransformer` holding `model`'s weights, in `model`'s mode; every parameter of each is mapped."""
+    reference = ReferenceTransformer(model.config, dropout).train(model.training)
+    ours, theirs, mapping = (
+        dict(model.named_parameters()),
+        dict(reference.named_parameters()),
+        weight_map(model.config),
     )
-    reference.encoder.norm = nn.Identity()
-    reference.decoder.norm = nn.Identity()
-
-    def copy_attention(target: nn.MultiheadAttention, source) -> None:
-        target.in_proj_weight.copy_(torch.cat([source.q_proj.weight, source.k_proj.weight, source.v_proj.weight]))
-        target.in_proj_bias.zero_()  # the paper's projections have no bias
-        target.out_proj.weight.copy_(source.out_proj.weight)
-        target.out_proj.bias.zero_()
-
-    def copy_feed_forward_and_norms(target, source, norm_names) -> None:
-        target.linear1.load_state_dict(source.feed_forward.fc1.state_dict())
-        target.linear2.load_state_dict(source.feed_forward.fc2.state_dict())
-        for target_norm, source_norm in norm_names:
-            getattr(target, target_norm).load_state_dict(getattr(source, source_norm).state_dict())
-
+    assert mapping.keys() == ours.keys()
+    assert {name for name, _ in mapping.values()} == {name for name, p in theirs.items() if p.requires_grad}
     with torch.no_grad():
-        for target, source in zip(reference.encoder.layers, model.model.encoder.layers):
-            copy_attention(target.self_attn, source.self_attn)
-            copy_feed_forward_and_norms(
-                target, source, [("norm1", "self_attn_layer_norm"), ("norm2", "final_layer_norm")]
-            )
-        for target, source in zip(reference.decoder.layers, model.model.decoder.layers):
-            copy_attention(target.self_attn, source.self_attn)
-            copy_attention(target.multihead_attn, source.encoder_attn)
-            copy_feed_forward_and_norms(
-                target,
-                source,
-                [
-                    ("norm1", "self_attn_layer_norm"),
-                    ("norm2", "encoder_attn_layer_norm"),
-                    ("norm3", "final_layer_norm"),
-                ],
-            )
-    return reference.eval()
+        for our_name, (their_name, rows) in mapping.items():
+            theirs[their_name][rows].copy_(ours[our_name])
+    return reference
+
+
+def randomise_(model: nn.Module, seed: int = 0) -> nn.Module:
+    """Biases and LayerNorm gains and biases drawn at random (initialised, they are 0 and 1); matrices stay as
+    initialised (already random)."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if name.endswith("norm.weight"):
+                parameter.uniform_(0.5, 1.5, generator=generator)
+            elif name.endswith("bias"):
+                parameter.normal_(0.0, 0.5, generator=generator)
+    return model
+
+
+def assert_same_outputs_and_gradients(model, reference, input_ids, attention_mask, decoder_input_ids) -> None:
+    """Encoder outputs at real positions, logits, and every parameter's gradient of a loss on all logits, to 1e-5."""
+    out = model(input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids)
+    memory, logits = reference(input_ids, attention_mask, decoder_input_ids)
+    real = attention_mask.bool()
+    tolerance = {"atol": 1e-5, "rtol": 1e-5}
+    torch.testing.assert_close(out.encoder_last_hidden_state[real], memory[real], **tolerance)
+    torch.testing.assert_close(out.logits, logits, **tolerance)
+
+    weights = torch.randn(logits.shape, generator=torch.Generator().manual_seed(3))  # every logit gets a gradient
+    (out.logits * weights).sum().backward()
+    (logits * weights).sum().backward()
+    ours, theirs = dict(model.named_parameters()), dict(reference.named_parameters())
+    for our_name, (their_name, rows) in weight_map(model.config).items():
+        their_gradient = theirs[their_name].grad[rows]
+        torch.testing.assert_close(ours[our_name].grad, their_gradient, **tolerance, msg=lambda m: f"{our_name}: {m}")
+
+
+def dropout_config() -> VaswaniConfig:
+    """The tiny preset with its dropout (0.1) and every other setting at its default."""
+    return VaswaniConfig.from_preset("tiny", vocab_size=VOCAB_SIZE, max_position_embeddings=128)
+
+
+class FixedMasks:
+    """Dropout whose n-th call drops the elements that a generator seeded with n picks: two implementations that
+    drop at the same places, in the same order, drop the same elements. Keeps every input it was given."""
+
+    def __init__(self):
+        self.inputs = []
+
+    def __call__(self, input: torch.Tensor, p: float) -> torch.Tensor:
+        generator = torch.Generator().manual_seed(len(self.inputs))
+        self.inputs.append(input)
+        return input * (torch.rand(input.shape, generator=generator) >= p) / (1 - p)
+
+
+class FixedMaskDropout(nn.Module):
+    def __init__(self, masks: FixedMasks, p: float):
+        super().__init__()
+        self.masks, self.p = masks, p
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        return self.masks(input, self.p) if self.training else input
+
+
+@contextlib.contextmanager
+def recorded_dropout(monkeypatch, masks: FixedMasks):
+    """Every `F.dropout` call as (p, training, input), active ones dropping with `masks`; and every `dropout_p` given
+    to `F.scaled_dot_product_attention`, where the sdpa kernel drops attention weights."""
+    calls, sdpa_dropouts = [], []
+    sdpa = nn.functional.scaled_dot_product_attention
+
+    def dropout(input, p=0.5, training=True, inplace=False):
+        calls.append((p, training, input))
+        return masks(input, p) if training and p > 0 else input
+
+    def recorded_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, *args, **kwargs):
+        sdpa_dropouts.append(dropout_p)
+        return sdpa(query, key, value, attn_mask, dropout_p, *args, **kwargs)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(nn.functional, "dropout", dropout)
+        patch.setattr(nn.functional, "scaled_dot_product_attention", recorded_sdpa)
+        yield calls, sdpa_dropouts
 
 
 def paper_positional_encoding(length: int, d_model: int) -> torch.Tensor:
@@ -70,29 +216,14 @@ def paper_positional_encoding(length: int, d_model: int) -> torch.Tensor:
     return table
 
 
-def test_encoder_and_decoder_match_torch_nn_transformer(tiny_model, source_batch):
+def test_forward_and_backward_match_torch_nn_transformer_on_random_weights(tiny_config, source_batch):
+    """Training mode with dropout 0: nothing random, and the code path that training takes."""
     input_ids, attention_mask = source_batch
     decoder_input_ids = torch.tensor([[1, 5, 9, 13, 17], [1, 6, 10, 14, 18]])
-    reference = reference_transformer(tiny_model)
-    model = tiny_model.model
-
-    def embedded(ids):  # the same embedding + positional encoding input for both implementations
-        return model.shared(ids) + model.encoder.embed_positions(torch.arange(ids.shape[1]), torch.float32)
-
-    with torch.no_grad():
-        ours = model(input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids)
-        padding = attention_mask == 0
-        memory = reference.encoder(embedded(input_ids), src_key_padding_mask=padding)
-        decoded = reference.decoder(
-            embedded(decoder_input_ids),
-            memory,
-            tgt_mask=nn.Transformer.generate_square_subsequent_mask(decoder_input_ids.shape[1]),
-            tgt_is_causal=True,
-            memory_key_padding_mask=padding,
-        )
-    real = attention_mask.bool()
-    torch.testing.assert_close(ours.encoder_last_hidden_state[real], memory[real], atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(ours.last_hidden_state, decoded, atol=1e-5, rtol=1e-5)
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        model = randomise_(VaswaniForConditionalGeneration(tiny_config)).train()
+    assert_same_outputs_and_gradients(model, reference_for(model), input_ids, attention_mask, decoder_input_ids)
 
 
 def test_positional_encoding_is_the_paper_formula(tiny_model):
@@ -244,31 +375,124 @@ def test_label_smoothed_loss_refuses_bad_labels(labels, smoothing, message):
         label_smoothed_cross_entropy(torch.randn(1, 2, 12), labels, smoothing)
 
 
-def test_gradient_checkpointing_gives_the_same_gradients(tiny_config, source_batch):
+@pytest.mark.parametrize("implementation", ["eager", "sdpa"])
+def test_dropout_is_on_each_sublayer_output_and_embedding_sum_and_nowhere_else(
+    implementation, source_batch, monkeypatch
+):
+    """Section 5.4: "We apply dropout to the output of each sub-layer, before it is added to the sub-layer input and
+    normalized. In addition, we apply dropout to the sums of the embeddings and the positional encodings in both the
+    encoder and decoder stacks." Nothing else drops by default: not the attention weights, not the feed-forward
+    network's inner activations, nothing in evaluation mode."""
+    input_ids, attention_mask = source_batch
+    decoder_input_ids = torch.tensor([[1, 5, 9, 13, 17], [1, 6, 10, 14, 18]])
+    config = dropout_config()
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        model = VaswaniForConditionalGeneration(config).train()
+    model.set_attn_implementation(implementation)
+
+    dropped_where, expected, hooks = {}, [], []  # label -> the tensor section 5.4 drops there
+    for stack in ("encoder", "decoder"):
+        expected.append(f"{stack} embeddings + positions")
+        for index, layer in enumerate(getattr(model.model, stack).layers):
+            sublayers = {"self-attention": layer.self_attn.out_proj}
+            if stack == "decoder":
+                sublayers["encoder-decoder attention"] = layer.encoder_attn.out_proj
+            sublayers["feed-forward"] = layer.feed_forward.fc2
+            for name, module in sublayers.items():
+                label = f"{stack} layer {index} {name} output"
+                expected.append(label)
+                hooks.append(
+                    module.register_forward_hook(
+                        lambda module, args, output, label=label: dropped_where.__setitem__(label, output)
+                    )
+                )
+    with recorded_dropout(monkeypatch, FixedMasks()) as (calls, sdpa_dropouts):
+        model(input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids)
+        for hook in hooks:
+            hook.remove()
+        training_calls = len(calls)
+        model.eval()(input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids)
+    with torch.no_grad():
+        for stack, ids in (("encoder", input_ids), ("decoder", decoder_input_ids)):
+            positions = model.model.encoder.embed_positions(torch.arange(ids.shape[1]), torch.float32)
+            dropped_where[f"{stack} embeddings + positions"] = model.model.shared(ids) + positions
+
+    def name_of(tensor):
+        for label, output in dropped_where.items():
+            if output.shape == tensor.shape and torch.equal(output, tensor):
+                return label
+        return f"another tensor of shape {tuple(tensor.shape)}"
+
+    dropped = [(p, name_of(input)) for p, training, input in calls[:training_calls] if training and p > 0]
+    assert [label for _, label in dropped] == expected
+    assert {p for p, _ in dropped} == {config.dropout}
+    assert not any(training and p > 0 for p, training, _ in calls[training_calls:]), "dropout in evaluation mode"
+    assert not any(sdpa_dropouts), "dropout on the attention weights"
+
+
+def test_dropout_where_torch_nn_transformer_drops_with_the_same_masks_gives_its_outputs_and_gradients(
+    source_batch, monkeypatch
+):
+    """What is dropped is what is added to the residual stream: the same masks at the places nn.Transformer uses
+    (the embedding sums, dropout1/2/3) give its outputs and gradients."""
+    input_ids, attention_mask = source_batch
+    decoder_input_ids = torch.tensor([[1, 5, 9, 13, 17], [1, 6, 10, 14, 18]])
+    config = dropout_config()
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        model = randomise_(VaswaniForConditionalGeneration(config)).train()
+    reference_masks, our_masks = FixedMasks(), FixedMasks()
+    reference = reference_for(model, FixedMaskDropout(reference_masks, config.dropout))
+    with recorded_dropout(monkeypatch, our_masks):
+        assert_same_outputs_and_gradients(model, reference, input_ids, attention_mask, decoder_input_ids)
+    assert len(our_masks.inputs) == len(reference_masks.inputs) == 2 + 2 * 2 + 3 * 2
+
+
+@pytest.mark.parametrize("use_reentrant", [False, True])
+def test_gradient_checkpointing_replays_the_dropout_masks(source_batch, use_reentrant):
+    """With dropout on, the recomputed forward must draw the masks the first forward drew (torch.utils.checkpoint
+    restores the RNG state): the same loss, and the same gradients.
+
+    Bit-identical with transformers' default, non-reentrant checkpointing. Reentrant checkpointing runs each layer's
+    backward on its own and hands back the gradient of its inputs, so that a tensor used in several places sums its
+    gradients in another grouping: the encoder output (keys and values of every decoder layer) and the tied
+    embedding (encoder input, decoder input, output projection). The encoder's gradients then differ by about one
+    float32 rounding (8e-8 on gradients up to 0.7), the decoder's not at all; a mask drawn anew differs by 1e-2.
+    """
     input_ids, attention_mask = source_batch
     labels = torch.tensor([[7, 8, 9, 2], [10, 11, 2, -100]])
-    grads = []
-    for checkpointing in (False, True):
-        torch.manual_seed(0)
-        model = VaswaniForConditionalGeneration(tiny_config).train()
-        if checkpointing:
-            model.gradient_checkpointing_enable()
-        model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss.backward()
-        grads.append({name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None})
-    assert grads[0].keys() == grads[1].keys()
-    for name in grads[0]:
-        torch.testing.assert_close(grads[0][name], grads[1][name], msg=name)
+    losses, gradients = [], []
+    for checkpointing, seed in ((False, 1), (True, 1), (False, 2)):
+        with torch.random.fork_rng():
+            torch.manual_seed(0)
+            model = VaswaniForConditionalGeneration(dropout_config()).train()
+            if checkpointing:
+                model.activation_checkpointing_enable({"use_reentrant": use_reentrant})
+            torch.manual_seed(seed)
+            loss = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss
+            loss.backward()
+        losses.append(loss.detach())
+        gradients.append({name: p.grad for name, p in model.named_parameters()})
+    assert not torch.equal(losses[0], losses[2]), "dropout should be on: another seed, another loss"
+    assert torch.equal(losses[1], losses[0])
+    assert gradients[1].keys() == gradients[0].keys()
+    tolerance = {"rtol": 1e-6, "atol": 1e-7} if use_reentrant else {"rtol": 0, "atol": 0}
+    for name, gradient in gradients[0].items():
+        torch.testing.assert_close(gradients[1][name], gradient, **tolerance, msg=lambda m: f"{name}: {m}")
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_half_precision_loading_runs(tiny_model, source_batch, tmp_path, dtype):
+def test_gradient_checkpointing_does_not_warn_about_a_cache_in_the_encoder(tiny_config, source_batch):
+    from transformers.testing_utils import CaptureLogger
+    from transformers.utils import logging
+
     input_ids, attention_mask = source_batch
-    tiny_model.save_pretrained(tmp_path)
-    half = VaswaniForConditionalGeneration.from_pretrained(tmp_path, dtype=dtype).eval()
-    assert {p.dtype for p in half.parameters()} == {dtype}
-    with torch.no_grad():
-        logits = half(input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=input_ids[:, :4]).logits
-    assert logits.dtype == dtype and logits.isfinite().all()
+    model = VaswaniForConditionalGeneration(tiny_config).train()
+    model.activation_checkpointing_enable()
+    python_logging.Logger.warning_once.cache_clear()  # the library warns once per process: whichever test came first
+    with CaptureLogger(logging.get_logger("transformers.modeling_layers")) as captured:
+        model(input_ids=input_ids, attention_mask=attention_mask, labels=input_ids[:, :4]).loss.backward()
+    assert "Caching is incompatible" not in captured.out
 
 
 def test_preset_parameter_counts_match_the_paper():
