@@ -190,6 +190,20 @@ def test_short_schedule_peaks_at_peak_lr_then_decays_as_inverse_square_root():
         peak_lr_of("cosine", 256, warmup)
 
 
+def test_the_named_schedules_peak_where_their_flags_say():
+    """--lr_schedule paper peaks at (d_model * warmup)^-0.5 times --lr_scale (default 1); short at --peak_lr (default
+    1e-3, the main job's)."""
+    assert peak_lr_of("paper", 512, 4000) == paper_peak_lr(512, 4000) == pytest.approx(6.988e-4, rel=1e-3)
+    assert peak_lr_of("paper", 512, 4000, lr_scale=2.0, peak_lr=5.0) == pytest.approx(2 * 6.988e-4, rel=1e-3)
+    assert (
+        peak_lr_of("short", 512, 4000) == 1e-3 and peak_lr_of("short", 512, 4000, lr_scale=2.0, peak_lr=5e-4) == 5e-4
+    )
+    with pytest.raises(
+        ValueError, match="unknown learning-rate schedule 'cosine'; choose one of \\('paper', 'short'\\)"
+    ):
+        peak_lr_of("cosine", 512, 4000)
+
+
 def test_schedule_steps_count_from_one_as_the_papers_step_num():
     """The scheduler's step k (from 0) trains with the paper's step_num k + 1: the first step does not train at 0."""
     from vaswani.training.schedule import inverse_sqrt_schedule
