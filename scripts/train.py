@@ -590,6 +590,11 @@ def main(argv):
             elif state.step == args.stop_after:
                 stop = (f"stopped after step {state.step} (--stop_after); continue with --resume", 0)
     progress.close()
+    # The DDP wrapper is done with. Freed now, while every process is still connected: its reducer holds the gloo
+    # process group, and tearing that down after a peer has exited can wait for the peer forever (seen with two CPU
+    # ranks, after the run's work was all done).
+    model = optimizer = scheduler = None
+    accelerator.free_memory()
     if stop is not None:
         message, exit_code = stop
         if main_process:
