@@ -12,5 +12,7 @@ ln -sfn "$repo" "$stage/vaswani"
 ln -sfn "$repo/tests" "$stage/tests"
 ln -sfn "$repo/pyproject.toml" "$stage/pyproject.toml"
 cd "$stage"
+# One thread per worker: mutmut runs one worker per core.
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 mutmut run "$@"
 echo "results in $stage: cd $stage && mutmut results"

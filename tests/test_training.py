@@ -597,6 +597,46 @@ def test_averaging_is_the_elementwise_mean_and_gives_the_saved_model(trained):
     assert len(translations) == 2 and all(isinstance(t, str) and t for t in translations)
 
 
+def test_averaging_is_the_float64_mean_in_each_tensors_dtype_and_checks_every_tensor(tmp_path):
+    """average_checkpoints on hand-made files: no training run, so mutation testing can run it for every mutant."""
+    from safetensors.torch import save_file
+
+    generator = torch.Generator().manual_seed(0)
+    shapes = {"a": (3, 4), "b": (5,), "c": (2, 2)}
+    dtypes = {"a": torch.float32, "b": torch.bfloat16, "c": torch.float16}
+    checkpoints = []
+    for index in range(3):
+        weights = {key: torch.randn(shape, generator=generator).to(dtypes[key]) for key, shape in shapes.items()}
+        folder = tmp_path / f"step_{index}"
+        folder.mkdir()
+        # DDP's prefix on one checkpoint only: it is removed when reading, so all three hold the same names.
+        save_file(
+            {("module." if index == 1 else "") + key: t for key, t in weights.items()},
+            str(folder / "model.safetensors"),
+        )
+        checkpoints.append((folder, weights))
+    averaged = average_checkpoints(folder for folder, _ in checkpoints)
+    assert averaged.keys() == shapes.keys()
+    for key in shapes:
+        mean = sum(weights[key].double() for _, weights in checkpoints) / 3
+        assert averaged[key].dtype == dtypes[key]
+        assert torch.equal(averaged[key], mean.to(dtypes[key]))  # one rounding, from float64
+    assert torch.equal(average_checkpoints([checkpoints[0][0] / "model.safetensors"])["a"], checkpoints[0][1]["a"])
+
+    save_file(
+        {"a": torch.zeros(3, 4), "b": torch.zeros(5), "c": torch.zeros(2, 3)}, str(tmp_path / "wide.safetensors")
+    )
+    with pytest.raises(ValueError, match=r"c has shape \(2, 3\) in .*wide.safetensors but \(2, 2\)"):
+        average_checkpoints([checkpoints[0][0], tmp_path / "wide.safetensors"])
+    save_file({"a": torch.zeros(3, 4), "b": torch.zeros(5)}, str(tmp_path / "fewer.safetensors"))
+    with pytest.raises(ValueError, match=r"fewer.safetensors holds different tensors than .*step_0: \['c'\]"):
+        average_checkpoints([checkpoints[0][0], tmp_path / "fewer.safetensors"])
+    with pytest.raises(ValueError, match="at least one checkpoint"):
+        average_checkpoints([])
+    with pytest.raises(FileNotFoundError, match="no model.safetensors in checkpoint"):
+        average_checkpoints([tmp_path])
+
+
 def test_averaging_refuses_checkpoints_of_different_models(trained, tmp_path):
     from safetensors.torch import save_file
 

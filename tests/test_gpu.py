@@ -1,0 +1,89 @@
+"""The model on a CUDA device, in bfloat16 and float16: what the CPU suite cannot show.
+
+Marked `gpu`, so the default suite leaves them out: `python -m pytest -m gpu tests/test_gpu.py`. The device-independent
+generation and numerics tests run on the device too: `python -m pytest tests/test_generation.py --device cuda
+--dtype bfloat16`. The GPU report (`scripts/benchmark.py --section correctness`) runs both.
+"""
+
+import importlib.util
+
+import pytest
+import torch
+from conftest import pad_pairs
+from transformers import CompileConfig
+
+from vaswani import VaswaniForConditionalGeneration
+
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+
+HALF = [torch.bfloat16, torch.float16]
+IMPLEMENTATIONS = ["eager", "sdpa", "flash_attention_2"]
+
+
+def half_precision_model(trained_tiny_model, tmp_path, dtype, implementation):
+    if implementation == "flash_attention_2" and importlib.util.find_spec("flash_attn") is None:
+        pytest.skip("flash-attn is not installed")
+    trained_tiny_model.save_pretrained(tmp_path)
+    model = VaswaniForConditionalGeneration.from_pretrained(
+        tmp_path, dtype=dtype, attn_implementation=implementation, device_map="cuda"
+    )
+    return model.eval()
+
+
+@pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+def test_half_precision_logits_on_the_gpu_match_float32_on_the_cpu(
+    trained_tiny_model, translation_pairs, tmp_path, dtype, implementation
+):
+    """Within 3 roundings of the largest logit (as on the CPU, test_numerics.py), and the same greedy translations of
+    a padded batch (flash attention takes the source padding by removing it, the others by masking)."""
+    input_ids, attention_mask, labels = pad_pairs(translation_pairs)
+    decoder_input_ids = trained_tiny_model.prepare_decoder_input_ids_from_labels(labels)
+    model = half_precision_model(trained_tiny_model, tmp_path, dtype, implementation)
+    with torch.no_grad():
+        expected = trained_tiny_model(input_ids, attention_mask, decoder_input_ids=decoder_input_ids).logits
+        logits = model(input_ids.cuda(), attention_mask.cuda(), decoder_input_ids=decoder_input_ids.cuda()).logits
+    tolerance = 3 * torch.finfo(dtype).eps * expected.abs().max().item()
+    torch.testing.assert_close(logits.float().cpu(), expected, atol=tolerance, rtol=0)
+    greedy = {"num_beams": 1, "max_new_tokens": 12}
+    expected_tokens = trained_tiny_model.generate(input_ids, attention_mask=attention_mask, **greedy)
+    tokens = model.generate(input_ids.cuda(), attention_mask=attention_mask.cuda(), **greedy)
+    assert torch.equal(tokens.cpu(), expected_tokens)
+
+
+@pytest.mark.parametrize("num_beams", [1, 4])
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+def test_static_cache_compiled_generation_gives_eager_tokens(trained_tiny_model, translation_pairs, dtype, num_beams):
+    """generate() compiles the static-cache decoding step by itself on a GPU: the compiled and eager translations of a
+    padded batch are the same."""
+    input_ids, attention_mask, _ = (t.cuda() for t in pad_pairs(translation_pairs))
+    model = trained_tiny_model.to(device="cuda", dtype=dtype)
+    options = {"attention_mask": attention_mask, "num_beams": num_beams, "max_new_tokens": 12}
+    eager = model.generate(input_ids, **options)
+    compiled = model.generate(
+        input_ids, cache_implementation="static", compile_config=CompileConfig(fullgraph=True), **options
+    )
+    assert torch.equal(compiled, eager)
+
+
+def test_bfloat16_autocast_training_step_on_the_gpu(trained_tiny_model, translation_pairs):
+    """`accelerate launch --mixed_precision bf16` on a GPU: a float32 model under bf16 autocast gives the float32 loss
+    to 1%, and one optimizer step keeps every weight and gradient finite and float32."""
+    input_ids, attention_mask, labels = (t.cuda() for t in pad_pairs(translation_pairs))
+    model = trained_tiny_model.cuda().train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
+    with torch.no_grad():
+        float32_loss = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        out = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels)
+    assert out.logits.dtype == torch.bfloat16 and out.loss.dtype == torch.float32
+    torch.testing.assert_close(out.loss, float32_loss, rtol=1e-2, atol=1e-3)
+    out.loss.backward()
+    optimizer.step()
+    for name, parameter in model.named_parameters():
+        assert parameter.dtype == torch.float32 and parameter.isfinite().all(), name
+        assert parameter.grad.isfinite().all(), name
