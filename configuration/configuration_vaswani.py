@@ -58,6 +58,18 @@ PRESETS = {
     },
 }
 
+# The paper does not state how its weights were initialised. The schemes of the implementations it is reproduced with:
+INIT_SCHEMES = {
+    # tensor2tensor, the paper's own code: Glorot-uniform projections ("uniform_unit_scaling"), embeddings
+    # N(0, d_model^-0.5), so that the sqrt(d_model)-scaled embeddings enter the stacks with unit variance.
+    "tensor2tensor": "Glorot-uniform projections, embeddings N(0, d_model^-0.5)",
+    # fairseq's transformer_wmt_en_de: the same, except the query, key and value projections (Glorot-uniform with
+    # gain 1/sqrt(2)) and the padding token's embedding (zero).
+    "fairseq": "as tensor2tensor, query/key/value with gain 1/sqrt(2), padding embedding 0",
+    # transformers' BART and Marian (init_std 0.02): every projection and embedding N(0, 0.02), padding embedding 0.
+    "bart": "projections and embeddings N(0, 0.02), padding embedding 0",
+}
+
 # A saved folder or Hub repo holds the code beside the weights, flat, as `trust_remote_code=True` expects.
 AUTO_MAP = {
     "AutoConfig": "configuration_vaswani.VaswaniConfig",
@@ -96,6 +108,7 @@ class VaswaniConfig(PreTrainedConfig):
             learned (section 3.5), so this can be raised after training without new weights.
         tie_word_embeddings: one matrix for the encoder input, the decoder input and the pre-softmax
             projection (section 3.4).
+        init_scheme: how a new model's weights are drawn; the paper does not say (`INIT_SCHEMES`).
         pad_token_id, bos_token_id, eos_token_id, decoder_start_token_id: special ids of the tokenizer;
             the decoder input is the target shifted right behind `decoder_start_token_id`.
 
@@ -130,6 +143,7 @@ class VaswaniConfig(PreTrainedConfig):
     activation_dropout: float | int = 0.0
     activation_function: str = "relu"
     max_position_embeddings: int = 1024
+    init_scheme: str = "tensor2tensor"
     pad_token_id: int | None = 0
     bos_token_id: int | None = 1
     eos_token_id: int | list[int] | None = 2
@@ -170,6 +184,8 @@ class VaswaniConfig(PreTrainedConfig):
                 f"activation_function {self.activation_function!r} is unknown; "
                 f"the paper uses 'relu' (known: {', '.join(sorted(ACT2FN))})."
             )
+        if self.init_scheme not in INIT_SCHEMES:
+            raise ValueError(f"init_scheme {self.init_scheme!r} is unknown; choose one of {', '.join(INIT_SCHEMES)}.")
         for id_field in ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id"):
             ids = getattr(self, id_field)
             for token_id in ids if isinstance(ids, list) else [ids]:

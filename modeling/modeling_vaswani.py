@@ -146,6 +146,8 @@ class VaswaniAttention(nn.Module):
         self.k_proj = nn.Linear(config.d_model, config.d_model, bias=False)
         self.v_proj = nn.Linear(config.d_model, config.d_model, bias=False)
         self.out_proj = nn.Linear(config.d_model, config.d_model, bias=False)
+        for projection in (self.q_proj, self.k_proj, self.v_proj):
+            projection.projects_attention_input = True  # drawn apart by the "fairseq" init_scheme (_init_weights)
 
     def forward(
         self,
@@ -320,15 +322,22 @@ class VaswaniPreTrainedModel(PreTrainedModel):
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
-        # The paper does not state its initialisation; this is its reference implementation's (tensor2tensor):
-        # Glorot-uniform projections, and embeddings with std d_model^-0.5, so that the sqrt(d_model)-scaled
-        # embeddings enter the stacks with unit variance and the tied output projection starts with small logits.
+        # The paper does not state its initialisation; config.init_scheme names one (configuration's INIT_SCHEMES).
+        scheme = self.config.init_scheme
         if isinstance(module, nn.Linear):
-            init.xavier_uniform_(module.weight)
+            if scheme == "bart":
+                init.normal_(module.weight, mean=0.0, std=0.02)
+            elif scheme == "fairseq" and getattr(module, "projects_attention_input", False):
+                init.xavier_uniform_(module.weight, gain=2**-0.5)
+            else:
+                init.xavier_uniform_(module.weight)
             if module.bias is not None:
                 init.zeros_(module.bias)
         elif isinstance(module, nn.Embedding):
-            init.normal_(module.weight, mean=0.0, std=self.config.d_model**-0.5)
+            init.normal_(module.weight, mean=0.0, std=0.02 if scheme == "bart" else self.config.d_model**-0.5)
+            # A row is a view without the flag that marks loaded weights, hence the explicit check.
+            if scheme != "tensor2tensor" and not getattr(module.weight, "_is_hf_initialized", False):
+                init.zeros_(module.weight[self.config.pad_token_id])
         elif isinstance(module, nn.LayerNorm):
             init.ones_(module.weight)
             init.zeros_(module.bias)
@@ -574,11 +583,16 @@ class VaswaniLabelSmoothedCrossEntropy(torch.autograd.Function):
             grad[rows] = chunk.mul_(row_weight[rows])
         return grad, None, None, None
 
+    # Values per chunk: 2^21 float32 values (8 MiB) measured fastest on the CPU; on accelerators, where every chunk is
+    # a handful of kernel launches, chunks are larger and only bound the float32 temporaries (256 MiB; the GPU report,
+    # scripts/benchmark.py --section training, sweeps it).
+    cpu_chunk_elements = 2**21
+    accelerator_chunk_elements = 2**26
+
     @staticmethod
     def row_chunks(logits: torch.Tensor) -> list[slice]:
-        # 2^21 float32 values (8 MiB) per chunk measured fastest on the CPU; on accelerators, where every chunk is
-        # a handful of kernel launches, chunks are larger and only bound the float32 temporaries (256 MiB).
-        elements = 2**21 if logits.device.type == "cpu" else 2**26
+        cls = VaswaniLabelSmoothedCrossEntropy
+        elements = cls.cpu_chunk_elements if logits.device.type == "cpu" else cls.accelerator_chunk_elements
         step = max(1, elements // logits.shape[-1])
         return [slice(start, start + step) for start in range(0, logits.shape[0], step)]
 

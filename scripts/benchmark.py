@@ -24,6 +24,7 @@ Results are printed and written as JSON and Markdown to --output_dir.
 """
 
 import argparse
+import copy
 import json
 import re
 import statistics
@@ -55,18 +56,13 @@ def reset_peak_memory() -> int:
     return memory_status("VmRSS")
 
 
-def build_model(implementation: str, preset: str, max_positions: int):
-    from transformers import MarianConfig, MarianMTModel
+def marian_config(config):
+    """transformers' MarianMTModel configured as the paper's model of `config`'s sizes: ReLU, post-norm, sinusoidal
+    positions, sqrt(d_model)-scaled embeddings tied across encoder, decoder and output."""
+    from transformers import MarianConfig
 
-    from vaswani import VaswaniConfig, VaswaniForConditionalGeneration
-
-    config = VaswaniConfig.from_preset(
-        preset, vocab_size=VOCAB_SIZE, max_position_embeddings=max_positions, **SPECIAL_IDS
-    )
-    if implementation == "vaswani":
-        return VaswaniForConditionalGeneration(config)
-    marian = MarianConfig(
-        vocab_size=VOCAB_SIZE,
+    return MarianConfig(
+        vocab_size=config.vocab_size,
         d_model=config.d_model,
         encoder_layers=config.encoder_layers,
         decoder_layers=config.decoder_layers,
@@ -76,14 +72,29 @@ def build_model(implementation: str, preset: str, max_positions: int):
         decoder_ffn_dim=config.decoder_ffn_dim,
         activation_function="relu",
         dropout=config.dropout,
-        max_position_embeddings=max_positions,
+        max_position_embeddings=config.max_position_embeddings,
         scale_embedding=True,
         share_encoder_decoder_embeddings=True,
         tie_word_embeddings=True,
         forced_eos_token_id=None,
-        **SPECIAL_IDS,
+        pad_token_id=config.pad_token_id,
+        bos_token_id=config.bos_token_id,
+        eos_token_id=config.eos_token_id,
+        decoder_start_token_id=config.decoder_start_token_id,
     )
-    return MarianMTModel(marian)
+
+
+def build_model(implementation: str, preset: str, max_positions: int):
+    from transformers import MarianMTModel
+
+    from vaswani import VaswaniConfig, VaswaniForConditionalGeneration
+
+    config = VaswaniConfig.from_preset(
+        preset, vocab_size=VOCAB_SIZE, max_position_embeddings=max_positions, **SPECIAL_IDS
+    )
+    if implementation == "vaswani":
+        return VaswaniForConditionalGeneration(config)
+    return MarianMTModel(marian_config(config))
 
 
 class Timer:
@@ -109,25 +120,28 @@ def random_ids(batch: int, length: int, device) -> torch.Tensor:
     return ids
 
 
-def training_step_flops(config, batch: int, length: int) -> int:
-    """Model FLOPs of one training step on `batch` pairs of `length` source and `length` target tokens.
+def flops_per_token(config, length: int) -> tuple[int, int]:
+    """Model FLOPs of training on one source token and on one target token, in pairs of `length`-token sentences.
 
     The forward pass's matrix multiplications (2 FLOPs a multiply-add), times 3 for forward and backward. Attention
     counts every key position, the causal half included, as MFU figures usually do; Marian's biases are left out, so
-    both implementations are credited with the same work.
+    both implementations are credited with the same work. A source token pays for the encoder and for its keys and
+    values in every encoder-decoder attention; a target token for the decoder and the output projection.
     """
-    d, tokens = config.d_model, batch * length
+    d = config.d_model
     attention = 2 * length * d  # Q K^T and the weighted sum of V, per query token
     encoder_layer = 4 * d * d + attention + 2 * d * config.encoder_ffn_dim
-    # Self-attention (Q, K, V, output), encoder-decoder attention (Q, output; K and V are per source token), FFN.
+    # Self-attention (Q, K, V, output), encoder-decoder attention (Q, output), FFN.
     decoder_layer = 4 * d * d + attention + 2 * d * d + attention + 2 * d * config.decoder_ffn_dim
     encoder_keys_values = 2 * d * d
-    forward = tokens * (
-        config.encoder_layers * encoder_layer
-        + config.decoder_layers * (decoder_layer + encoder_keys_values)
-        + d * config.vocab_size
-    )
-    return 3 * 2 * forward
+    source = config.encoder_layers * encoder_layer + config.decoder_layers * encoder_keys_values
+    target = config.decoder_layers * decoder_layer + d * config.vocab_size
+    return 3 * 2 * source, 3 * 2 * target
+
+
+def training_step_flops(config, batch: int, length: int) -> int:
+    """Model FLOPs of one training step on `batch` pairs of `length` source and `length` target tokens."""
+    return batch * length * sum(flops_per_token(config, length))
 
 
 def matmul_ceiling(device: torch.device, dtype: torch.dtype) -> dict:
@@ -143,20 +157,37 @@ def matmul_ceiling(device: torch.device, dtype: torch.dtype) -> dict:
 
 
 def measure_training(model, args, length: int, batch_tokens: int) -> dict:
+    """Training steps (forward, backward, optimizer) on one fixed batch of random pairs of `length` tokens.
+
+    The weights are in --dtype; with --autocast the matrix products run in bfloat16 under autocast over float32
+    weights, as `accelerate launch --mixed_precision bf16` trains. AdamW with weight decay 0 is the paper's Adam
+    (fused on CUDA). Each model computes its own loss from `labels`; vaswani's is its chunked label-smoothed loss,
+    whose chunk size --chunk_elements sets on accelerators.
+    """
+    from vaswani.modeling.modeling_vaswani import VaswaniLabelSmoothedCrossEntropy
+
     device = torch.device(args.device)
+    if args.chunk_elements:
+        VaswaniLabelSmoothedCrossEntropy.accelerator_chunk_elements = args.chunk_elements
     model.to(device=device, dtype=getattr(torch, args.dtype)).train()
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9, weight_decay=0.0, fused=device.type == "cuda"
+    )
+    step_model = torch.compile(model) if args.compile_training else model
     batch = max(1, batch_tokens // length)
     source, target = random_ids(batch, length, device), random_ids(batch, length, device)
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.autocast)
     timer = Timer(device)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
-    for step in range(args.warmup + args.repeats):
+    for step in range(args.warmup + args.repeats):  # the warm-up also compiles
         if step == args.warmup:
             timer.times.clear()
         with timer:
             optimizer.zero_grad(set_to_none=True)
-            model(input_ids=source, attention_mask=torch.ones_like(source), labels=target).loss.backward()
+            with autocast:
+                loss = step_model(input_ids=source, attention_mask=torch.ones_like(source), labels=target).loss
+            loss.backward()
             optimizer.step()
     tokens = source.numel() + target.numel()
     peak = torch.cuda.max_memory_allocated() if device.type == "cuda" else memory_status("VmHWM") - args.baseline_rss
@@ -168,6 +199,20 @@ def measure_training(model, args, length: int, batch_tokens: int) -> dict:
         "peak_memory": peak,
         "flops": training_step_flops(model.config, batch, length),
     }
+
+
+def profile_training(model, args) -> str:
+    """Where the time of one training step goes: torch.profiler's operators, most device (else CPU) time first."""
+    from torch.profiler import ProfilerActivity, profile
+
+    warm, once = copy.copy(args), copy.copy(args)  # copies keep the worker's memory baseline
+    warm.repeats, once.warmup, once.repeats = 1, 0, 1
+    measure_training(model, warm, args.train_length, args.batch_tokens)  # warm-up (and compilation)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if args.device == "cuda" else [])
+    with profile(activities=activities) as profiler:
+        measure_training(model, once, args.train_length, args.batch_tokens)
+    sort_by = "self_cuda_time_total" if args.device == "cuda" else "self_cpu_time_total"
+    return profiler.key_averages().table(sort_by=sort_by, row_limit=15, max_name_column_width=50)
 
 
 def measure_generation(model, args, num_beams: int) -> dict:
@@ -237,16 +282,22 @@ def worker(args) -> dict:
     if args.sweep_point:
         length, batch_tokens = args.sweep_point
         return {"train": measure_training(model, args, length, batch_tokens)}
-    results = {f"generate_beam{beams}": measure_generation(model, args, beams) for beams in (1, 4)}
-    results["train"] = measure_training(model, args, args.train_length, args.batch_tokens)  # last: it sets the peak
+    if args.measure == "profile":
+        return {"profile": profile_training(model, args)}
+    results = {}
+    if args.measure in ("all", "generate"):
+        results.update({f"generate_beam{beams}": measure_generation(model, args, beams) for beams in (1, 4)})
+    if args.measure in ("all", "train"):  # last: it sets the peak memory
+        results["train"] = measure_training(model, args, args.train_length, args.batch_tokens)
     return results
 
 
-def run_worker(args, implementation: str, sweep_point=None) -> dict:
+def run_worker(args, implementation: str, sweep_point=None, timeout=None) -> dict:
+    """One measurement in a fresh process (so that memory figures do not leak from one to the next)."""
     command = [sys.executable, __file__, "--implementation", implementation, *args.forwarded()]
     if sweep_point:
         command += ["--sweep_point", *map(str, sweep_point)]
-    done = subprocess.run(command, capture_output=True, text=True)
+    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
     if done.returncode != 0:
         raise RuntimeError(f"{implementation} failed:\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -353,9 +404,26 @@ class BenchmarkArguments:
         metadata={"help": "generate with a static KV cache and torch.compile (vaswani and Marian alike)"},
     )
     output_dir: str = "docs/benchmarks"
-    # What the main process tells a measuring process (run_worker): which implementation, which sweep point.
+    # The GPU report (docs/benchmarks/README.md, "GPU report").
+    section: Literal["correctness", "training", "generation", "time_to_bleu"] | None = field(
+        default=None, metadata={"help": "run one section of the GPU report into --report_dir"}
+    )
+    quick: bool = field(default=False, metadata={"help": "the report's sections on tiny sizes, in a few minutes"})
+    report_dir: str = field(default="gpu_report", metadata={"help": "where sections write, --assemble reads"})
+    assemble: bool = field(default=False, metadata={"help": "write docs/benchmarks/gpu.md and its PNGs"})
+    prepare: bool = field(default=False, metadata={"help": "build --carry_dir: wheels, corpus, tokenizer"})
+    carry_dir: str = ".gpu_carry"
+    dataset_dir: str = field(default="outputs/main_job/data", metadata={"help": "--prepare's corpus"})
+    tokenizer: str = field(default="outputs/main_job/tokenizer", metadata={"help": "--prepare's tokenizer"})
+    # What the main process tells a measuring process (run_worker): which implementation, which sweep point, what.
     implementation: str | None = field(default=None, metadata={"help": argparse.SUPPRESS})
     sweep_point: list[int] | None = field(default=None, metadata={"help": argparse.SUPPRESS})
+    measure: Literal["all", "train", "generate", "profile"] = field(
+        default="all", metadata={"help": argparse.SUPPRESS}
+    )
+    autocast: bool = field(default=False, metadata={"help": argparse.SUPPRESS})
+    compile_training: bool = field(default=False, metadata={"help": argparse.SUPPRESS})
+    chunk_elements: int | None = field(default=None, metadata={"help": argparse.SUPPRESS})
 
     @property
     def max_positions(self):
@@ -375,9 +443,12 @@ class BenchmarkArguments:
             "gen_length",
             "repeats",
             "warmup",
+            "measure",
         ):
             forwarded += [f"--{name}", str(getattr(self, name))]
-        forwarded += ["--compile"] if self.compile else []
+        for flag in ("compile", "autocast", "compile_training"):
+            forwarded += [f"--{flag}"] if getattr(self, flag) else []
+        forwarded += ["--chunk_elements", str(self.chunk_elements)] if self.chunk_elements else []
         return [*forwarded, "--sweep_lengths", *map(str, self.sweep_lengths)]
 
 
@@ -389,6 +460,14 @@ def main(argv) -> dict:
         return {}
     if args.device == "cuda" and not torch.cuda.is_available():
         raise UsageError("--device cuda asked for, but torch sees no CUDA device.")
+    if args.prepare or args.section or args.assemble:
+        from vaswani.scripts import gpu_report
+
+        if args.prepare:
+            return gpu_report.prepare(args)
+        if args.section:
+            return gpu_report.run_section(args)
+        return gpu_report.assemble(args)
     from tqdm import tqdm
 
     implementations = ["vaswani", "marian"]

@@ -34,6 +34,7 @@ from accelerate.utils import DistributedType, InitProcessGroupKwargs, ProjectCon
 from tqdm.auto import tqdm
 
 from vaswani import PRESETS, VaswaniConfig, VaswaniForConditionalGeneration, label_smoothed_cross_entropy
+from vaswani.training.batching import TokenBucketSampler
 from vaswani.training.checkpoints import (
     TRAIN_STATE_FILE,
     TrainState,
@@ -51,7 +52,6 @@ from vaswani.training.checks import UsageError, check_tokenizer_matches_config, 
 from vaswani.training.cli import command, parse_arguments
 from vaswani.training.data import (
     PairCollator,
-    TokenBucketSampler,
     load_translation_dataset,
     pair_loader,
     tokenize_split,

@@ -6,8 +6,9 @@ benchmark); the FLOP count behind its MFU figures is a correctness test and stay
 import json
 
 import pytest
+import torch
 
-from vaswani.scripts import benchmark
+from vaswani.scripts import benchmark, gpu_report
 
 
 @pytest.fixture(scope="module")
@@ -132,3 +133,95 @@ def test_benchmark_compiled_generation_writes_its_own_table(tmp_path):
     assert [row["implementation"] for row in data["rows"]] == ["vaswani", "marian"]
     assert data["settings"]["compile"] and all(row["beam4_sentences_per_s"]["median"] > 0 for row in data["rows"])
     assert "static KV cache and torch.compile" in (tmp_path / "cpu_tiny_float32_compile.md").read_text()
+
+
+# --- The GPU report (scripts/gpu_report.py): its code runs here in quick mode, its figures come from a GPU. ---
+
+
+@pytest.fixture(scope="module")
+def carried_corpus(tmp_path_factory):
+    """What `benchmark.py --prepare` carries to the device, from a tiny word-for-word corpus."""
+    from test_training import make_dataset, make_tokenizer
+
+    root = tmp_path_factory.mktemp("carry")
+    data = make_dataset(root / "data", {"train": 300, "validation": 10, "test": 20})
+    gpu_report.prepare_corpus(data, make_tokenizer(root / "tokenizer"), root / "carry" / "corpus")
+    return data, root / "carry"
+
+
+def test_the_devices_padding_is_the_collators(carried_corpus):
+    """time_to_bleu pads the carried numpy pairs itself (no pyarrow on the device): the same tensors as PairCollator
+    gives train.py for the same pairs, read back from the carried files."""
+    import numpy as np
+    from transformers import AutoTokenizer
+
+    from vaswani import VaswaniConfig
+    from vaswani.training.data import PairCollator, load_translation_dataset, tokenize_split
+
+    data, carry = carried_corpus
+    tokenizer = AutoTokenizer.from_pretrained(carry / "corpus" / "tokenizer")
+    split = tokenize_split(load_translation_dataset(data, "en", "es")["train"], tokenizer, "en", "es")
+    rows = [0, 7, 42, 299]
+    expected = PairCollator(tokenizer.pad_token_id, tokenizer.bos_token_id)(split.pairs.with_format("arrow")[rows])
+    arrays = np.load(carry / "corpus" / "train.npz")
+    sources, targets = (np.split(arrays[side], arrays[f"{side}_offsets"][1:-1]) for side in ("source", "target"))
+    config = VaswaniConfig(vocab_size=len(tokenizer), pad_token_id=0, decoder_start_token_id=1)
+    padded = gpu_report.pad_batch([sources[r] for r in rows], [targets[r] for r in rows], config, "cpu")
+    assert padded.keys() == expected.keys()
+    for key in expected:
+        assert torch.equal(padded[key], expected[key]), key
+
+
+def test_a_measurement_past_the_budget_or_failing_is_reported_as_not_measured(tmp_path):
+    spent = gpu_report.Deadline(minutes=0)
+    assert gpu_report.measured(spent, lambda left: {"x": 1}) == {
+        "not_measured": "the section's time budget ran out before it"
+    }
+    assert gpu_report.measured(gpu_report.Deadline(1), lambda left: {"x": left})["x"] > 50
+
+    def broken(left):
+        raise ImportError("ctranslate2 is not installed here")
+
+    assert gpu_report.measured(gpu_report.Deadline(1), broken) == {
+        "not_measured": "it failed: ctranslate2 is not installed here"
+    }
+
+
+@pytest.mark.benchmark
+def test_quick_mode_runs_every_section_and_assembles_the_page(carried_corpus, tmp_path):
+    _, carry = carried_corpus
+    report_dir, docs = tmp_path / "report", tmp_path / "docs"
+    for section in gpu_report.SECTIONS:
+        benchmark.main(
+            ["--device", "cpu", "--quick", "--section", section, "--report_dir", report_dir, "--carry_dir", carry]
+        )
+    benchmark.main(["--assemble", "--report_dir", report_dir, "--output_dir", docs])
+
+    results = {name: json.loads((report_dir / f"{name}.json").read_text()) for name in gpu_report.SECTIONS}
+    assert all(result["quick"] and result["minutes"] < 6 for result in results.values())
+    correctness = results["correctness"]["results"]
+    assert correctness["GPU tests (tests/test_gpu.py)"]["skip_reasons"] == ["needs a CUDA device"]
+    assert all(run["passed"] > 20 and run["failed"] == 0 for name, run in correctness.items() if "generation" in name)
+    training = results["training"]["results"]
+    assert [(r["implementation"], r["compiled"]) for r in training["rows"]] == [
+        ("vaswani", False), ("marian", False), ("vaswani", True), ("marian", True)
+    ]  # fmt: skip
+    assert all(0 < row["mfu"] < 1 and row["tokens_per_s"]["median"] > 0 for row in training["rows"])
+    assert [point["chunk_elements"] for point in training["chunk_sweep"]] == [2**10, 2**14]
+    assert "aten::mm" in training["profile"]["profile"]
+    engines = {(row["batch"], row["engine"]) for row in results["generation"]["results"]["rows"]}
+    assert engines == {
+        (batch, engine)
+        for batch in (1, 4)
+        for engine in ("eager", "static cache + compile", "CTranslate2 float32", "CTranslate2 int8")
+    }
+    points = results["time_to_bleu"]["results"]["points"]
+    assert len(points) >= 2 and all(0 <= point["bleu"] <= 100 for point in points)
+
+    page = (docs / "gpu.md").read_text()
+    assert page.startswith("# GPU report") and "transformers 5." in page and "Quick mode" in page
+    for heading in ("## Targets", "## correctness", "## training", "## generation", "## time_to_bleu"):
+        assert heading in page
+    assert ">= 1.2x Marian" in page and ">= 1.5x eager at batch 1" in page and "time to BLEU" in page
+    pictures = sorted(path.name for path in docs.glob("*.png"))
+    assert pictures == ["gpu_generation.png", "gpu_time_to_bleu.png", "gpu_training.png"]

@@ -1,9 +1,11 @@
 """How far `generate()` decodes: the paper's source length + 50 by default (section 6.1), never past
 `max_position_embeddings`, whether the decoding step runs eagerly or compiled with a static cache."""
 
+import copy
+
 import pytest
 import torch
-from transformers import CompileConfig
+from transformers import CompileConfig, GenerationConfig
 
 from vaswani import VaswaniConfig, VaswaniForConditionalGeneration
 
@@ -31,9 +33,28 @@ def test_a_limit_past_the_positions_is_refused_before_decoding(short_model, path
     assert within.shape == (1, 12)  # the start token and 11 new ones: all 12 positions
     for limit in ({"max_new_tokens": 12}, {"max_length": 13}):
         with pytest.raises(
-            ValueError, match=r"Generating up to 13 decoder positions .* max_position_embeddings \(12\)"
+            ValueError,
+            match=r"Generating up to 13 decoder positions .* max_position_embeddings \(12\); ask for fewer tokens, "
+            r"or raise config.max_position_embeddings \(the positional encoding is computed: no retraining needed\)",
         ):
             short_model.generate(SOURCE, num_beams=1, **limit, **options)
+
+
+@pytest.mark.parametrize("where", ["generation_config argument", "model's generation_config"])
+def test_a_limit_set_in_a_generation_config_is_checked_and_honoured(short_model, where):
+    """Limits may come from a GenerationConfig passed to generate() or kept in model.generation_config."""
+    model = copy.deepcopy(short_model)
+
+    def generate(**limit):
+        if where == "generation_config argument":
+            return model.generate(SOURCE, generation_config=GenerationConfig(num_beams=1, **limit))
+        model.generation_config.update(num_beams=1, **limit)
+        return model.generate(SOURCE)
+
+    assert generate(max_new_tokens=3, max_length=None).shape == (1, 4)
+    for limit in ({"max_new_tokens": 12}, {"max_length": 13, "max_new_tokens": None}):
+        with pytest.raises(ValueError, match=r"Generating up to 13 decoder positions"):
+            generate(**limit)
 
 
 def test_the_default_limit_is_the_source_length_plus_50_within_the_positions(short_model):
@@ -44,3 +65,7 @@ def test_the_default_limit_is_the_source_length_plus_50_within_the_positions(sho
     )
     roomy.load_state_dict(short_model.state_dict())
     assert roomy.eval().generate(SOURCE, num_beams=1).shape == (1, 1 + SOURCE.shape[1] + 50)
+    # The source given by keyword, as ids or as embeddings, sets the same default.
+    assert roomy.generate(input_ids=SOURCE, num_beams=1).shape == (1, 1 + SOURCE.shape[1] + 50)
+    embeddings = roomy.get_input_embeddings()(SOURCE)
+    assert roomy.generate(inputs_embeds=embeddings, num_beams=1).shape == (1, 1 + SOURCE.shape[1] + 50)

@@ -87,7 +87,13 @@ def assert_same_decoding(tokens, logits, expected_tokens, expected_logits, dtype
 def test_default_generation_config_is_the_papers(tiny_model):
     config = tiny_model.generation_config
     assert config.num_beams == 4 and config.length_penalty == 0.6
-    assert (config.decoder_start_token_id, config.eos_token_id, config.pad_token_id) == (1, 2, 0)
+    # The model's special ids, so that a generation_config.json saved alone describes the same tokens.
+    assert (config.bos_token_id, config.decoder_start_token_id, config.eos_token_id, config.pad_token_id) == (
+        1,
+        1,
+        2,
+        0,
+    )
 
 
 def test_output_length_is_limited_to_source_length_plus_50(tiny_model, source_batch):

@@ -247,6 +247,11 @@ def test_max_positions_can_be_raised_after_training(tiny_model, tmp_path):
     input_ids = torch.randint(4, 100, (1, 300))
     with pytest.raises(ValueError, match="max_position_embeddings"):
         tiny_model(input_ids=input_ids, decoder_input_ids=input_ids[:, :3])
+    limit = tiny_model.config.max_position_embeddings  # the limit itself is allowed, in both stacks
+    with torch.no_grad():
+        assert (
+            tiny_model(input_ids=input_ids[:, :limit], decoder_input_ids=input_ids[:, :limit]).logits.shape[1] == limit
+        )
     with torch.no_grad():
         assert longer(input_ids=input_ids, decoder_input_ids=input_ids[:, :3]).logits.isfinite().all()
         short = input_ids[:, :20]
@@ -366,13 +371,103 @@ def test_label_smoothed_loss_gradient_passes_gradcheck_in_float64():
             r"labels must be in \[0, 12\) \(vocab_size\) or -100 \(ignored\), got labels from 1 to 12",
         ),
         (torch.tensor([[-5, 1]]), 0.0, r"got labels from -5 to 1"),
-        (torch.tensor([[1, 2, 3]]), 0.0, r"labels have shape \(1, 3\), but the logits have shape \(1, 2, 12\)"),
+        (
+            torch.tensor([[1, 2, 3]]),
+            0.0,
+            r"labels have shape \(1, 3\), but the logits have shape \(1, 2, 12\): expected labels of shape \(1, 2\)\.",
+        ),
         (torch.tensor([[1, 2]]), 1.0, r"label_smoothing must be in \[0, 1\), got 1.0"),
     ],
 )
 def test_label_smoothed_loss_refuses_bad_labels(labels, smoothing, message):
     with pytest.raises(ValueError, match=message):
         label_smoothed_cross_entropy(torch.randn(1, 2, 12), labels, smoothing)
+
+
+@pytest.mark.parametrize(("device", "budget"), [("cpu", 2**21), ("meta", 2**26)])
+def test_loss_reads_the_logits_in_row_chunks_as_large_as_its_memory_budget(device, budget):
+    """The loss's float32 temporaries stay within a chunk of rows: 2^21 values (8 MiB, the CPU's cache) on the CPU,
+    2^26 (256 MiB) on accelerators; every row once, in order, in as few chunks as the budget allows."""
+    from vaswani.modeling.modeling_vaswani import VaswaniLabelSmoothedCrossEntropy
+
+    for rows, vocab_size in ((10, 2**19 + 3), (5000, 37000), (3, 2**27)):
+        logits = torch.empty(1, vocab_size, device=device).expand(rows, vocab_size)  # the shape, not the memory
+        sizes = [len(range(rows)[chunk]) for chunk in VaswaniLabelSmoothedCrossEntropy.row_chunks(logits)]
+        covered = [row for chunk in VaswaniLabelSmoothedCrossEntropy.row_chunks(logits) for row in range(rows)[chunk]]
+        assert covered == list(range(rows))
+        assert set(sizes[:-1]) <= {max(1, budget // vocab_size)} and 0 < sizes[-1] <= max(1, budget // vocab_size)
+
+
+def test_label_smoothed_loss_of_an_empty_batch_is_empty():
+    smoothed, plain = label_smoothed_cross_entropy(torch.randn(0, 12), torch.zeros(0, dtype=torch.long), 0.1)
+    assert smoothed.shape == plain.shape == (0,)
+
+
+@pytest.mark.parametrize("implementation", ["eager", "sdpa"])
+@pytest.mark.parametrize("optional", ["attention_dropout", "activation_dropout"])
+def test_the_optional_dropouts_drop_in_training_and_nowhere_in_evaluation(implementation, optional, source_batch):
+    """config.attention_dropout and config.activation_dropout (0 in the paper): off in evaluation mode, as if absent;
+    on in training mode."""
+    input_ids, attention_mask = source_batch
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        plain = VaswaniForConditionalGeneration(VaswaniConfig.from_preset("tiny", vocab_size=VOCAB_SIZE, dropout=0.0))
+    config = VaswaniConfig.from_preset("tiny", vocab_size=VOCAB_SIZE, dropout=0.0, **{optional: 0.5})
+    dropping = VaswaniForConditionalGeneration(config)
+    dropping.load_state_dict(plain.state_dict())
+    for model in (plain, dropping):
+        model.set_attn_implementation(implementation)
+
+    def logits(model, training):
+        with torch.no_grad():
+            return model.train(training)(input_ids, attention_mask, decoder_input_ids=input_ids).logits
+
+    torch.testing.assert_close(logits(dropping, False), logits(plain, False))
+    torch.testing.assert_close(logits(plain, True), logits(plain, False))  # nothing else drops (dropout is 0)
+    assert (logits(dropping, True) - logits(plain, True)).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_eager_attention_probabilities_are_float32s_rounded_once(dtype):
+    """The softmax over half-precision scores runs in float32 and is rounded once to the scores' dtype."""
+    from vaswani.modeling.modeling_vaswani import eager_attention_forward
+
+    generator = torch.Generator().manual_seed(0)
+    query, key, value = (torch.randn(2, 4, 50, 16, generator=generator).to(dtype) for _ in range(3))
+    module = nn.Module().eval()
+    _, weights = eager_attention_forward(module, 4 * query, key, value, None, scaling=0.25)
+    scores = torch.matmul(4 * query, key.transpose(2, 3)) * 0.25
+    assert torch.equal(weights, torch.softmax(scores.float(), dim=-1).to(dtype))
+
+
+@pytest.mark.parametrize("scheme", ["tensor2tensor", "fairseq", "bart"])
+def test_init_schemes_draw_the_weights_their_sources_do(scheme):
+    """config.init_scheme (configuration_vaswani.INIT_SCHEMES): the spread of every kind of weight, measured."""
+    config = VaswaniConfig.from_preset("small", vocab_size=8000, init_scheme=scheme)
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        model = VaswaniForConditionalGeneration(config)
+    d = config.d_model
+    glorot = (2 / (d + d)) ** 0.5  # the std of Glorot-uniform for a d x d matrix
+    expected = {
+        "tensor2tensor": {"embedding": d**-0.5, "q_proj": glorot, "out_proj": glorot, "fc1": (2 / (d + 4 * d)) ** 0.5},
+        "fairseq": {"embedding": d**-0.5, "q_proj": glorot * 2**-0.5, "out_proj": glorot, "fc1": (2 / (5 * d)) ** 0.5},
+        "bart": {"embedding": 0.02, "q_proj": 0.02, "out_proj": 0.02, "fc1": 0.02},
+    }[scheme]
+    layer = model.model.decoder.layers[1]
+    found = {
+        "embedding": model.model.shared.weight[1:],
+        "q_proj": torch.cat(
+            [layer.self_attn.q_proj.weight, layer.encoder_attn.k_proj.weight, layer.self_attn.v_proj.weight]
+        ),
+        "out_proj": layer.encoder_attn.out_proj.weight,
+        "fc1": layer.feed_forward.fc1.weight,
+    }
+    for name, weight in found.items():
+        assert weight.std().item() == pytest.approx(expected[name], rel=0.03), name
+    assert layer.feed_forward.fc1.bias.abs().max() == 0
+    padding_row = model.model.shared.weight[config.pad_token_id]
+    assert (padding_row.abs().max() == 0) == (scheme != "tensor2tensor")
 
 
 @pytest.mark.parametrize("implementation", ["eager", "sdpa"])
@@ -554,7 +649,8 @@ def test_output_attentions_and_hidden_states(tiny_model, source_batch):
                 "attention_mask": torch.ones(1, 4),
                 "decoder_input_ids": torch.tensor([[1]]),
             },
-            r"attention_mask has shape \(1, 4\)",
+            r"attention_mask has shape \(1, 4\), but the sequences it masks have shape \(1, 3\) \(batch size, "
+            r"sequence length\)\.$",
         ),
         (
             {

@@ -626,12 +626,16 @@ def test_averaging_is_the_float64_mean_in_each_tensors_dtype_and_checks_every_te
     save_file(
         {"a": torch.zeros(3, 4), "b": torch.zeros(5), "c": torch.zeros(2, 3)}, str(tmp_path / "wide.safetensors")
     )
-    with pytest.raises(ValueError, match=r"c has shape \(2, 3\) in .*wide.safetensors but \(2, 2\)"):
+    with pytest.raises(ValueError, match=r"c has shape \(2, 3\) in .*wide.safetensors but \(2, 2\) in .*step_0$"):
         average_checkpoints([checkpoints[0][0], tmp_path / "wide.safetensors"])
     save_file({"a": torch.zeros(3, 4), "b": torch.zeros(5)}, str(tmp_path / "fewer.safetensors"))
     with pytest.raises(ValueError, match=r"fewer.safetensors holds different tensors than .*step_0: \['c'\]"):
         average_checkpoints([checkpoints[0][0], tmp_path / "fewer.safetensors"])
-    with pytest.raises(ValueError, match="at least one checkpoint"):
+    extra = {f"extra{i}": torch.zeros(1) for i in range(7)}
+    save_file({**checkpoints[0][1], **extra}, str(tmp_path / "more.safetensors"))
+    with pytest.raises(ValueError, match=r"\['extra0', 'extra1', 'extra2', 'extra3', 'extra4'\]$"):  # the first 5
+        average_checkpoints([checkpoints[0][0], tmp_path / "more.safetensors"])
+    with pytest.raises(ValueError, match="^average_checkpoints needs at least one checkpoint$"):
         average_checkpoints([])
     with pytest.raises(FileNotFoundError, match="no model.safetensors in checkpoint"):
         average_checkpoints([tmp_path])

@@ -15,8 +15,9 @@ from test_training import ENGLISH, LEXICON, make_tokenizer
 
 from vaswani.modeling.modeling_vaswani import shift_tokens_right
 from vaswani.training import data
+from vaswani.training.batching import TokenBucketSampler
 from vaswani.training.checks import UsageError
-from vaswani.training.data import PairCollator, TokenBucketSampler, pair_loader, tokenize_split
+from vaswani.training.data import PairCollator, pair_loader, tokenize_split
 
 
 def lengths(count, seed=2024, longest=80):
@@ -113,12 +114,31 @@ def test_resuming_mid_epoch_gives_the_batches_of_an_uninterrupted_run():
         resumed.set_epoch(1, len(whole) + 1)
 
 
+def test_defaults_edges_and_storage():
+    """Defaults: seed 0, epoch 0 from its first batch, every batch used by one process; one pair, or a pair of exactly
+    max_tokens, is a batch; pairs too big to share a batch each make one; lengths take 4 bytes a pair."""
+    source, target = lengths(500)
+    sampler = TokenBucketSampler(source.astype(np.int64), target, 600)
+    assert sampler.source_lengths.dtype == sampler.target_lengths.dtype == np.int32
+    batches = [list(batch) for batch in sampler]
+    assert batches == every_batch(TokenBucketSampler(source, target, 600, seed=0), 0)
+    assert len(batches) == len(sampler.epoch_batches(0)[2])  # nothing left out with one process
+    sampler.set_epoch(3)
+    assert [list(batch) for batch in sampler] == every_batch(TokenBucketSampler(source, target, 600), 3)
+    sampler.set_epoch(3, sampler.batches_in_epoch(3))  # an epoch used up: resumable, and empty
+    assert list(sampler) == []
+    assert list(TokenBucketSampler([3], [4], 7)) == [[0]]
+    assert sorted(map(sorted, TokenBucketSampler([40, 41, 42], [30, 30, 30], 72, shuffle=False))) == [[0], [1], [2]]
+
+
 def test_bad_lengths_are_refused_with_the_reason():
+    with pytest.raises(ValueError, match="^there are no pairs to batch$"):
+        TokenBucketSampler([], [], 100)
     with pytest.raises(ValueError, match="smaller than the longest pair \\(130 tokens\\)"):
         TokenBucketSampler([5, 60], [6, 70], 100)
     with pytest.raises(ValueError, match="two 1-D arrays of one size"):
         TokenBucketSampler([5, 6], [5], 100)
-    with pytest.raises(ValueError, match="at least one token"):
+    with pytest.raises(ValueError, match=r"^every source and target holds at least one token \(</s>\)$"):
         TokenBucketSampler([0, 6], [5, 5], 100)
     with pytest.raises(ValueError, match="rank 2 of 2"):
         TokenBucketSampler([5, 6], [5, 5], 100, num_replicas=2, rank=2)
@@ -291,7 +311,8 @@ def test_collated_batches_are_padded_and_shifted_like_the_model_expects(saved_co
     )
     assert torch.equal(batch["input_ids"], expected["input_ids"])
     assert torch.equal(batch["attention_mask"], expected["attention_mask"])
-    assert batch["labels"].dtype == torch.int64 and (batch["labels"] == -100).any()
+    assert all(tensor.dtype == torch.int64 for tensor in batch.values())
+    assert (batch["labels"] == -100).any()
     assert torch.equal(batch["decoder_input_ids"], shift_tokens_right(batch["labels"], 0, 1))
 
 

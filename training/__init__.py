@@ -1,6 +1,7 @@
 """The training recipe of "Attention Is All You Need" (section 5) as a library: `vaswani.training`.
 
-    data         translation pairs tokenized once into Arrow; token-bucket batches (5.1)
+    data         translation pairs tokenized once into Arrow, padded into batches (5.1)
+    batching     token-bucket batches of pairs of similar length (5.1)
     schedule     warmup, then the inverse square root of the step (5.3)
     checkpoints  save, keep, resume and average checkpoints (6.1)
     faults       preemption signals, non-finite losses, disk space
@@ -20,10 +21,10 @@ import importlib
 # costs nothing until a name is used.
 _EXPORTS = {
     "checkpoints": ["TrainState", "average_checkpoints", "list_checkpoints", "load_weights_into", "save_checkpoint"],
+    "batching": ["TokenBucketSampler"],
     "checks": ["UsageError", "check_tokenizer_matches_config"],
     "data": [
         "PairCollator",
-        "TokenBucketSampler",
         "TokenizedSplit",
         "load_translation_dataset",
         "pair_loader",

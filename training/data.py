@@ -1,18 +1,17 @@
-"""Section 5.1, the training data: translation pairs tokenized once into Arrow, and batches of about a set number of
-tokens ("sentence pairs were batched together by approximate sequence length").
+"""Section 5.1, the training data: translation pairs tokenized once into Arrow, and padded into batches.
 
 At WMT scale (4.5M pairs for English-German, 36M for English-French) nothing here holds the corpus in Python objects:
 - `tokenize_split` tokenizes a split once with `datasets.map(batched=True, num_proc=...)` into int32 Arrow columns
   (source and target ids, their lengths) of the pairs that train, cached next to the dataset under a key made of the
   dataset's fingerprint, the tokenizer, the languages and the length limits, so that every later run, every resumed
   run and every other process maps the same files;
-- `TokenBucketSampler` groups pairs of similar length from the two length columns alone (numpy), deals the batches
-  out to the processes, and keeps a state of two integers (epoch, position) that checkpoints save;
+- `vaswani.training.batching.TokenBucketSampler` groups pairs of similar length from the two length columns alone;
 - `PairCollator` pads a batch read straight from the memory-mapped Arrow table, in `DataLoader` workers if wanted.
 
 A user's own loop:
 
     split = tokenize_split(load_translation_dataset("data/wmt14", "en", "de")["train"], tokenizer, "en", "de")
+    # TokenBucketSampler: from vaswani.training.batching
     sampler = TokenBucketSampler(split.source_lengths, split.target_lengths, max_tokens=6250)
     loader = pair_loader(split, sampler, PairCollator(tokenizer.pad_token_id, tokenizer.bos_token_id))
     for epoch in range(epochs):
@@ -336,139 +335,6 @@ def tokenize_split(
         if counts_file is not None:
             counts_file.write_text(json.dumps(counts))
     return TokenizedSplit(pairs, **counts, from_cache=from_cache)
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# Section 5.1's batches: pairs of similar length, about `max_tokens` padded tokens each.
-# ---------------------------------------------------------------------------------------------------------------------
-
-
-class TokenBucketSampler(torch.utils.data.Sampler):
-    """Batches of pairs of similar length whose padded size, pairs x (longest source + longest target), stays within
-    `max_tokens`, dealt out to `num_replicas` processes.
-
-    An epoch's batches depend only on (seed, epoch): pairs are sorted by (source length, target length) with ties in
-    a random order, cut greedily into batches, and the batches shuffled. Process `rank` takes every
-    `num_replicas`-th batch. With `drop_remainder` (training), the epoch is first cut to a multiple of
-    num_replicas x batches_per_step batches, so that every process takes the same number of optimizer steps (a
-    process waiting for a gradient exchange that never comes would hang DDP); without it (validation), every batch is
-    used. Only the two length arrays are read; a batch is a list of row indices.
-
-    The state is (epoch, position): `set_epoch(epoch, position)` starts an epoch at the position-th batch of this
-    process, which is how a resumed run continues with exactly the batches an uninterrupted run would have used.
-    """
-
-    def __init__(
-        self,
-        source_lengths,
-        target_lengths,
-        max_tokens,
-        *,
-        seed=0,
-        shuffle=True,
-        num_replicas=1,
-        rank=0,
-        batches_per_step=1,
-        drop_remainder=True,
-    ):
-        self.source_lengths = np.asarray(source_lengths, dtype=np.int32)
-        self.target_lengths = np.asarray(target_lengths, dtype=np.int32)
-        if self.source_lengths.ndim != 1 or self.source_lengths.shape != self.target_lengths.shape:
-            raise ValueError(
-                f"source and target lengths must be two 1-D arrays of one size, not "
-                f"{self.source_lengths.shape} and {self.target_lengths.shape}"
-            )
-        if len(self.source_lengths) == 0:
-            raise ValueError("there are no pairs to batch")
-        if min(self.source_lengths.min(), self.target_lengths.min()) < 1:
-            raise ValueError("every source and target holds at least one token (</s>)")
-        longest = int((self.source_lengths + self.target_lengths).max())
-        if longest > max_tokens:
-            raise ValueError(
-                f"the batch size of {max_tokens} tokens is smaller than the longest pair ({longest} "
-                "tokens); raise it or lower the maximum lengths"
-            )
-        if not 0 <= rank < num_replicas or batches_per_step < 1:
-            raise ValueError(
-                f"rank {rank} of {num_replicas} processes, {batches_per_step} batches per step: impossible"
-            )
-        self.max_tokens, self.seed, self.shuffle = max_tokens, seed, shuffle
-        self.num_replicas, self.rank, self.batches_per_step = num_replicas, rank, batches_per_step
-        self.drop_remainder = drop_remainder
-        self.epoch, self.position = 0, 0
-        self._cached = (None, None)
-
-    def epoch_batches(self, epoch):
-        """All processes' batches of an epoch, in the order they are dealt: (pair order, batch bounds, batch order).
-
-        Batch k holds `order[bounds[k]:bounds[k + 1]]`.
-        """
-        rng = np.random.default_rng([self.seed, epoch])
-        count = len(self.source_lengths)
-        order = rng.permutation(count) if self.shuffle else np.arange(count)
-        # Stable: pairs of equal lengths keep the random order.
-        order = order[np.lexsort((self.target_lengths[order], self.source_lengths[order]))]
-        bounds = greedy_bounds(self.source_lengths[order], self.target_lengths[order], self.max_tokens)
-        batch_order = np.arange(len(bounds) - 1)
-        if self.shuffle:
-            rng.shuffle(batch_order)
-        return order, bounds, batch_order
-
-    def _replica_batches(self, epoch):
-        """This process's batches of an epoch (cached: the epoch under way is asked for at every iteration)."""
-        if self._cached[0] != epoch:
-            order, bounds, batch_order = self.epoch_batches(epoch)
-            usable = len(batch_order)
-            if self.drop_remainder:
-                group = self.num_replicas * self.batches_per_step
-                usable = usable // group * group
-            self._cached = (epoch, (order, bounds, batch_order[self.rank : usable : self.num_replicas]))
-        return self._cached[1]
-
-    def set_epoch(self, epoch, position=0):
-        """Iterate over `epoch` from this process's `position`-th batch on."""
-        if not 0 <= position <= self.batches_in_epoch(epoch):
-            raise ValueError(
-                f"position {position} is outside epoch {epoch}, which has "
-                f"{self.batches_in_epoch(epoch)} batches on this process"
-            )
-        self.epoch, self.position = epoch, position
-
-    def batches_in_epoch(self, epoch):
-        """This process's number of batches in `epoch` (epochs differ slightly: ties fall differently)."""
-        return len(self._replica_batches(epoch)[2])
-
-    def __len__(self):
-        return self.batches_in_epoch(self.epoch)
-
-    def __iter__(self):
-        order, bounds, mine = self._replica_batches(self.epoch)
-        for batch in mine[self.position :]:
-            yield order[bounds[batch] : bounds[batch + 1]].tolist()
-
-    def state_dict(self):
-        return {"epoch": self.epoch, "position": self.position}
-
-    def load_state_dict(self, state):
-        self.set_epoch(state["epoch"], state["position"])
-
-
-def greedy_bounds(source_lengths, target_lengths, max_tokens):
-    """Cut pairs sorted by source length into runs, each as long as its padded size allows: the bounds of the runs.
-
-    A run of k pairs from position s costs k x (longest source + longest target); with sources sorted, its longest
-    source is its last, and the cost only grows with k, so the longest run that fits is found by a binary search
-    over the window of pairs that could possibly fit. The loop is over batches, not pairs.
-    """
-    bounds, start, count = [0], 0, len(source_lengths)
-    while start < count:
-        width = max(1, max_tokens // (int(source_lengths[start]) + int(target_lengths[start])))
-        window = slice(start, start + width)
-        longest = source_lengths[window].astype(np.int64) + np.maximum.accumulate(target_lengths[window])
-        cost = np.arange(1, len(longest) + 1) * longest
-        start += max(1, int(np.searchsorted(cost, max_tokens, side="right")))
-        bounds.append(start)
-    return np.array(bounds)
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -1,0 +1,252 @@
+"""Learning curves: vaswani (with each weight initialisation) and MarianMTModel trained side by side, step for step.
+
+    python3 docs/benchmarks/learning_curves.py [--variants vaswani:tensor2tensor vaswani:fairseq vaswani:bart marian]
+                                               [--seeds 1 2] [--max_steps 1500] [--report_only]
+
+Every run trains one variant from one seed on the same corpus (the main job's, scripts/main_job.sh), with the same
+recipe and the same batches in the same order: the training pairs of --dataset_dir tokenized with --tokenizer,
+TokenBucketSampler batches of --batch_tokens seeded by the run's seed, Adam (0.9, 0.98, 1e-9), warmup then inverse
+square root peaking at --peak_lr, label smoothing 0.1 and the preset's dropout, float32, one process. The loss of both
+models is the same function of their logits (vaswani's label-smoothed cross-entropy, summed over the step's target
+tokens and divided by their number), so the recipe is identical and only the models differ. Variants:
+- vaswani:SCHEME: VaswaniForConditionalGeneration with `init_scheme=SCHEME` (configuration_vaswani.INIT_SCHEMES);
+- marian: transformers' MarianMTModel of the same sizes (ReLU, post-norm, sinusoidal positions, scaled and tied
+  embeddings: vaswani.scripts.benchmark.marian_config), with its own initialisation (N(0, 0.02)), attention biases
+  and final-logits bias.
+The seed also draws the initial weights (`torch.manual_seed` before the model is built) and the dropout masks.
+
+Every --eval_every steps: the validation split's cross-entropy per target token (no label smoothing, dropout off).
+At the end: test BLEU (sacreBLEU) of beam 4 with length penalty 0.6 on the first --bleu_samples test pairs. A run is
+written to OUTPUT_DIR/runs/VARIANT-seedN.json when done; while it runs, a resume state is saved every --eval_every
+steps next to it, so a stopped run continues where it stopped (bit-identical) and finished runs are skipped. Each time
+a run ends, OUTPUT_DIR/learning_curves.{md,png} are rewritten from all finished runs.
+"""
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+from accelerate import Accelerator
+from tqdm import tqdm
+
+from vaswani import VaswaniConfig, VaswaniForConditionalGeneration
+from vaswani.configuration.configuration_vaswani import INIT_SCHEMES
+from vaswani.modeling.modeling_vaswani import label_smoothed_cross_entropy
+from vaswani.training.batching import TokenBucketSampler
+from vaswani.training.checks import UsageError
+from vaswani.training.cli import command, parse_arguments
+from vaswani.training.data import (
+    PairCollator,
+    load_translation_dataset,
+    pair_loader,
+    tokenize_split,
+)
+from vaswani.training.evaluation import corpus_bleu, load_pairs, translate, validate
+from vaswani.training.schedule import inverse_sqrt_schedule
+from vaswani.training.tokenizer import load_tokenizer
+
+
+@dataclass
+class CurveArguments:
+    dataset_dir: str = "outputs/main_job/data"
+    tokenizer: str = "outputs/main_job/tokenizer"
+    output_dir: str = "docs/benchmarks/learning_curves"
+    variants: list[str] = field(
+        default_factory=lambda: ["vaswani:tensor2tensor", "vaswani:fairseq", "vaswani:bart", "marian"],
+        metadata={"help": "vaswani:INIT_SCHEME or marian"},
+    )
+    seeds: list[int] = field(default_factory=lambda: [1])
+    source_lang: str = "en"
+    target_lang: str = "es"
+    preset: str = "small"
+    max_steps: int = 1500
+    batch_tokens: int = 4000
+    warmup_steps: int = 150
+    peak_lr: float = 1.3e-3
+    label_smoothing: float = 0.1
+    eval_every: int = 50
+    bleu_samples: int = field(default=500, metadata={"help": "test pairs scored at the end (0: no BLEU)"})
+    report_steps: list[int] = field(default_factory=lambda: [400, 800, 1500])
+    report_only: bool = field(default=False, metadata={"help": "only rewrite the table and plot"})
+
+    def __post_init__(self):
+        for variant in self.variants:
+            kind, _, scheme = variant.partition(":")
+            if not (variant == "marian" or (kind == "vaswani" and scheme in INIT_SCHEMES)):
+                raise UsageError(
+                    f"unknown variant {variant!r}: use marian or vaswani:SCHEME ({', '.join(INIT_SCHEMES)})"
+                )
+
+
+def build_model(variant: str, config: VaswaniConfig):
+    from transformers import MarianMTModel
+
+    from vaswani.scripts.benchmark import marian_config
+
+    if variant == "marian":
+        return MarianMTModel(marian_config(config))
+    config.init_scheme = variant.partition(":")[2]
+    return VaswaniForConditionalGeneration(config)
+
+
+def train_run(variant, seed, args, data, run_path: Path) -> dict:
+    """One variant from one seed: the curve, then test BLEU; resumable from run_path's .pt state."""
+    tokenizer, train_split, valid_loader, test_pairs, accelerator = data
+    config = VaswaniConfig.from_preset(
+        args.preset,
+        vocab_size=len(tokenizer),
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        decoder_start_token_id=tokenizer.bos_token_id,
+    )
+    torch.manual_seed(seed)
+    model = build_model(variant, config)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9)
+    scheduler = inverse_sqrt_schedule(optimizer, args.warmup_steps, args.peak_lr)
+    sampler = TokenBucketSampler(train_split.source_lengths, train_split.target_lengths, args.batch_tokens, seed=seed)
+    collator = PairCollator(config.pad_token_id, config.decoder_start_token_id)
+    state_path = run_path.with_suffix(".pt")
+    step, curve, window = 0, [], []
+    if state_path.exists():
+        saved = torch.load(state_path, weights_only=False)
+        model.load_state_dict(saved["model"])
+        optimizer.load_state_dict(saved["optimizer"])
+        scheduler.load_state_dict(saved["scheduler"])
+        sampler.load_state_dict(saved["sampler"])
+        torch.set_rng_state(saved["rng"])
+        step, curve = saved["step"], saved["curve"]
+    batches = iter(pair_loader(train_split, sampler, collator))
+    model.train()
+    progress = tqdm(total=args.max_steps, initial=step, desc=f"{variant} seed {seed}", dynamic_ncols=True)
+    while step < args.max_steps:
+        batch = next(batches, None)
+        if batch is None:  # epoch done: the next epoch's batches
+            sampler.set_epoch(sampler.epoch + 1)
+            batches = iter(pair_loader(train_split, sampler, collator))
+            continue
+        sampler.position += 1
+        labels = batch.pop("labels")
+        logits = model(**batch).logits
+        smoothed, _ = label_smoothed_cross_entropy(logits, labels, args.label_smoothing)
+        loss = smoothed.sum() / labels.ne(-100).sum()
+        loss.backward()
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        step += 1
+        window.append(loss.item())
+        progress.update()
+        if step % args.eval_every == 0 or step == args.max_steps:
+            val_nll = validate(accelerator, model, valid_loader)["val_loss"]
+            curve.append({"step": step, "train_loss": sum(window) / len(window), "val_nll": val_nll})
+            window = []
+            progress.set_postfix(val_nll=f"{val_nll:.3f}")
+            state = {
+                "model": model.state_dict(),
+                "optimizer": optimizer.state_dict(),
+                "scheduler": scheduler.state_dict(),
+                "sampler": sampler.state_dict(),
+                "rng": torch.get_rng_state(),
+                "step": step,
+                "curve": curve,
+            }
+            torch.save(state, state_path.with_suffix(".tmp"))
+            os.replace(state_path.with_suffix(".tmp"), state_path)
+    progress.close()
+    result = {"variant": variant, "seed": seed, "settings": asdict(args), "curve": curve}
+    if args.bleu_samples:
+        sources, references = test_pairs
+        longest = max(len(ids) for ids in tokenizer(sources.to_pylist())["input_ids"])
+        # One output limit for both models (vaswani's own default, source length + 50, is per batch).
+        hypotheses = translate(model, tokenizer, sources, num_beams=4, max_new_tokens=longest + 50)
+        score, signature = corpus_bleu(hypotheses, references.to_pylist())
+        result.update(test_bleu=score.score, bleu_signature=signature, bleu_pairs=len(sources))
+    run_path.write_text(json.dumps(result, indent=1))
+    state_path.unlink()
+    return result
+
+
+def write_report(args, output_dir: Path):
+    """The table (validation NLL at --report_steps, test BLEU; mean and each seed) and the plot, from finished runs."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = [json.loads(path.read_text()) for path in sorted((output_dir / "runs").glob("*.json"))]
+    if not runs:
+        return "no finished runs yet"
+    variants = sorted({run["variant"] for run in runs}, key=lambda v: (v == "marian", v))
+    lines = [
+        "| variant | seeds | " + " | ".join(f"val NLL @ {s}" for s in args.report_steps) + " | test BLEU (beam 4) |",
+        "|---|---|" + "---|" * (len(args.report_steps) + 1),
+    ]
+    figure, axis = plt.subplots(figsize=(8, 5))
+    for color, variant in enumerate(variants):
+        mine = [run for run in runs if run["variant"] == variant]
+        cells = []
+        for report_step in args.report_steps:
+            values = [point["val_nll"] for run in mine for point in run["curve"] if point["step"] == report_step]
+            cells.append(
+                f"{sum(values) / len(values):.3f} ({', '.join(f'{v:.3f}' for v in values)})" if values else "n/a"
+            )
+        bleus = [run["test_bleu"] for run in mine if "test_bleu" in run]
+        bleu = f"{sum(bleus) / len(bleus):.2f} ({', '.join(f'{b:.2f}' for b in bleus)})" if bleus else "n/a"
+        seeds = ", ".join(str(run["seed"]) for run in mine)
+        lines.append(f"| {variant} | {seeds} | " + " | ".join(cells) + f" | {bleu} |")
+        for index, run in enumerate(mine):
+            steps = [point["step"] for point in run["curve"]]
+            nll = [point["val_nll"] for point in run["curve"]]
+            axis.plot(steps, nll, color=f"C{color}", alpha=0.9, label=variant if index == 0 else None)
+    axis.set(xlabel="optimizer step", ylabel="validation NLL per target token", ylim=(None, None))
+    axis.set_title(f"{args.preset} preset, {args.batch_tokens} tokens/step, peak lr {args.peak_lr:g}")
+    axis.grid(alpha=0.3)
+    axis.legend()
+    figure.tight_layout()
+    figure.savefig(output_dir / "learning_curves.png", dpi=120)
+    plt.close(figure)
+    table = "\n".join(lines)
+    (output_dir / "learning_curves.md").write_text(table + "\n")
+    return table
+
+
+@command
+def main(argv=None):
+    (args,) = parse_arguments([CurveArguments], argv, description=__doc__.split("\n\n")[0])
+    output_dir = Path(args.output_dir)
+    (output_dir / "runs").mkdir(parents=True, exist_ok=True)
+    if not args.report_only:
+        dataset = load_translation_dataset(args.dataset_dir, args.source_lang, args.target_lang)
+        tokenizer = load_tokenizer(args.tokenizer)
+        splits = {
+            name: tokenize_split(dataset[name], tokenizer, args.source_lang, args.target_lang)
+            for name in ("train", "validation")
+        }
+        collator = PairCollator(tokenizer.pad_token_id, tokenizer.bos_token_id)
+        valid_sampler = TokenBucketSampler(
+            splits["validation"].source_lengths,
+            splits["validation"].target_lengths,
+            args.batch_tokens,
+            shuffle=False,
+            drop_remainder=False,
+        )
+        valid_loader = pair_loader(splits["validation"], valid_sampler, collator)
+        sources, references, _ = load_pairs(
+            args.dataset_dir, "test", args.source_lang, args.target_lang, max_samples=args.bleu_samples or 1
+        )
+        data = (tokenizer, splits["train"], valid_loader, (sources, references), Accelerator(cpu=True))
+        for seed in args.seeds:
+            for variant in args.variants:
+                run_path = output_dir / "runs" / f"{variant.replace(':', '-')}-seed{seed}.json"
+                if run_path.exists():
+                    continue
+                train_run(variant, seed, args, data, run_path)
+                write_report(args, output_dir)
+    print(write_report(args, output_dir))
+
+
+if __name__ == "__main__":
+    main()
