@@ -2,6 +2,7 @@
 
 import hashlib
 import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -10,6 +11,7 @@ import zipfile
 import pytest
 import torch
 from conftest import REPO_ROOT
+from safetensors.torch import save_file
 from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
 from transformers.testing_utils import CaptureLogger, LoggingLevel
 from transformers.utils import logging
@@ -226,12 +228,13 @@ def test_checkpoint_of_another_architecture_with_nothing_in_common_is_refused_na
             f"({', '.join(theirs[:6])}, ...) is one of {model_class.__name__}'s: every weight would be random. Load it "
             "with its own model class."
         )
-    tiny = BertConfig(vocab_size=100, hidden_size=8, num_hidden_layers=0, num_attention_heads=1, intermediate_size=8)
-    BertModel(tiny, add_pooling_layer=False).save_pretrained(tmp_path / "few")  # 5 tensors: all named, no "..."
-    with pytest.raises(
-        ValueError, match=r"none of its 5 tensors \(embeddings\.LayerNorm\.bias, [^)]*word_embeddings\.weight\) is one"
-    ):
-        VaswaniModel.from_pretrained(tmp_path / "few")
+    for count in (6, 7):  # up to 6 tensors are all named; past that, the first 6 and "..."
+        folder = tmp_path / f"{count}_tensors"
+        bert.save_pretrained(folder)
+        save_file({f"layer{i}.weight": torch.zeros(1) for i in range(count)}, str(folder / "model.safetensors"))
+        names = ", ".join(f"layer{i}.weight" for i in range(6)) + (", ..." if count > 6 else "")
+        with pytest.raises(ValueError, match=rf"none of its {count} tensors \({re.escape(names)}\) is one of"):
+            VaswaniModel.from_pretrained(folder)
 
 
 def test_checkpoint_with_tensors_of_another_shape_is_refused(tiny_model, tmp_path):
