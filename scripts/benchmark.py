@@ -405,8 +405,11 @@ class BenchmarkArguments:
     )
     output_dir: str = "docs/benchmarks"
     # The GPU report (docs/benchmarks/README.md, "GPU report").
-    section: Literal["correctness", "training", "generation", "time_to_bleu"] | None = field(
-        default=None, metadata={"help": "run one section of the GPU report into --report_dir"}
+    section: list[str] | None = field(
+        default=None,
+        metadata={
+            "help": "GPU report sections to run into --report_dir: correctness, training, generation, time_to_bleu"
+        },
     )
     quick: bool = field(default=False, metadata={"help": "the report's sections on tiny sizes, in a few minutes"})
     report_dir: str = field(default="gpu_report", metadata={"help": "where sections write, --assemble reads"})
@@ -466,7 +469,7 @@ def main(argv) -> dict:
         if args.prepare:
             return gpu_report.prepare(args)
         if args.section:
-            return gpu_report.run_section(args)
+            return gpu_report.run_sections(args)
         return gpu_report.assemble(args)
     from tqdm import tqdm
 

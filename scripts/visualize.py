@@ -115,7 +115,8 @@ def main(argv):
     output_dir.mkdir(parents=True, exist_ok=True)
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or args.model)
     # The fused attention kernels never form the weight matrix; the eager implementation returns it.
-    model = AutoModelForSeq2SeqLM.from_pretrained(args.model, attn_implementation="eager").eval()
+    model = AutoModelForSeq2SeqLM.from_pretrained(args.model, attn_implementation="eager", use_safetensors=True)
+    model.eval()
     target = args.target if args.target is not None else translate(model, tokenizer, [args.text], num_beams=1)[0]
     print(f"source: {args.text}\ntarget: {target}" + ("" if args.target is not None else "  (greedy translation)"))
 

@@ -319,7 +319,9 @@ def test_a_full_disk_and_a_kill_during_a_checkpoint_lose_only_the_steps_since_th
     assert sorted(path.name for path in checkpoints.iterdir()) == ["step_0000012", "step_0000018", "tmp_step_0000024"]
     assert not (checkpoints / "tmp_step_0000024" / "train_state.json").exists()
 
-    # --resume takes step 18, never the half-written 24, and ends exactly like the uninterrupted run.
+    # --resume takes step 18, never the half-written 24, deletes the leftovers (also an old checkpoint a kill left
+    # half deleted) and ends exactly like the uninterrupted run.
+    (checkpoints / "tmp_step_0000006.old").mkdir()
     result = run(train_command(*arguments, "--resume"))
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"resumed from {checkpoints / 'step_0000018'}: step 18" in result.stdout
@@ -499,6 +501,9 @@ def test_an_unwritable_output_folder_is_an_error_before_anything_else(corpus, tm
     for output_dir in ("/proc/self", "/proc/self/vaswani_out"):
         message = error_of(arguments_for(corpus, output_dir))
         assert f": error: cannot write to --output_dir {output_dir} (" in message
+    # Before anything else: a dataset that does not exist is not even looked for.
+    nowhere = [tmp_path / "nowhere" if a == corpus[0] else a for a in arguments_for(corpus, "/proc/self/out")]
+    assert ": error: cannot write to --output_dir /proc/self/out (" in error_of(nowhere)
     (tmp_path / "a_file").write_text("")
     data = corpus[0]
     for script, main in ((train_tokenizer, train_tokenizer.main), (prepare_data, prepare_data.main)):
@@ -715,6 +720,13 @@ def test_resume_refuses_settings_that_change_the_steps_unless_told(corpus, strai
     assert other.returncode == 1 and re.search(
         r"settings that decide the steps: tokenizer was '\w+' and is now", other.stderr
     ), other.stderr[-2000:]
+    # Every setting the doc names is compared (scripts/train.py's STEP_SETTINGS and the run's own facts).
+    saved = json.loads((source / "train_state.json").read_text())["settings"]
+    assert {"batch_tokens", "grad_accum", "seed", "max_source_length", "max_target_length", "long_pairs"} <= set(saved)
+    assert {"lr_schedule", "warmup_steps", "peak_lr", "adam_beta1", "adam_beta2", "adam_eps"} <= set(saved)
+    assert {"label_smoothing", "max_grad_norm", "num_processes", "mixed_precision", "dataset", "tokenizer"} <= set(
+        saved
+    )
     # Told: it resumes, and says what changed.
     allowed = run(train_command(*resume, "--seed", "3", "--resume_with_changes"))
     assert allowed.returncode == 0, allowed.stderr[-2000:]
