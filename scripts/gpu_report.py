@@ -45,7 +45,7 @@ import numpy as np
 import torch
 
 from vaswani.scripts import benchmark
-from vaswani.training.checks import UsageError
+from vaswani.training.checks import UsageError, tokenizer_ids
 
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -346,14 +346,7 @@ def time_to_bleu(args, sizes: Sizes, deadline: Deadline) -> dict:
     sources, targets = (np.split(arrays[side], arrays[f"{side}_offsets"][1:-1]) for side in ("source", "target"))
     test = json.loads((corpus_dir / "test.json").read_text())
     test_sources, references = test["sources"][: sizes.bleu_pairs], test["references"][: sizes.bleu_pairs]
-    config = VaswaniConfig.from_preset(
-        sizes.bleu_preset,
-        vocab_size=len(tokenizer),
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        decoder_start_token_id=tokenizer.bos_token_id,
-    )
+    config = VaswaniConfig.from_preset(sizes.bleu_preset, **tokenizer_ids(tokenizer))
     sampler = TokenBucketSampler([len(s) for s in sources], [len(t) for t in targets], sizes.bleu_batch_tokens, seed=0)
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
 
@@ -621,7 +614,7 @@ def assemble(args) -> dict:
         "is measured: `scripts/gpu_report.py`).",
         "",
     ]
-    targets, pictures = [], []
+    targets = []
     for name in SECTIONS:
         if name not in sections:
             lines += [f"## {name}", "", f"Not measured yet: no session has run `--section {name}` on a GPU.", ""]
@@ -630,10 +623,9 @@ def assemble(args) -> dict:
         lines += [f"## {name} ({section['minutes']:.1f} min)", ""]
         render = {"correctness": render_correctness, "training": render_training}.get(name)
         render = render or {"generation": render_generation, "time_to_bleu": render_time_to_bleu}[name]
-        text, section_targets, figures = render(section["results"], plt, output_dir)
+        text, section_targets = render(section["results"], plt, output_dir)
         lines += [text, ""]
         targets += section_targets
-        pictures += figures
     lines[6:6] = [
         "## Targets",
         "",
@@ -645,6 +637,7 @@ def assemble(args) -> dict:
         "",
     ]
     (output_dir / "gpu.md").write_text("\n".join(lines))
+    pictures = sorted(path.name for path in output_dir.glob("gpu_*.png"))
     print(f"written {output_dir / 'gpu.md'} and {len(pictures)} PNGs")
     return {"pictures": pictures, "sections": sorted(sections)}
 
@@ -657,7 +650,15 @@ def render_correctness(results, plt, output_dir):
             continue
         notes = "; ".join(run["failures"] + [f"skipped: {reason}" for reason in run["skip_reasons"]])
         lines.append(f"| {name} | {run['passed']} | {run['failed']} | {run['skipped']} | {notes} |")
-    return "\n".join(lines), [], []
+    return "\n".join(lines), []
+
+
+def saved(figure, plt, output_dir: Path, name: str, title: str) -> str:
+    """Write the figure as output_dir/name; the Markdown that shows it."""
+    figure.tight_layout()
+    figure.savefig(output_dir / name, dpi=110)
+    plt.close(figure)
+    return f"\n![{title}]({name})"
 
 
 def render_training(results, plt, output_dir):
@@ -721,10 +722,7 @@ def render_training(results, plt, output_dir):
         color=["C0" if r["implementation"] == "vaswani" else "C1" for r in measured_rows],
     )
     axis.set(ylabel="training tokens/s (source + target)", title="Training speed, bf16 autocast")
-    figure.tight_layout()
-    figure.savefig(output_dir / "gpu_training.png", dpi=110)
-    plt.close(figure)
-    return "\n".join(lines + ["", "![training speed](gpu_training.png)"]), targets, ["gpu_training.png"]
+    return "\n".join(lines + [saved(figure, plt, output_dir, "gpu_training.png", "training speed")]), targets
 
 
 def render_generation(results, plt, output_dir):
@@ -767,10 +765,7 @@ def render_generation(results, plt, output_dir):
         )
         axis.set(title="greedy" if beams == 1 else "beam 4", ylabel="sentences/s", yscale="log")
         axis.tick_params(axis="x", labelsize=7, rotation=45)
-    figure.tight_layout()
-    figure.savefig(output_dir / "gpu_generation.png", dpi=110)
-    plt.close(figure)
-    return "\n".join(lines + ["", "![generation speed](gpu_generation.png)"]), targets, ["gpu_generation.png"]
+    return "\n".join(lines + [saved(figure, plt, output_dir, "gpu_generation.png", "generation speed")]), targets
 
 
 def render_time_to_bleu(results, plt, output_dir):
@@ -795,7 +790,4 @@ def render_time_to_bleu(results, plt, output_dir):
     axis.plot([p["minutes"] for p in results["points"]], [p["bleu"] for p in results["points"]], marker="o")
     axis.set(xlabel="training minutes", ylabel="test BLEU", title=f"{results['preset']} preset, default corpus")
     axis.grid(alpha=0.3)
-    figure.tight_layout()
-    figure.savefig(output_dir / "gpu_time_to_bleu.png", dpi=110)
-    plt.close(figure)
-    return "\n".join(lines + ["", "![BLEU against minutes](gpu_time_to_bleu.png)"]), targets, ["gpu_time_to_bleu.png"]
+    return "\n".join(lines + [saved(figure, plt, output_dir, "gpu_time_to_bleu.png", "BLEU against minutes")]), targets

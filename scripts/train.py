@@ -48,7 +48,7 @@ from vaswani.training.checkpoints import (
     settings_changes,
     weights_checksum,
 )
-from vaswani.training.checks import UsageError, check_tokenizer_matches_config, check_writable_dir
+from vaswani.training.checks import UsageError, check_tokenizer_matches_config, check_writable_dir, tokenizer_ids
 from vaswani.training.cli import command, parse_arguments
 from vaswani.training.data import (
     PairCollator,
@@ -248,13 +248,7 @@ class TrainArguments:
 
 def model_config(args, tokenizer):
     """A preset of Table 3 with the tokenizer's vocabulary size and special ids."""
-    overrides = {
-        "vocab_size": len(tokenizer),
-        "pad_token_id": tokenizer.pad_token_id,
-        "bos_token_id": tokenizer.bos_token_id,
-        "eos_token_id": tokenizer.eos_token_id,
-        "decoder_start_token_id": tokenizer.bos_token_id,
-    }
+    overrides = tokenizer_ids(tokenizer)
     overrides.update(
         {name: getattr(args, name) for name in ("dropout", "attention_dropout") if getattr(args, name) is not None}
     )

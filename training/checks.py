@@ -29,6 +29,18 @@ def check_writable_dir(path, flag="--output_dir"):
     return path
 
 
+def tokenizer_ids(tokenizer) -> dict:
+    """What a new model's config takes from its tokenizer: the vocabulary size and the special ids (the decoder
+    starts from <s>)."""
+    return {
+        "vocab_size": len(tokenizer),
+        "pad_token_id": tokenizer.pad_token_id,
+        "bos_token_id": tokenizer.bos_token_id,
+        "eos_token_id": tokenizer.eos_token_id,
+        "decoder_start_token_id": tokenizer.bos_token_id,
+    }
+
+
 def check_tokenizer_matches_config(tokenizer, config, where="the model"):
     """The model's embedding and special ids must be the tokenizer's, or every id means something else.
 
@@ -41,11 +53,9 @@ def check_tokenizer_matches_config(tokenizer, config, where="the model"):
             f"the tokenizer has {len(tokenizer)} tokens but the vocabulary of {where} only "
             f"{config.vocab_size} (config.vocab_size): ids from {config.vocab_size} on have no embedding"
         )
-    for field, token_id in (
-        ("pad_token_id", tokenizer.pad_token_id),
-        ("eos_token_id", tokenizer.eos_token_id),
-        ("decoder_start_token_id", tokenizer.bos_token_id),
-    ):
+    ids = tokenizer_ids(tokenizer)
+    for field in ("pad_token_id", "eos_token_id", "decoder_start_token_id"):
+        token_id = ids[field]
         if getattr(config, field) != token_id:
             problems.append(
                 f"config.{field} of {where} is {getattr(config, field)} but the tokenizer's id is {token_id}"

@@ -35,7 +35,7 @@ from vaswani import VaswaniConfig, VaswaniForConditionalGeneration
 from vaswani.configuration.configuration_vaswani import INIT_SCHEMES
 from vaswani.modeling.modeling_vaswani import label_smoothed_cross_entropy
 from vaswani.training.batching import TokenBucketSampler
-from vaswani.training.checks import UsageError
+from vaswani.training.checks import UsageError, tokenizer_ids
 from vaswani.training.cli import command, parse_arguments
 from vaswani.training.data import (
     PairCollator,
@@ -94,14 +94,7 @@ def build_model(variant: str, config: VaswaniConfig):
 def train_run(variant, seed, args, data, run_path: Path) -> dict:
     """One variant from one seed: the curve, then test BLEU; resumable from run_path's .pt state."""
     tokenizer, train_split, valid_loader, test_pairs, accelerator = data
-    config = VaswaniConfig.from_preset(
-        args.preset,
-        vocab_size=len(tokenizer),
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        decoder_start_token_id=tokenizer.bos_token_id,
-    )
+    config = VaswaniConfig.from_preset(args.preset, **tokenizer_ids(tokenizer))
     torch.manual_seed(seed)
     model = build_model(variant, config)
     optimizer = torch.optim.Adam(model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9)
