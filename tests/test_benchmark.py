@@ -225,3 +225,29 @@ def test_quick_mode_runs_every_section_and_assembles_the_page(carried_corpus, tm
     assert ">= 1.2x Marian" in page and ">= 1.5x eager at batch 1" in page and "time to BLEU" in page
     pictures = sorted(path.name for path in docs.glob("*.png"))
     assert pictures == ["gpu_generation.png", "gpu_time_to_bleu.png", "gpu_training.png"]
+
+
+@pytest.mark.benchmark
+def test_learning_curves_train_each_variant_and_marian_and_report_them(carried_corpus, tmp_path):
+    """docs/benchmarks/learning_curves.py end to end on the tiny preset: a JSON per run, the table and the plot."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    data, carry = carried_corpus
+    script = Path(__file__).resolve().parent.parent / "docs" / "benchmarks" / "learning_curves.py"
+    command = [sys.executable, script, "--dataset_dir", data, "--tokenizer", carry / "corpus" / "tokenizer"]
+    command += ["--output_dir", tmp_path, "--preset", "tiny", "--max_steps", "6", "--eval_every", "3"]
+    command += ["--batch_tokens", "400", "--warmup_steps", "2", "--bleu_samples", "5", "--report_steps", "3", "6"]
+    command += ["--variants", "vaswani:fairseq", "marian"]
+    done = subprocess.run([str(part) for part in command], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    runs = {path.stem: json.loads(path.read_text()) for path in (tmp_path / "runs").glob("*.json")}
+    assert sorted(runs) == ["marian-seed1", "vaswani-fairseq-seed1"]
+    assert not list((tmp_path / "runs").glob("*.pt"))  # the resume states go once a run is done
+    for run in runs.values():
+        assert [point["step"] for point in run["curve"]] == [3, 6]
+        assert run["curve"][1]["val_nll"] < run["curve"][0]["val_nll"] and 0 <= run["test_bleu"] <= 100
+    table = (tmp_path / "learning_curves.md").read_text()
+    assert "| vaswani:fairseq | 1 |" in table and "| marian | 1 |" in table and "val NLL @ 6" in table
+    assert (tmp_path / "learning_curves.png").stat().st_size > 0
