@@ -56,10 +56,10 @@ CARRIED = ["transformers", "huggingface_hub", "tokenizers", "safetensors", "sacr
 LEFT_ON_THE_DEVICE = ("numpy-",)
 # NVIDIA's fairseq-based recipe (DeepLearningExamples) trains the big model at about 82,000 tokens/s on one A100,
 # about a third of its bf16 peak; MLPerf Training's Transformer, with fused kernels, about 100,000 tokens/s per A100.
-ANCHORS = {
-    "training": "NVIDIA DeepLearningExamples (fairseq), big, 1 A100: ~82,000 tokens/s (~1/3 of peak); MLPerf "
-    "Transformer: ~100,000 tokens/s per A100"
-}
+ANCHORS = (
+    "NVIDIA DeepLearningExamples (fairseq), big, 1 A100: ~82,000 tokens/s (~1/3 of peak); MLPerf Transformer: ~100,000 "
+    "tokens/s per A100"
+)
 
 
 @dataclass(frozen=True)
@@ -576,10 +576,6 @@ def prepare(args) -> dict:
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def rate(stat) -> str:
-    return f"{stat['median']:,.0f} ({stat['low']:,.0f}-{stat['high']:,.0f})"
-
-
 def ratio(ours: dict, theirs: dict, key: str) -> float | None:
     if key in ours and key in theirs:
         return ours[key]["median"] / theirs[key]["median"]
@@ -633,7 +629,7 @@ def assemble(args) -> dict:
         "| --- | --- | --- |",
         *targets,
         "",
-        f"Anchors: {ANCHORS['training']}.",
+        f"Anchors: {ANCHORS}.",
         "",
     ]
     (output_dir / "gpu.md").write_text("\n".join(lines))
@@ -686,7 +682,7 @@ def render_training(results, plt, output_dir):
         marian = by_key[(row["preset"], "marian", row["compiled"])]
         speedup = ratio(row, marian, "tokens_per_s")
         lines.append(
-            f"| {key[0]} | {key[1]} | {'yes' if key[2] else 'no'} | {rate(row['tokens_per_s'])} | "
+            f"| {key[0]} | {key[1]} | {'yes' if key[2] else 'no'} | {benchmark.fmt_rate(row['tokens_per_s'])} | "
             f"{f'{speedup:.2f}x' if speedup else 'n/a'} | {row['peak_memory_mib']:,.0f} | {row['tflops_per_s']:.3g} "
             f"| {row['mfu']:.1%} |"
         )
@@ -697,7 +693,7 @@ def render_training(results, plt, output_dir):
             if row["preset"] == "big":
                 targets.append(
                     f"| big, {'compiled' if row['compiled'] else 'eager'}: >= 50% MFU | {row['mfu']:.1%} "
-                    f"({rate(row['tokens_per_s'])} tokens/s) | {'yes' if row['mfu'] >= 0.5 else 'no'} |"
+                    f"({benchmark.fmt_rate(row['tokens_per_s'])} tokens/s) | {'yes' if row['mfu'] >= 0.5 else 'no'} |"
                 )
     lines += ["", "The loss's chunk size (values per chunk on the device; the default is 2^26):", ""]
     lines += ["| values per chunk | tokens/s | peak memory MiB |", "| --- | --- | --- |"]
@@ -706,7 +702,7 @@ def render_training(results, plt, output_dir):
         if "not_measured" in point:
             lines.append(f"| {size} | not measured, because {point['not_measured']} | |")
         else:
-            lines.append(f"| {size} | {rate(point['tokens_per_s'])} | {point['peak_memory_mib']:,.0f} |")
+            lines.append(f"| {size} | {benchmark.fmt_rate(point['tokens_per_s'])} | {point['peak_memory_mib']:,.0f} |")
     profile = results["profile"]
     profile_text = profile.get("profile") or f"not measured, because {profile['not_measured']}"
     lines += ["", f"Where the time of one step goes ({results['profiled']}):", "", "```", profile_text, "```"]
@@ -742,8 +738,8 @@ def render_generation(results, plt, output_dir):
         speedups = [ratio(row, eager[row["batch"]], f"beam{beams}_sentences_per_s") for beams in (1, 4)]
         cells = [f"{s:.2f}x" if s else "n/a" for s in speedups]
         lines.append(
-            f"| {row['batch']} | {row['engine']} | {rate(row['beam1_sentences_per_s'])} | {cells[0]} | "
-            f"{rate(row['beam4_sentences_per_s'])} | {cells[1]} |"
+            f"| {row['batch']} | {row['engine']} | {benchmark.fmt_rate(row['beam1_sentences_per_s'])} | {cells[0]} | "
+            f"{benchmark.fmt_rate(row['beam4_sentences_per_s'])} | {cells[1]} |"
         )
         if row["engine"] == "static cache + compile" and row["batch"] == 1:
             met = speedups[0] is not None and speedups[0] >= 1.5
