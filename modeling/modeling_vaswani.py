@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import torch
 from torch import nn
-from transformers import GenerationConfig, GenerationMixin, PreTrainedModel
+from transformers import GenerationConfig, GenerationMixin, LogitsProcessorList, PreTrainedModel
 from transformers import initialization as init
 from transformers.activations import ACT2FN
 from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
@@ -29,10 +29,7 @@ from transformers.utils.generic import merge_with_config_defaults
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
 from ..configuration.configuration_vaswani import VaswaniConfig
-
-
-# Section 6.1: "We set the maximum output length during inference to input length + 50".
-EXTRA_OUTPUT_TOKENS = 50
+from .generation_vaswani import EXTRA_OUTPUT_TOKENS, SourceLengthLimit, gnmt_beam_search
 
 
 def shift_tokens_right(labels: torch.Tensor, pad_token_id: int, decoder_start_token_id: int) -> torch.Tensor:
@@ -640,10 +637,12 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
         self.model = VaswaniModel(config)
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
         self.post_init()
-        # Section 6.1: beam search with a beam size of 4 and length penalty alpha = 0.6.
+        # Section 6.1: beam search with a beam size of 4 and length penalty alpha = 0.6, decoded as the paper did
+        # (generation_vaswani.py; paper_decoding=False gives transformers' own beam search).
         self.generation_config = GenerationConfig(
             num_beams=4,
             length_penalty=0.6,
+            paper_decoding=True,
             bos_token_id=config.bos_token_id,
             eos_token_id=config.eos_token_id,
             pad_token_id=config.pad_token_id,
@@ -720,14 +719,35 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
     def generate(
         self, inputs: torch.Tensor | None = None, generation_config: GenerationConfig | None = None, **kwargs
     ):
-        """`GenerationMixin.generate`, with the paper's length limit (section 6.1) when no other is given anywhere:
-        at most the source length + 50 new tokens."""
+        """`GenerationMixin.generate`, with the paper's length limit (section 6.1) when no other is given anywhere.
+
+        With `paper_decoding=True` (the default generation config's; a generate() argument or a config attribute),
+        beam search scores finished hypotheses with the GNMT length penalty and each sentence stops at its own
+        source length + 50 tokens (generation_vaswani.py). Otherwise `generate()` is transformers' own, and the
+        limit is the padded source length + 50 for the whole batch. A config without the attribute (saved before it
+        existed) decodes as transformers does, as it did when it was saved.
+        """
         config = generation_config if generation_config is not None else self.generation_config
+        paper_decoding = kwargs.pop("paper_decoding", getattr(config, "paper_decoding", False))
         limits = (kwargs.get("max_length"), kwargs.get("max_new_tokens"), config.max_length, config.max_new_tokens)
         source = inputs if inputs is not None else kwargs.get("input_ids", kwargs.get("inputs_embeds"))
         if all(limit is None for limit in limits) and source is not None:
+            longest_source = source.shape[1]
+            if paper_decoding:
+                source_lengths = self._source_lengths(source, kwargs.get("attention_mask"))
+                eos_token_id = self.config.eos_token_id
+                longest_source = int(source_lengths.max())
+                kwargs["logits_processor"] = LogitsProcessorList(
+                    [
+                        *(kwargs.get("logits_processor") or []),
+                        SourceLengthLimit(
+                            source_lengths + EXTRA_OUTPUT_TOKENS,
+                            eos_token_id[0] if isinstance(eos_token_id, list) else eos_token_id,
+                        ),
+                    ]
+                )
             kwargs["max_new_tokens"] = min(
-                source.shape[1] + EXTRA_OUTPUT_TOKENS, self.config.max_position_embeddings - 1
+                longest_source + EXTRA_OUTPUT_TOKENS, self.config.max_position_embeddings - 1
             )
         # The decoder refuses a position past max_position_embeddings at the step that reaches it; a compiled
         # decoding step cannot raise a clean error, so a limit it could never honour is refused here, before any work.
@@ -739,7 +759,22 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
                 f"max_position_embeddings ({self.config.max_position_embeddings}); ask for fewer tokens, or raise "
                 "config.max_position_embeddings (the positional encoding is computed: no retraining needed)."
             )
+        if paper_decoding and kwargs.get("num_beams", config.num_beams) > 1 and kwargs.get("custom_generate") is None:
+            if kwargs.get("do_sample", config.do_sample):
+                raise ValueError(
+                    "paper_decoding=True is beam search without sampling (section 6.1); pass paper_decoding=False "
+                    "for transformers' beam sampling."
+                )
+            kwargs["custom_generate"] = gnmt_beam_search
         return super().generate(inputs, generation_config=generation_config, **kwargs)
+
+    def _source_lengths(self, source: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+        """Each source sentence's unpadded length, `</s>` included."""
+        if attention_mask is not None:
+            return attention_mask.sum(dim=1)
+        if source.is_floating_point():  # inputs_embeds without a mask: no padding to see
+            return torch.full((source.shape[0],), source.shape[1], device=source.device)
+        return (source != self.config.pad_token_id).sum(dim=1)
 
 
 __all__ = [

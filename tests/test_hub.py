@@ -174,6 +174,7 @@ def test_push_makes_one_commit_with_weights_code_tokenizer_records_and_card(hub,
         "config.json",
         "generation_config.json",
         "configuration_vaswani.py",
+        "generation_vaswani.py",
         "modeling_vaswani.py",
         "pipeline_vaswani.py",
         "model.safetensors",
@@ -813,6 +814,7 @@ def test_train_script_pushes_its_final_model(hub, api, tmp_path):
     assert {
         "model.safetensors",
         "config.json",
+        "generation_vaswani.py",
         "modeling_vaswani.py",
         "pipeline_vaswani.py",
         "tokenizer.json",
@@ -858,6 +860,7 @@ def test_finetune_script_pushes_through_the_trainer(hub, api, tmp_path):
     assert {
         "model.safetensors",
         "config.json",
+        "generation_vaswani.py",
         "modeling_vaswani.py",
         "pipeline_vaswani.py",
         "tokenizer.json",

@@ -55,7 +55,7 @@ def test_saved_folder_carries_the_code_and_auto_map(tiny_model, tmp_path):
     package_configuration = REPO_ROOT / "configuration" / "configuration_vaswani.py"
     assert (tmp_path / "configuration_vaswani.py").read_text() == package_configuration.read_text()
     # The config names the code: the package version and the hash of exactly the files written beside it.
-    code_files = ("configuration_vaswani.py", "modeling_vaswani.py", "pipeline_vaswani.py")
+    code_files = ("configuration_vaswani.py", "generation_vaswani.py", "modeling_vaswani.py", "pipeline_vaswani.py")
     written = "".join((tmp_path / name).read_text() for name in code_files)
     assert config["code_sha256"] == hashlib.sha256(written.encode()).hexdigest()
     assert config["vaswani_version"] == vaswani.__version__
@@ -77,7 +77,14 @@ REMOTE_LOAD = textwrap.dedent(
     with torch.no_grad():
         logits = model(**inputs).logits
     generated = model.generate(inputs["input_ids"], attention_mask=inputs["attention_mask"], max_new_tokens=8)
-    torch.save({"logits": logits, "generated": generated}, inputs_file + ".out")
+    # The paper's decoding (generation_vaswani.py, loaded with the model): GNMT scores, each sentence's own limit.
+    paper = model.generate(
+        inputs["input_ids"], attention_mask=inputs["attention_mask"], output_scores=True, return_dict_in_generate=True
+    )
+    torch.save(
+        {"logits": logits, "generated": generated, "paper": paper.sequences, "scores": paper.sequences_scores},
+        inputs_file + ".out",
+    )
     """
 )
 
@@ -102,13 +109,18 @@ def test_fresh_process_without_the_package_loads_with_remote_code(tiny_model, so
     assert torch.equal(
         remote["generated"], tiny_model.generate(input_ids, attention_mask=attention_mask, max_new_tokens=8)
     )
+    paper = tiny_model.generate(
+        input_ids, attention_mask=attention_mask, output_scores=True, return_dict_in_generate=True
+    )
+    assert torch.equal(remote["paper"], paper.sequences)
+    torch.testing.assert_close(remote["scores"], paper.sequences_scores, atol=1e-5, rtol=1e-5)
 
 
 def test_remote_loaded_model_saves_a_folder_that_loads_again(tiny_model, tmp_path):
     tiny_model.save_pretrained(tmp_path / "first")
     remote = AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "first", trust_remote_code=True)
     remote.save_pretrained(tmp_path / "second")
-    for name in ("modeling_vaswani.py", "configuration_vaswani.py", "pipeline_vaswani.py"):
+    for name in ("modeling_vaswani.py", "configuration_vaswani.py", "generation_vaswani.py", "pipeline_vaswani.py"):
         assert (tmp_path / "second" / name).read_text() == (tmp_path / "first" / name).read_text()
 
 

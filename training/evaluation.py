@@ -9,12 +9,14 @@ metric's code from the Hub at run time, which fails offline and runs downloaded 
 """
 
 import math
+import re
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import sacrebleu
 import torch
+from sacremoses import MosesTokenizer
 from tqdm.auto import tqdm
 
 from ..modeling import label_smoothed_cross_entropy
@@ -31,6 +33,7 @@ def translate(
     length_penalty=0.6,
     max_source_length=None,
     max_new_tokens=None,
+    paper_decoding=True,
     progress=False,
 ):
     """Translate `sentences` and return the translations in the same order.
@@ -39,6 +42,8 @@ def translate(
     the batch being decoded is turned into Python strings. Sentences are decoded in batches of similar length,
     longest first (less padding); `num_beams=1` is greedy decoding. Without `max_new_tokens`, the model stops at the
     input length + 50 tokens (section 6.1). `max_source_length` truncates longer inputs (keeping the final </s>).
+    `paper_decoding` decodes as section 6.1 does (the GNMT length penalty, each sentence's own limit:
+    modeling/generation_vaswani.py); False gives transformers' beam search.
     """
     if not len(sentences):
         return []
@@ -57,7 +62,7 @@ def translate(
             max_length=max_source_length,
             return_tensors="pt",
         )
-        generate_kwargs = {"num_beams": num_beams, "do_sample": False}
+        generate_kwargs = {"num_beams": num_beams, "do_sample": False, "paper_decoding": paper_decoding}
         if num_beams > 1:  # the length penalty only ranks finished beams
             generate_kwargs["length_penalty"] = length_penalty
         if max_new_tokens is not None:
@@ -84,6 +89,25 @@ def corpus_bleu(hypotheses, references, **bleu_options):
     metric = sacrebleu.metrics.BLEU(**bleu_options)
     score = metric.corpus_score(list(hypotheses), [list(references)])
     return score, str(metric.get_signature())
+
+
+# tensor2tensor's get_ende_bleu.sh, which scored the paper's Table 2: "rich-text" becomes "rich ##AT##-##AT## text",
+# as GNMT and ConvS2S counted compounds; perl's s{(\S)-(\S)}{...}g, whose matches do not overlap, as re.sub's don't.
+COMPOUND_HYPHEN = re.compile(r"(\S)-(\S)")
+
+
+def tokenized_bleu(hypotheses, references, language):
+    """The paper's BLEU: both sides Moses-tokenized (tokenizer.perl -l LANGUAGE), compounds split at their hyphens,
+    then multi-bleu.perl's case-sensitive corpus BLEU on the tokens. Not comparable with sacreBLEU's detokenized
+    score (usually higher); reported beside it so that a score can be set against Table 2. Returns the score object.
+    """
+    tokenizer = MosesTokenizer(lang=language)
+
+    def split(line):
+        return COMPOUND_HYPHEN.sub(r"\1 ##AT##-##AT## \2", tokenizer.tokenize(line, return_str=True))
+
+    hypotheses, references = [split(h) for h in hypotheses], [split(r) for r in references]
+    return corpus_bleu(hypotheses, references, tokenize="none", force=True)[0]
 
 
 def load_pairs(dataset_dir, split, source_lang, target_lang, max_samples=None):

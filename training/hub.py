@@ -25,11 +25,12 @@ from huggingface_hub import CommitOperationAdd, CommitOperationDelete, HfApi, ge
 from huggingface_hub.errors import HfHubHTTPError
 from huggingface_hub.utils import filter_repo_objects
 
+from ..configuration import remote_code_files
 from .checks import UsageError
 from .model_card import read_json, render_model_card, tensor_shapes
 
 
-CODE_FILES = ("configuration_vaswani.py", "modeling_vaswani.py", "pipeline_vaswani.py")
+CODE_FILES = tuple(remote_code_files())
 TOKENIZER_FILES = (
     "tokenizer.json",
     "tokenizer_config.json",

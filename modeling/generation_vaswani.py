@@ -1,0 +1,175 @@
+"""Section 6.1's decoding: beam search with the length penalty of Wu et al. (2016) and a limit per sentence.
+
+The paper decodes with "beam size of 4 and length penalty alpha = 0.6" and "maximum output length [of] input length +
+50, but terminate[s] early when possible". The penalty it cites (Wu et al., 2016, section 7) divides a finished
+hypothesis' log-probability by lp(Y) = ((5 + |Y|) / 6) ** alpha, where `GenerationMixin`'s beam search divides by
+|Y| ** alpha; and the length limit is each sentence's own, not the padded batch's. `VaswaniForConditionalGeneration`
+decodes this way when its generation config says `paper_decoding=True`: `gnmt_beam_search` is then passed to
+`generate()` as its `custom_generate` decoding method and `SourceLengthLimit` joins its logits processors.
+
+|Y| counts the tokens after the decoder prompt (the start token), `</s>` included; a source's length counts its
+unpadded tokens, `</s>` included.
+"""
+
+import torch
+from transformers import LogitsProcessor
+from transformers.generation.utils import GenerateBeamEncoderDecoderOutput
+
+
+# Section 6.1: "maximum output length [of] input length + 50".
+EXTRA_OUTPUT_TOKENS = 50
+
+
+def gnmt_length_penalty(length: torch.Tensor | int, alpha: float) -> torch.Tensor | float:
+    """Wu et al. (2016), eq. 14: lp(Y) = ((5 + |Y|) / 6) ** alpha."""
+    return ((5 + length) / 6) ** alpha
+
+
+class SourceLengthLimit(LogitsProcessor):
+    """Forces `</s>` once a hypothesis holds its source's length + 50 tokens, each sentence of the batch its own.
+
+    `limits` holds one limit per source sentence; the rows a decoding method scores (beams, returned sequences) are
+    that sentence's rows in order, as `generate()` lays them out. The model's own log-probability of `</s>` is kept, so
+    a forced ending is scored like any other.
+    """
+
+    def __init__(self, limits: torch.Tensor, eos_token_id: int):
+        self.limits = limits
+        self.eos_token_id = eos_token_id
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        limits = self.limits.to(input_ids.device).repeat_interleave(input_ids.shape[0] // self.limits.shape[0])
+        # The token chosen now is the (cur_len)-th after the start token.
+        at_limit = limits <= input_ids.shape[1]
+        if not at_limit.any():
+            return scores
+        forced = torch.full_like(scores, -float("inf"))
+        forced[:, self.eos_token_id] = scores[:, self.eos_token_id]
+        return torch.where(at_limit[:, None], forced, scores)
+
+
+def gnmt_beam_search(model, input_ids, logits_processor, stopping_criteria, generation_config, **model_kwargs):
+    """Beam search as tensor2tensor runs it for the paper: `generate(custom_generate=gnmt_beam_search)`.
+
+    Each step extends every live hypothesis by every token and keeps the 2k best continuations (k = num_beams). Those
+    that end (`</s>`, or a stopping criterion such as the length limit) are finished: their score is their summed
+    log-probability divided by lp(|Y|), and the k best finished ones are kept. The k best others stay live. A sentence
+    is done when it has k finished hypotheses and its best live one, even at the longest length allowed (where lp is
+    largest and so the penalised score best), would score below the worst of them: the search ends exactly, not on a
+    heuristic. Returns, best first, `num_return_sequences` finished hypotheses per sentence and, with
+    `return_dict_in_generate=True`, what transformers' beam search returns: with `output_scores=True` their scores
+    (`sequences_scores`), the processed log-probabilities of every step (`scores`) and the beams each token came from
+    (`beam_indices`); with `output_logits`, `output_attentions` or `output_hidden_states`, those of every step.
+    """
+    synced_gpus = model_kwargs.pop("synced_gpus", False)
+    num_beams = generation_config.num_beams
+    num_return = generation_config.num_return_sequences or 1
+    alpha = generation_config.length_penalty
+    max_length = generation_config.max_length
+    return_dict = generation_config.return_dict_in_generate
+    return_scores = return_dict and generation_config.output_scores
+    # Per step, as transformers' beam search records them: (logits, decoder attentions, cross-attentions, decoder
+    # hidden states), each for the live rows of that step.
+    recorded = {
+        name: () if return_dict and getattr(generation_config, flag) else None
+        for name, flag in (
+            ("logits", "output_logits"),
+            ("decoder_attentions", "output_attentions"),
+            ("cross_attentions", "output_attentions"),
+            ("decoder_hidden_states", "output_hidden_states"),
+        )
+    }
+    rows, prompt_length = input_ids.shape
+    batch_size = rows // num_beams
+    device = input_ids.device
+    row_offsets = torch.arange(batch_size, device=device)[:, None] * num_beams
+
+    # Live hypotheses: one at first (the others start at -inf, so that the first step does not pick k copies).
+    live = input_ids.view(batch_size, num_beams, prompt_length)
+    live_scores = torch.full((batch_size, num_beams), -float("inf"), device=device)
+    live_scores[:, 0] = 0.0
+    live_beams = torch.zeros((batch_size, num_beams, 0), dtype=torch.long, device=device)
+    pad_token_id = generation_config.pad_token_id
+    finished = torch.full((batch_size, num_beams, max_length), pad_token_id, device=device)
+    finished_scores = torch.full((batch_size, num_beams), -float("inf"), device=device)
+    finished_beams = torch.full((batch_size, num_beams, max_length - prompt_length), -1, device=device)
+    sentence_done = torch.zeros(batch_size, dtype=torch.bool, device=device)
+    step_scores = ()
+
+    this_peer_finished = False
+    while model._has_unfinished_sequences(this_peer_finished, synced_gpus, device=device):
+        flat_live = live.reshape(rows, -1)
+        cur_len = flat_live.shape[1]
+        next_length = 1 if model_kwargs.get("use_cache") and cur_len > prompt_length else None
+        model_inputs = model.prepare_inputs_for_generation(flat_live, next_sequence_length=next_length, **model_kwargs)
+        outputs = model(**model_inputs, return_dict=True)
+        model_kwargs = model._update_model_kwargs_for_generation(outputs, model_kwargs, is_encoder_decoder=True)
+        if synced_gpus and this_peer_finished:
+            continue
+        logits = outputs.logits[:, -1, :].float()
+        for name, steps in recorded.items():
+            if steps is not None:
+                recorded[name] = steps + ((logits.clone() if name == "logits" else getattr(outputs, name)),)
+        del outputs
+        log_probs = torch.log_softmax(logits, dim=-1)
+        log_probs = logits_processor(flat_live, log_probs)
+        if return_scores:
+            step_scores += (log_probs,)
+        vocab_size = log_probs.shape[-1]
+
+        # The 2k best continuations of the sentence's k live hypotheses.
+        totals = (live_scores[:, :, None] + log_probs.view(batch_size, num_beams, vocab_size)).view(batch_size, -1)
+        candidate_scores, candidate_ids = totals.topk(2 * num_beams, dim=1)
+        origin = candidate_ids // vocab_size
+        tokens = candidate_ids % vocab_size
+        candidates = torch.cat((live.gather(1, origin[:, :, None].expand(-1, -1, cur_len)), tokens[:, :, None]), 2)
+        history = live_beams.gather(1, origin[:, :, None].expand(-1, -1, live_beams.shape[2]))
+        candidate_beams = torch.cat((history, (origin + row_offsets)[:, :, None]), 2)
+        ends = stopping_criteria(candidates.view(-1, cur_len + 1), step_scores or None).view(batch_size, -1)
+        ends &= candidate_scores > -float("inf")
+
+        # Finished: penalised by length, merged with the earlier finished ones, the k best kept.
+        penalised = candidate_scores / gnmt_length_penalty(cur_len + 1 - prompt_length, alpha)
+        penalised = penalised.masked_fill(~ends | sentence_done[:, None], -float("inf"))
+        padded = torch.nn.functional.pad(candidates, (0, max_length - cur_len - 1), value=pad_token_id)
+        padded_beams = torch.nn.functional.pad(candidate_beams, (0, max_length - cur_len - 1), value=-1)
+        finished_scores, keep = torch.cat((finished_scores, penalised), 1).topk(num_beams, dim=1)
+        finished = torch.cat((finished, padded), 1).gather(1, keep[:, :, None].expand(-1, -1, max_length))
+        finished_beams = torch.cat((finished_beams, padded_beams), 1).gather(
+            1, keep[:, :, None].expand(-1, -1, finished_beams.shape[2])
+        )
+
+        # Live: the k best continuations that did not end.
+        live_scores, keep = candidate_scores.masked_fill(ends, -float("inf")).topk(num_beams, dim=1)
+        live = candidates.gather(1, keep[:, :, None].expand(-1, -1, cur_len + 1))
+        live_beams = candidate_beams.gather(1, keep[:, :, None].expand(-1, -1, candidate_beams.shape[2]))
+        if model_kwargs.get("past_key_values") is not None:
+            model_kwargs["past_key_values"].reorder_cache((origin.gather(1, keep) + row_offsets).view(-1))
+
+        # Done: k finished, and no live hypothesis can still beat the worst of them. Log-probabilities only fall as a
+        # hypothesis grows, and lp is monotonic in |Y|, so its best possible score is reached at one end.
+        best_live = torch.maximum(
+            live_scores[:, 0] / gnmt_length_penalty(cur_len + 1 - prompt_length, alpha),
+            live_scores[:, 0] / gnmt_length_penalty(max_length - prompt_length, alpha),
+        )
+        sentence_done |= (finished_scores[:, -1] > -float("inf")) & (best_live < finished_scores[:, -1])
+        sentence_done |= live_scores[:, 0] == -float("inf")
+        this_peer_finished = bool(sentence_done.all())
+
+    sequences = finished[:, :num_return].reshape(batch_size * num_return, max_length)
+    beam_indices = finished_beams[:, :num_return].reshape(batch_size * num_return, -1)
+    generated = int((beam_indices >= 0).sum(1).max())
+    sequences, beam_indices = sequences[:, : prompt_length + generated], beam_indices[:, :generated]
+    if not return_dict:
+        return sequences
+    encoder_outputs = model_kwargs["encoder_outputs"]
+    return GenerateBeamEncoderDecoderOutput(
+        sequences=sequences,
+        sequences_scores=finished_scores[:, :num_return].reshape(-1) if return_scores else None,
+        scores=step_scores if return_scores else None,
+        beam_indices=beam_indices,
+        encoder_attentions=encoder_outputs.get("attentions") if generation_config.output_attentions else None,
+        encoder_hidden_states=encoder_outputs.get("hidden_states") if generation_config.output_hidden_states else None,
+        past_key_values=model_kwargs.get("past_key_values"),
+        **recorded,
+    )

@@ -1,0 +1,157 @@
+"""Section 6.1's decoding (modeling/generation_vaswani.py): beam search scored with the GNMT length penalty
+((5 + |Y|) / 6) ** alpha, and each sentence's own limit of its source length + 50 tokens."""
+
+import math
+
+import pytest
+import torch
+from conftest import pad_pairs
+from transformers import GenerationConfig, GenerationMixin, LogitsProcessor
+
+from vaswani import VaswaniConfig, VaswaniForConditionalGeneration
+from vaswani.training.evaluation import tokenized_bleu
+
+
+EOS = 2
+
+
+def padded_sources(translation_pairs, rows=(0, 6, 2)):
+    """Three sources of different lengths, right-padded into one batch."""
+    input_ids, attention_mask, _ = pad_pairs([translation_pairs[i] for i in rows])
+    return input_ids, attention_mask
+
+
+def generated_length(sequence: torch.Tensor) -> int:
+    """|Y|: the tokens after the start token, up to and including the first </s>."""
+    tokens = sequence[1:].tolist()
+    return tokens.index(EOS) + 1
+
+
+@pytest.mark.parametrize("alpha", [0.6, 1.0])
+def test_sequences_scores_are_the_gnmt_formula_of_the_token_log_probabilities(
+    trained_tiny_model, translation_pairs, alpha
+):
+    input_ids, attention_mask = padded_sources(translation_pairs)
+    out = trained_tiny_model.generate(
+        input_ids,
+        attention_mask=attention_mask,
+        num_return_sequences=4,
+        length_penalty=alpha,
+        output_scores=True,
+        return_dict_in_generate=True,
+    )
+    assert out.sequences.shape[0] == 12 and out.sequences_scores.shape == (12,)
+    for row, (sequence, score) in enumerate(zip(out.sequences, out.sequences_scores)):
+        sentence = row // 4
+        length = generated_length(sequence)
+        with torch.no_grad():
+            logits = trained_tiny_model(
+                input_ids=input_ids[sentence : sentence + 1],
+                attention_mask=attention_mask[sentence : sentence + 1],
+                decoder_input_ids=sequence[None, :length],
+            ).logits[0]
+        log_probability = logits.log_softmax(-1).gather(1, sequence[1 : length + 1, None]).sum()
+        torch.testing.assert_close(score, log_probability / ((5 + length) / 6) ** alpha, atol=1e-5, rtol=1e-5)
+    # Best first, for each sentence.
+    for sentence_scores in out.sequences_scores.view(3, 4):
+        assert torch.all(sentence_scores[:-1] >= sentence_scores[1:])
+    # The best hypothesis is the translation itself (the model was trained to give it).
+    for sentence, pair in enumerate(translation_pairs[i] for i in (0, 6, 2)):
+        target = pair[1]
+        assert out.sequences[4 * sentence, 1 : len(target) + 1].tolist() == target
+
+
+class DiscourageEnd(LogitsProcessor):
+    """Takes 30 nats from </s>, so that no hypothesis ends before it is made to."""
+
+    def __call__(self, input_ids, scores):
+        scores[:, EOS] -= 30.0
+        return scores
+
+
+@pytest.mark.parametrize("num_beams", [1, 4])
+def test_each_sentence_of_a_padded_batch_stops_at_its_own_length_plus_50(tiny_config, num_beams):
+    torch.manual_seed(0)
+    tiny_config.max_position_embeddings = 128
+    model = VaswaniForConditionalGeneration(tiny_config).eval()
+    input_ids = torch.tensor([[5, 6, 7, 8, 9, 10, 2], [11, 12, 2, 0, 0, 0, 0], [13, 14, 15, 16, 2, 0, 0]])
+    attention_mask = (input_ids != 0).long()
+    out = model.generate(
+        input_ids,
+        attention_mask=attention_mask,
+        num_beams=num_beams,
+        num_return_sequences=num_beams,
+        logits_processor=[DiscourageEnd()],
+        return_dict_in_generate=True,
+        output_scores=True,
+    )
+    source_lengths = attention_mask.sum(1).repeat_interleave(num_beams)
+    for sequence, source_length in zip(out.sequences, source_lengths):
+        assert generated_length(sequence) == source_length + 50
+    assert out.sequences.shape[1] == 1 + 7 + 50  # the longest sentence's limit, not more
+    # transformers' decoding limits the whole batch by its padded length instead.
+    batch_limited = model.generate(
+        input_ids,
+        attention_mask=attention_mask,
+        num_beams=num_beams,
+        paper_decoding=False,
+        logits_processor=[DiscourageEnd()],
+    )
+    assert (batch_limited[:, 1:] != 0).sum(1).tolist() == [57, 57, 57]
+
+
+def test_greedy_decoding_and_transformers_beam_search_are_unchanged(trained_tiny_model, translation_pairs):
+    input_ids, attention_mask = padded_sources(translation_pairs)
+    limit = {"max_new_tokens": input_ids.shape[1] + 50}
+
+    def plain(**options):  # transformers' own generate(), without this package's override
+        return GenerationMixin.generate(trained_tiny_model, input_ids, attention_mask=attention_mask, **options)
+
+    beam = trained_tiny_model.generate(input_ids, attention_mask=attention_mask, paper_decoding=False)
+    assert torch.equal(beam, plain(**limit))
+    greedy = trained_tiny_model.generate(input_ids, attention_mask=attention_mask, num_beams=1)
+    assert torch.equal(greedy, plain(num_beams=1, **limit))
+    # A generation config saved before paper_decoding existed decodes as it did then.
+    old_config = GenerationConfig(**trained_tiny_model.generation_config.to_diff_dict())
+    del old_config.paper_decoding
+    old = trained_tiny_model.generate(input_ids, attention_mask=attention_mask, generation_config=old_config)
+    assert torch.equal(old, beam)
+
+
+def test_paper_and_transformers_beam_search_rank_by_their_own_penalty(trained_tiny_model, translation_pairs):
+    """The two searches differ only in how a finished hypothesis is scored: |Y| ** alpha against lp(Y)."""
+    input_ids, attention_mask = padded_sources(translation_pairs)
+    options = {"num_return_sequences": 4, "output_scores": True, "return_dict_in_generate": True}
+    ours = trained_tiny_model.generate(input_ids, attention_mask=attention_mask, **options)
+    theirs = trained_tiny_model.generate(input_ids, attention_mask=attention_mask, paper_decoding=False, **options)
+    lengths = torch.tensor([generated_length(sequence) for sequence in theirs.sequences])
+    raw = theirs.sequences_scores * lengths**0.6  # transformers divides by |Y| ** alpha
+    torch.testing.assert_close(ours.sequences_scores[::4], (raw / ((5 + lengths) / 6) ** 0.6)[::4], atol=1e-5, rtol=0)
+
+
+def test_paper_decoding_refuses_sampling(tiny_model, source_batch):
+    input_ids, attention_mask = source_batch
+    with pytest.raises(
+        ValueError,
+        match=r"paper_decoding=True is beam search without sampling \(section 6.1\); pass paper_decoding=False",
+    ):
+        tiny_model.generate(input_ids, attention_mask=attention_mask, do_sample=True, num_beams=2)
+
+
+def test_a_new_model_decodes_as_the_paper(tiny_config):
+    config = VaswaniForConditionalGeneration(VaswaniConfig.from_preset("tiny", vocab_size=50)).generation_config
+    assert (config.num_beams, config.length_penalty, config.paper_decoding) == (4, 0.6, True)
+
+
+def test_tokenized_bleu_splits_compounds_as_tensor2tensor_does():
+    # Moses tokens: "the cat ##AT##-##AT## like dog sat ." against "the cat ##AT##-##AT## like dog sat on the mat .":
+    # precisions 7/7, 5/6, 4/5, 3/4; brevity penalty exp(1 - 10/7).
+    score = tokenized_bleu(["the cat-like dog sat."], ["the cat-like dog sat on the mat."], "en")
+    expected = 100 * math.exp(1 - 10 / 7) * (1 * 5 / 6 * 4 / 5 * 3 / 4) ** 0.25
+    assert score.score == pytest.approx(expected, abs=1e-9)
+    assert (score.sys_len, score.ref_len) == (7, 10)
+    # Moses splits the final full stop and the comma; the hyphen of a compound is its own token, counted as matched.
+    assert tokenized_bleu(["Ein rich-text Format, bitte."], ["Ein rich-text Format, bitte."], "de").score == pytest.approx(100.0)
+    # "Ein rich ##AT##-##AT## text Format" against "Ein rich ##AT##-##AT## text ##AT##-##AT## Format".
+    score = tokenized_bleu(["Ein rich-text Format"], ["Ein rich-text-Format"], "de")
+    assert (score.sys_len, score.ref_len) == (5, 6)
