@@ -58,7 +58,8 @@ PRESETS = {
     },
 }
 
-# The paper does not state how its weights were initialised. The schemes of the implementations it is reproduced with:
+# The paper does not state how its weights were initialised. The schemes of the implementations it is reproduced with;
+# the default, "bart", learned fastest per step in docs/benchmarks/learning_curves.md (README, "Quality").
 INIT_SCHEMES = {
     # tensor2tensor, the paper's own code: Glorot-uniform projections ("uniform_unit_scaling"), embeddings
     # N(0, d_model^-0.5), so that the sqrt(d_model)-scaled embeddings enter the stacks with unit variance.
@@ -69,6 +70,9 @@ INIT_SCHEMES = {
     # transformers' BART and Marian (init_std 0.02): every projection and embedding N(0, 0.02), padding embedding 0.
     "bart": "projections and embeddings N(0, 0.02), padding embedding 0",
 }
+
+# Where the sines and cosines of the positional encoding sit (VaswaniConfig's docstring).
+SINUSOID_LAYOUTS = ("interleaved", "concatenated")
 
 # A saved folder or Hub repo holds the code beside the weights, flat, as `trust_remote_code=True` expects.
 AUTO_MAP = {
@@ -108,7 +112,16 @@ class VaswaniConfig(PreTrainedConfig):
             learned (section 3.5), so this can be raised after training without new weights.
         tie_word_embeddings: one matrix for the encoder input, the decoder input and the pre-softmax
             projection (section 3.4).
-        init_scheme: how a new model's weights are drawn; the paper does not say (`INIT_SCHEMES`).
+        init_scheme: how a new model's weights are drawn; the paper does not say (`INIT_SCHEMES`). The default,
+            "bart" (N(0, 0.02), as transformers' BART and Marian), learned fastest per step of the three measured.
+        sinusoid_layout, position_offset, attention_bias, share_encoder_decoder_embeddings: exist for imported
+            checkpoints (scripts/convert_fairseq.py), whose models differ from the paper's equations in these details
+            only; the defaults are the paper's. `sinusoid_layout`: "interleaved" (section 3.5: sines in the even
+            dimensions, cosines in the odd) or "concatenated" (tensor2tensor and fairseq: sines in the first half,
+            cosines in the second, frequencies log-spaced over d_model / 2 - 1). `position_offset`: the position of
+            the first token (fairseq counts from its padding id + 1). `attention_bias`: biases in the query, key, value
+            and output projections. `share_encoder_decoder_embeddings`: one embedding matrix for both stacks
+            (fairseq's share_all_embeddings); `tie_word_embeddings` ties the output projection to the decoder's.
         pad_token_id, bos_token_id, eos_token_id, decoder_start_token_id: special ids of the tokenizer;
             the decoder input is the target shifted right behind `decoder_start_token_id`.
 
@@ -143,7 +156,11 @@ class VaswaniConfig(PreTrainedConfig):
     activation_dropout: float | int = 0.0
     activation_function: str = "relu"
     max_position_embeddings: int = 1024
-    init_scheme: str = "tensor2tensor"
+    init_scheme: str = "bart"
+    sinusoid_layout: str = "interleaved"
+    position_offset: int = 0
+    attention_bias: bool = False
+    share_encoder_decoder_embeddings: bool = True
     pad_token_id: int | None = 0
     bos_token_id: int | None = 1
     eos_token_id: int | list[int] | None = 2
@@ -186,6 +203,12 @@ class VaswaniConfig(PreTrainedConfig):
             )
         if self.init_scheme not in INIT_SCHEMES:
             raise ValueError(f"init_scheme {self.init_scheme!r} is unknown; choose one of {', '.join(INIT_SCHEMES)}.")
+        if self.sinusoid_layout not in SINUSOID_LAYOUTS:
+            raise ValueError(
+                f"sinusoid_layout {self.sinusoid_layout!r} is unknown; choose one of {', '.join(SINUSOID_LAYOUTS)}."
+            )
+        if self.position_offset < 0:
+            raise ValueError(f"position_offset must be 0 or more, got {self.position_offset}.")
         for id_field in ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id"):
             ids = getattr(self, id_field)
             for token_id in ids if isinstance(ids, list) else [ids]:

@@ -52,13 +52,16 @@ class VaswaniSinusoidalPositionalEncoding(nn.Module):
     """Section 3.5: PE(pos, 2i) = sin(pos / 10000^(2i/d_model)), PE(pos, 2i+1) = cos(pos / 10000^(2i/d_model)).
 
     Computed on the fly: it holds no weights, nothing of it is saved, and any length up to
-    `max_position_embeddings` works whatever length the model was trained on.
+    `max_position_embeddings` works whatever length the model was trained on. Imported checkpoints may lay the
+    sines and cosines out in two halves and count positions from an offset (`sinusoid_layout`, `position_offset`).
     """
 
     def __init__(self, config: VaswaniConfig):
         super().__init__()
         self.d_model = config.d_model
         self.max_positions = config.max_position_embeddings
+        self.concatenated = config.sinusoid_layout == "concatenated"
+        self.offset = config.position_offset
 
     def check_length(self, num_positions: int) -> None:
         """Refuse sequences longer than `max_position_embeddings`; a Python int, so no device sync per step."""
@@ -72,8 +75,14 @@ class VaswaniSinusoidalPositionalEncoding(nn.Module):
     def forward(self, position_ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         # float32 at least: half precision cannot even represent positions beyond 2048 exactly.
         compute_dtype = torch.promote_types(dtype, torch.float32)
+        positions = (position_ids + self.offset).to(compute_dtype)[..., None]
+        if self.concatenated:  # tensor2tensor's and fairseq's table: frequencies log-spaced over d_model / 2 - 1
+            half = self.d_model // 2
+            steps = torch.arange(half, device=position_ids.device, dtype=compute_dtype)
+            angles = positions * torch.exp(steps * -(math.log(10000.0) / (half - 1)))
+            return torch.cat((angles.sin(), angles.cos()), dim=-1).to(dtype)
         two_i = torch.arange(0, self.d_model, 2, device=position_ids.device, dtype=compute_dtype)
-        angles = position_ids.to(compute_dtype)[..., None] / torch.pow(10000.0, two_i / self.d_model)
+        angles = positions / torch.pow(10000.0, two_i / self.d_model)
         # Interleave so that even dimensions hold the sines and odd dimensions the cosines, as in the formula.
         return torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(-2).to(dtype)
 
@@ -119,7 +128,7 @@ def eager_attention_forward(
 class VaswaniAttention(nn.Module):
     """Section 3.2.2, multi-head attention: Concat(head_1..head_h) W^O, head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V).
 
-    The projections carry no bias, as in the paper's equations. Used three ways (section 3.2.3): encoder
+    The projections carry no bias, as in the paper's equations (imported checkpoints may: `attention_bias`). Used three ways (section 3.2.3): encoder
     self-attention, masked decoder self-attention (`is_causal`) and encoder-decoder attention (`is_cross_attention`).
     """
 
@@ -139,10 +148,10 @@ class VaswaniAttention(nn.Module):
         self.layer_idx = layer_idx
         self.is_causal = is_causal
         self.is_cross_attention = is_cross_attention
-        self.q_proj = nn.Linear(config.d_model, config.d_model, bias=False)
-        self.k_proj = nn.Linear(config.d_model, config.d_model, bias=False)
-        self.v_proj = nn.Linear(config.d_model, config.d_model, bias=False)
-        self.out_proj = nn.Linear(config.d_model, config.d_model, bias=False)
+        self.q_proj = nn.Linear(config.d_model, config.d_model, bias=config.attention_bias)
+        self.k_proj = nn.Linear(config.d_model, config.d_model, bias=config.attention_bias)
+        self.v_proj = nn.Linear(config.d_model, config.d_model, bias=config.attention_bias)
+        self.out_proj = nn.Linear(config.d_model, config.d_model, bias=config.attention_bias)
         for projection in (self.q_proj, self.k_proj, self.v_proj):
             projection.projects_attention_input = True  # drawn apart by the "fairseq" init_scheme (_init_weights)
 
@@ -317,6 +326,14 @@ class VaswaniPreTrainedModel(PreTrainedModel):
             )
         return (model, info) if wants_loading_info else model
 
+    def get_expanded_tied_weights_keys(self, all_submodels: bool = False) -> dict:
+        """The ties each model's __init__ sets from its config. transformers ties nothing at all when
+        `tie_word_embeddings` is False; here that flag unties the output projection only, and
+        `share_encoder_decoder_embeddings` decides for the encoder."""
+        if all_submodels:
+            return super().get_expanded_tied_weights_keys(all_submodels=True)
+        return dict(getattr(self, "_tied_weights_keys", None) or {})
+
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
         # The paper does not state its initialisation; config.init_scheme names one (configuration's INIT_SCHEMES).
@@ -469,13 +486,12 @@ class VaswaniDecoder(VaswaniPreTrainedModel):
 class VaswaniModel(VaswaniPreTrainedModel):
     """Section 3 and Figure 1: the encoder-decoder, without the output projection; returns the decoder's states."""
 
-    _tied_weights_keys = {
-        "encoder.embed_tokens.weight": "shared.weight",
-        "decoder.embed_tokens.weight": "shared.weight",
-    }
-
     def __init__(self, config: VaswaniConfig):
         super().__init__(config)
+        # Section 3.4: one embedding matrix for both stacks; imported checkpoints may give the encoder its own.
+        self._tied_weights_keys = {"decoder.embed_tokens.weight": "shared.weight"}
+        if config.share_encoder_decoder_embeddings:
+            self._tied_weights_keys["encoder.embed_tokens.weight"] = "shared.weight"
         self.shared = VaswaniScaledEmbedding(config)
         self.encoder = VaswaniEncoder(config)
         self.decoder = VaswaniDecoder(config)
@@ -485,7 +501,9 @@ class VaswaniModel(VaswaniPreTrainedModel):
         return self.shared
 
     def set_input_embeddings(self, value: nn.Embedding) -> None:
-        self.shared = self.encoder.embed_tokens = self.decoder.embed_tokens = value
+        self.shared = self.decoder.embed_tokens = value
+        if self.config.share_encoder_decoder_embeddings:
+            self.encoder.embed_tokens = value
 
     @can_return_tuple
     def forward(
@@ -626,16 +644,15 @@ def label_smoothed_cross_entropy(
 class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
     """Section 3.4: the encoder-decoder with the pre-softmax linear projection, tied to the embeddings; translates."""
 
-    _tied_weights_keys = {
-        "lm_head.weight": "model.shared.weight",
-        "model.encoder.embed_tokens.weight": "model.shared.weight",
-        "model.decoder.embed_tokens.weight": "model.shared.weight",
-    }
-
     def __init__(self, config: VaswaniConfig):
         super().__init__(config)
         self.model = VaswaniModel(config)
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        self._tied_weights_keys = {
+            f"model.{key}": f"model.{source}" for key, source in self.model._tied_weights_keys.items()
+        }
+        if config.tie_word_embeddings:  # section 3.4; imported checkpoints may have their own output projection
+            self._tied_weights_keys["lm_head.weight"] = "model.shared.weight"
         self.post_init()
         # Section 6.1: beam search with a beam size of 4 and length penalty alpha = 0.6, decoded as the paper did
         # (generation_vaswani.py; paper_decoding=False gives transformers' own beam search).

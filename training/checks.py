@@ -45,7 +45,8 @@ def check_tokenizer_matches_config(tokenizer, config, where="the model"):
     """The model's embedding and special ids must be the tokenizer's, or every id means something else.
 
     Every id the tokenizer makes needs a row of the embedding (a model may have more rows than the tokenizer has
-    tokens, as when the vocabulary is padded), and the padding, end-of-sentence and decoder-start ids must agree.
+    tokens, as when the vocabulary is padded), the padding and end-of-sentence ids must agree, and the decoder must
+    start from one of the tokenizer's sentence markers (<s> in this package's models, </s> in fairseq's).
     """
     problems = []
     if len(tokenizer) > config.vocab_size:
@@ -54,12 +55,18 @@ def check_tokenizer_matches_config(tokenizer, config, where="the model"):
             f"{config.vocab_size} (config.vocab_size): ids from {config.vocab_size} on have no embedding"
         )
     ids = tokenizer_ids(tokenizer)
-    for field in ("pad_token_id", "eos_token_id", "decoder_start_token_id"):
+    for field in ("pad_token_id", "eos_token_id"):
         token_id = ids[field]
         if getattr(config, field) != token_id:
             problems.append(
                 f"config.{field} of {where} is {getattr(config, field)} but the tokenizer's id is {token_id}"
             )
+    markers = (tokenizer.bos_token_id, tokenizer.eos_token_id)
+    if config.decoder_start_token_id not in markers:
+        problems.append(
+            f"config.decoder_start_token_id of {where} is {config.decoder_start_token_id} but the tokenizer's <s> "
+            f"and </s> are {markers[0]} and {markers[1]}"
+        )
     if problems:
         raise UsageError(
             "the tokenizer does not match the model: "

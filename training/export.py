@@ -3,7 +3,8 @@
 CTranslate2's Transformer spec has the paper's post-norm layout (`pre_norm=False`) and accepts the positional
 table explicitly: the sinusoidal table of section 3.5 is written out (CTranslate2's own would put sines and cosines
 in two halves instead of interleaving them), the embeddings keep their sqrt(d_model) scale (section 3.4), and the
-attention projections carry no bias, as in the model.
+attention projections carry no bias, as in the model (imported checkpoints' biases, positions and separate
+embeddings are written as they are).
 """
 
 import math
@@ -29,12 +30,15 @@ def _layer_norm(spec: common_spec.LayerNormSpec, norm: torch.nn.LayerNorm) -> No
 
 def _attention(spec, attention, self_attention: bool) -> None:
     q, k, v = (p.weight for p in (attention.q_proj, attention.k_proj, attention.v_proj))
+    # The paper's projections have no bias; imported checkpoints' may (config.attention_bias).
+    q_b, k_b, v_b = (p.bias for p in (attention.q_proj, attention.k_proj, attention.v_proj))
+    biased = q_b is not None
     if self_attention:  # CTranslate2 fuses Q, K and V of self-attention, and K with V of encoder-decoder attention
-        _linear(spec.linear[0], torch.cat([q, k, v]))
+        _linear(spec.linear[0], torch.cat([q, k, v]), torch.cat([q_b, k_b, v_b]) if biased else None)
     else:
-        _linear(spec.linear[0], q)
-        _linear(spec.linear[1], torch.cat([k, v]))
-    _linear(spec.linear[-1], attention.out_proj.weight)
+        _linear(spec.linear[0], q, q_b)
+        _linear(spec.linear[1], torch.cat([k, v]), torch.cat([k_b, v_b]) if biased else None)
+    _linear(spec.linear[-1], attention.out_proj.weight, attention.out_proj.bias)
 
 
 def _feed_forward(spec, feed_forward, norm) -> None:
