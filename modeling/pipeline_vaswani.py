@@ -1,13 +1,156 @@
-"""`pipeline("translation", model=..., trust_remote_code=True)` for vaswani models.
+"""Translating text: `translate_batch`, and `pipeline("translation", model=...)` for vaswani models.
 
 transformers 5 removed its built-in translation pipeline; a saved vaswani folder declares this one in its config
 (`custom_pipelines`), and the library loads it from the folder like the model's own code. It takes one text or a list
 of texts and answers `[{"translation_text": ...}]` per text, as the built-in pipeline did (a list of such answers per
 text with `num_return_sequences` > 1). Decoding follows the model's generation config (the paper's beam 4 and length
 penalty 0.6) unless the call passes other `generate()` arguments.
+
+Beyond the built-in, as fairseq users expect: n-best lists with their scores (`num_return_sequences`,
+`return_scores`), a forced target prefix (`prefix`), word alignments from the encoder-decoder attention
+(`return_alignments`), and `max_source_length`, which says what it cut. `translate_batch` does the work for one batch;
+the pipeline calls it for each text, `vaswani.training.evaluation.translate` (and `vaswani-translate`) for batches of
+similar length.
 """
 
+import torch
 from transformers import Pipeline
+from transformers.utils import logging
+
+
+logger = logging.get_logger(__name__)
+
+
+def hard_alignments(model, input_ids, attention_mask, sequences, layer: int = -1) -> list[list[tuple[int, int]]]:
+    """fairseq's `--print-alignment hard`: for every target token, the source token its encoder-decoder attention in
+    `layer` (averaged over the heads) weighs most. Pairs (source index, target index), counting tokens without the
+    special ones (padding, </s>, the decoder's start token), from the forward pass over each finished hypothesis."""
+    special = {model.config.pad_token_id, model.config.eos_token_id, model.config.decoder_start_token_id}
+    rows_per_source = sequences.shape[0] // input_ids.shape[0]
+    input_ids = input_ids.repeat_interleave(rows_per_source, dim=0)
+    attention_mask = attention_mask.repeat_interleave(rows_per_source, dim=0)
+    # The fused attention kernels never form the weight matrix; the eager implementation returns it.
+    implementation = model.config._attn_implementation
+    model.set_attn_implementation("eager")
+    try:
+        with torch.no_grad():
+            # Row t of the attention is the query that chose token t + 1 of the sequence.
+            attention = model(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                decoder_input_ids=sequences[:, :-1],
+                output_attentions=True,
+            ).cross_attentions[layer]
+    finally:
+        model.set_attn_implementation(implementation)
+    weights = attention.float().mean(dim=1)  # (rows, target, source)
+    alignments = []
+    for source, target, row in zip(input_ids.tolist(), sequences[:, 1:].tolist(), weights):
+        source_ok = torch.tensor([token not in special for token in source])
+        source_index = source_ok.cumsum(0) - 1
+        pairs, target_index = [], 0
+        for t, token in enumerate(target):
+            if token in special:
+                continue
+            chosen = int(row[t].masked_fill(~source_ok, -float("inf")).argmax())
+            pairs.append((int(source_index[chosen]), target_index))
+            target_index += 1
+        alignments.append(pairs)
+    return alignments
+
+
+def translate_batch(
+    model,
+    tokenizer,
+    texts: list[str],
+    prefixes: list[str] | None = None,
+    return_scores: bool = False,
+    return_alignments: bool = False,
+    alignment_layer: int = -1,
+    max_source_length: int | None = None,
+    **generate_kwargs,
+) -> list[list[dict]]:
+    """Translate one batch: for each text, its `num_return_sequences` hypotheses, best first, as dicts with
+    "translation_text" and, if asked, "score" (what the beam search ranked by: the log-probability divided by the
+    length penalty; with greedy decoding, the log-probability) and "alignment" (`hard_alignments`). A source longer
+    than `max_source_length` tokens is cut to that length (its final </s> kept), logged, and its answers say how many
+    tokens were dropped ("source_tokens_dropped"). `prefixes` forces each translation to begin with its text.
+    """
+    device = next(model.parameters()).device
+    full_lengths = [len(ids) for ids in tokenizer(texts).input_ids] if max_source_length is not None else None
+    encoded = tokenizer(
+        texts,
+        padding=True,
+        truncation=max_source_length is not None,
+        max_length=max_source_length,
+        return_tensors="pt",
+    ).to(device)
+    # Sentences with prefixes of the same length decode together (a decoder prompt has one length per batch).
+    if prefixes is None:
+        groups = {0: (list(range(len(texts))), None)}
+    else:
+        if len(prefixes) != len(texts):
+            raise ValueError(f"{len(prefixes)} prefixes for {len(texts)} texts: give one per text.")
+        start = model.config.decoder_start_token_id
+        prompts = [[start, *tokenizer(text_target=p, add_special_tokens=False).input_ids] for p in prefixes]
+        groups = {}
+        for index, prompt in enumerate(prompts):
+            groups.setdefault(len(prompt), ([], []))
+            groups[len(prompt)][0].append(index)
+            groups[len(prompt)][1].append(prompt)
+    answers = [None] * len(texts)
+    for indices, prompts in groups.values():
+        rows = torch.tensor(indices, device=device)
+        inputs = {key: value[rows] for key, value in encoded.items()}
+        inputs["input_ids"], inputs["attention_mask"] = trimmed(inputs["input_ids"], inputs["attention_mask"])
+        if prompts is not None:
+            inputs["decoder_input_ids"] = torch.tensor(prompts, device=device)
+        output = model.generate(**inputs, **generate_kwargs, return_dict_in_generate=True, output_scores=return_scores)
+        sequences = output.sequences
+        per_text = sequences.shape[0] // len(indices)
+        texts_out = tokenizer.batch_decode(sequences, skip_special_tokens=True)
+        scores = sequence_scores(model, output, return_scores)
+        alignments = (
+            hard_alignments(model, inputs["input_ids"], inputs["attention_mask"], sequences, alignment_layer)
+            if return_alignments
+            else None
+        )
+        for position, index in enumerate(indices):
+            hypotheses = []
+            for row in range(position * per_text, (position + 1) * per_text):
+                answer = {"translation_text": texts_out[row].strip()}
+                if scores is not None:
+                    answer["score"] = scores[row]
+                if alignments is not None:
+                    answer["alignment"] = alignments[row]
+                if full_lengths is not None and full_lengths[index] > max_source_length:
+                    answer["source_tokens_dropped"] = full_lengths[index] - max_source_length
+                hypotheses.append(answer)
+            answers[index] = hypotheses
+    if full_lengths is not None:
+        for index, length in enumerate(full_lengths):
+            if length > max_source_length:
+                logger.warning(
+                    f"A source of {length} tokens ({texts[index][:40]!r}...) was cut to max_source_length "
+                    f"({max_source_length}): {length - max_source_length} tokens dropped."
+                )
+    return answers
+
+
+def trimmed(input_ids, attention_mask):
+    """The batch without the padding columns no row of it needs (a subset of a padded batch)."""
+    longest = int(attention_mask.sum(dim=1).max())
+    return input_ids[:, :longest], attention_mask[:, :longest]
+
+
+def sequence_scores(model, output, wanted: bool) -> list[float] | None:
+    if not wanted:
+        return None
+    if getattr(output, "sequences_scores", None) is not None:
+        return output.sequences_scores.tolist()
+    # Greedy decoding: the summed log-probability of the tokens.
+    transition = model.compute_transition_scores(output.sequences, output.scores, normalize_logits=True)
+    return transition.masked_fill(transition == -float("inf"), 0.0).sum(dim=1).tolist()
 
 
 class VaswaniTranslationPipeline(Pipeline):
@@ -21,27 +164,64 @@ class VaswaniTranslationPipeline(Pipeline):
 
     def __call__(self, texts: str | list[str], **kwargs):
         """One text: a list of `num_return_sequences` answers. A list of texts: one answer per text, or a list of
-        `num_return_sequences` answers per text when that is more than one (the removed built-in's shapes)."""
+        `num_return_sequences` answers per text when that is more than one (the removed built-in's shapes).
+
+        Options besides `generate()`'s: `return_scores`, `return_alignments` (and `alignment_layer`, default the
+        last), `prefix` (a text every translation begins with; one per text for a list), `max_source_length`.
+        """
+        prefix = kwargs.pop("prefix", None)
+        if prefix is not None:
+            prefixes = [prefix] * len(texts) if isinstance(texts, list) and isinstance(prefix, str) else prefix
+            if isinstance(texts, list):
+                if len(prefixes) != len(texts):
+                    raise ValueError(f"{len(prefixes)} prefixes for {len(texts)} texts: give one per text.")
+                texts = [{"text": text, "prefix": p} for text, p in zip(texts, prefixes)]
+            else:
+                texts = {"text": texts, "prefix": prefix}
         results = super().__call__(texts, **kwargs)
         if isinstance(texts, list) and all(len(result) == 1 for result in results):
             return [result[0] for result in results]
         return results
 
-    def _sanitize_parameters(self, max_source_length=None, generate_kwargs=None, **generation_parameters):
-        preprocess_kwargs = {} if max_source_length is None else {"max_source_length": max_source_length}
-        return preprocess_kwargs, {**(generate_kwargs or {}), **generation_parameters}, {}
+    def _sanitize_parameters(
+        self,
+        max_source_length=None,
+        return_scores=None,
+        return_alignments=None,
+        alignment_layer=None,
+        generate_kwargs=None,
+        **generation_parameters,
+    ):
+        options = {
+            "max_source_length": max_source_length,
+            "return_scores": return_scores,
+            "return_alignments": return_alignments,
+            "alignment_layer": alignment_layer,
+        }
+        forward = {key: value for key, value in options.items() if value is not None}
+        return {}, {**forward, **(generate_kwargs or {}), **generation_parameters}, {}
 
-    def preprocess(self, text: str, max_source_length: int | None = None):
+    def preprocess(self, text):
+        prefix = None
+        if isinstance(text, dict):
+            text, prefix = text["text"], text["prefix"]
         if not isinstance(text, str):
             raise ValueError(f"The translation pipeline takes text (or a list of texts), got {type(text).__name__}.")
-        return self.tokenizer(
-            text, return_tensors="pt", truncation=max_source_length is not None, max_length=max_source_length
-        )
+        return {"text": text, "prefix": prefix}
 
-    def _forward(self, model_inputs, **generate_kwargs):
-        generate_kwargs = self._prepare_generate_kwargs(generate_kwargs)
-        return {"output_ids": self.model.generate(**model_inputs, **generate_kwargs)}
+    def _forward(self, model_inputs, **options):
+        generate_kwargs = self._prepare_generate_kwargs(
+            {key: value for key, value in options.items() if key not in TRANSLATE_OPTIONS}
+        )
+        prefixes = None if model_inputs["prefix"] is None else [model_inputs["prefix"]]
+        translate_options = {key: value for key, value in options.items() if key in TRANSLATE_OPTIONS}
+        (answers,) = translate_batch(
+            self.model, self.tokenizer, [model_inputs["text"]], prefixes, **translate_options, **generate_kwargs
+        )
+        return {"answers": answers}
 
     def postprocess(self, model_outputs):
-        texts = self.tokenizer.batch_decode(model_outputs["output_ids"], skip_special_tokens=True)
-        return [{"translation_text": text} for text in texts]
+        return model_outputs["answers"]
+
+
+TRANSLATE_OPTIONS = ("max_source_length", "return_scores", "return_alignments", "alignment_layer")

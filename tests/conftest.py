@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from vaswani import VaswaniConfig, VaswaniForConditionalGeneration
+from vaswani.training.tokenizer import train_bpe_tokenizer
 
 
 REPO_ROOT = Path(__file__).resolve().parent.parent  # for the files the tests run or read: scripts, configs, docs
@@ -104,3 +105,31 @@ def trained_tiny_model_once(translation_pairs) -> VaswaniForConditionalGeneratio
 @pytest.fixture
 def trained_tiny_model(trained_tiny_model_once) -> VaswaniForConditionalGeneration:
     return copy.deepcopy(trained_tiny_model_once)
+
+
+PAIRS = [
+    ("In the beginning God created the heavens and the earth.", "En el principio creó Dios los cielos y la tierra."),
+    ("Jesus wept.", "Y lloró Jesús."),
+    ("The Lord is my shepherd.", "El Señor es mi pastor."),
+    ("Love is patient and kind.", "El amor es sufrido, es benigno."),
+]
+
+
+@pytest.fixture(scope="session")
+def trained_text_model(tmp_path_factory):
+    """A tiny model that has learnt four translations by heart, saved with its tokenizer."""
+    tokenizer = train_bpe_tokenizer([text for pair in PAIRS for text in pair] * 20, vocab_size=300)
+    config = VaswaniConfig.from_preset("tiny", vocab_size=len(tokenizer), max_position_embeddings=128, dropout=0.0)
+    torch.manual_seed(0)
+    model = VaswaniForConditionalGeneration(config)
+    batch = tokenizer([s for s, _ in PAIRS], text_target=[t for _, t in PAIRS], padding=True, return_tensors="pt")
+    batch["labels"][batch["labels"] == tokenizer.pad_token_id] = -100
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    for _ in range(150):
+        optimizer.zero_grad()
+        model(**batch).loss.backward()
+        optimizer.step()
+    folder = tmp_path_factory.mktemp("model")
+    model.eval().save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return model, tokenizer, folder

@@ -18,7 +18,7 @@ def test_every_command_is_a_console_entry_point():
     names = {point.name for point in ENTRY_POINTS}
     assert names == {"vaswani-prepare-data", "vaswani-train-tokenizer", "vaswani-train", "vaswani-evaluate",
                      "vaswani-finetune", "vaswani-push-to-hub", "vaswani-export-ctranslate2", "vaswani-visualize",
-                     "vaswani-benchmark"}  # fmt: skip
+                     "vaswani-benchmark", "vaswani-convert-fairseq", "vaswani-translate"}  # fmt: skip
 
 
 @pytest.mark.parametrize("point", ENTRY_POINTS, ids=lambda point: point.name)
@@ -48,6 +48,16 @@ def test_arguments_that_do_not_parse_end_with_the_usage(argv, message, capsys):
     assert raised.value.code == 2
     error = capsys.readouterr().err
     assert error.startswith("usage: ") and f"error: {message}" in error and "Traceback" not in error
+
+
+def test_a_finished_command_exits_with_status_0_whatever_it_returns(monkeypatch):
+    @command
+    def main(argv):
+        return {"bleu": 27.3}  # what the tests read; an entry point's sys.exit() would print it and exit with 1
+
+    monkeypatch.setattr("sys.argv", ["/usr/local/bin/vaswani-evaluate"])
+    assert main() is None
+    assert main(["--steps", "1"]) == {"bleu": 27.3}
 
 
 def test_a_usage_error_ends_a_command_with_its_message(monkeypatch):

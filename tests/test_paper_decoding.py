@@ -151,7 +151,9 @@ def test_tokenized_bleu_splits_compounds_as_tensor2tensor_does():
     assert score.score == pytest.approx(expected, abs=1e-9)
     assert (score.sys_len, score.ref_len) == (7, 10)
     # Moses splits the final full stop and the comma; the hyphen of a compound is its own token, counted as matched.
-    assert tokenized_bleu(["Ein rich-text Format, bitte."], ["Ein rich-text Format, bitte."], "de").score == pytest.approx(100.0)
+    assert tokenized_bleu(
+        ["Ein rich-text Format, bitte."], ["Ein rich-text Format, bitte."], "de"
+    ).score == pytest.approx(100.0)
     # "Ein rich ##AT##-##AT## text Format" against "Ein rich ##AT##-##AT## text ##AT##-##AT## Format".
     score = tokenized_bleu(["Ein rich-text Format"], ["Ein rich-text-Format"], "de")
     assert (score.sys_len, score.ref_len) == (5, 6)

@@ -27,13 +27,18 @@ def parse_arguments(dataclass_types, argv=None, description=None):
 
 
 def command(main):
-    """Decorate a command's `main(argv=None)`: a `UsageError` ends it with `NAME: error: message`, exit status 1."""
+    """Decorate a command's `main(argv=None)`: a `UsageError` ends it with `NAME: error: message`, exit status 1.
+
+    Called with `argv` (from Python), it returns what `main` returns. Called without, as the console entry point does
+    (`sys.exit(main())`), it returns None, so that a finished command exits with status 0 whatever `main` returns.
+    """
 
     @functools.wraps(main)
     def run(argv=None):
         try:
-            return main(sys.argv[1:] if argv is None else [str(argument) for argument in argv])
+            result = main(sys.argv[1:] if argv is None else [str(argument) for argument in argv])
         except UsageError as error:
             raise SystemExit(f"{Path(sys.argv[0]).name}: error: {error}") from None
+        return None if argv is None else result
 
     return run

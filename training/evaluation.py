@@ -20,11 +20,18 @@ from sacremoses import MosesTokenizer
 from tqdm.auto import tqdm
 
 from ..modeling import label_smoothed_cross_entropy
+from ..modeling.pipeline_vaswani import translate_batch
 from .data import load_translation_dataset, text_pairs
 
 
 @torch.no_grad()
-def translate(
+def translate(model, tokenizer, sentences, **options):
+    """Translate `sentences` and return the best translation of each, in the same order (`translations`)."""
+    return [answers[0]["translation_text"] for answers in translations(model, tokenizer, sentences, **options)]
+
+
+@torch.no_grad()
+def translations(
     model,
     tokenizer,
     sentences,
@@ -34,48 +41,50 @@ def translate(
     max_source_length=None,
     max_new_tokens=None,
     paper_decoding=True,
+    prefixes=None,
     progress=False,
+    **answer_options,
 ):
-    """Translate `sentences` and return the translations in the same order.
+    """Translate `sentences`: for each, in the same order, its hypotheses as `translate_batch` answers them (dicts
+    with "translation_text", and "score", "alignment", "source_tokens_dropped" as asked).
 
     `sentences` is a list of str or a pyarrow string array, such as a column of a memory-mapped dataset split: only
     the batch being decoded is turned into Python strings. Sentences are decoded in batches of similar length,
     longest first (less padding); `num_beams=1` is greedy decoding. Without `max_new_tokens`, the model stops at the
-    input length + 50 tokens (section 6.1). `max_source_length` truncates longer inputs (keeping the final </s>).
-    `paper_decoding` decodes as section 6.1 does (the GNMT length penalty, each sentence's own limit:
-    modeling/generation_vaswani.py); False gives transformers' beam search.
+    input length + 50 tokens (section 6.1). `max_source_length` truncates longer inputs (keeping the final </s>) and
+    says so. `paper_decoding` decodes as section 6.1 does (the GNMT length penalty, each sentence's own limit:
+    modeling/generation_vaswani.py); False gives transformers' beam search. `prefixes`: one forced beginning per
+    sentence. `answer_options`: `num_return_sequences`, `return_scores`, `return_alignments`, `alignment_layer`.
     """
     if not len(sentences):
         return []
     sentences = sentences if isinstance(sentences, (pa.Array, pa.ChunkedArray)) else pa.array(sentences, pa.string())
+    if prefixes is not None and len(prefixes) != len(sentences):
+        raise ValueError(f"{len(prefixes)} prefixes for {len(sentences)} sentences: give one per sentence.")
     was_training = model.training
     model.eval()
-    device = next(model.parameters()).device
     order = np.argsort(-pc.utf8_length(sentences).to_numpy(zero_copy_only=False), kind="stable")
-    translations = [None] * len(sentences)
+    generate_kwargs = {"num_beams": num_beams, "do_sample": False, "paper_decoding": paper_decoding}
+    if num_beams > 1:  # the length penalty only ranks finished beams
+        generate_kwargs["length_penalty"] = length_penalty
+    if max_new_tokens is not None:
+        generate_kwargs["max_new_tokens"] = max_new_tokens
+    answers = [None] * len(sentences)
     for start in tqdm(range(0, len(order), batch_size), desc="translating", unit="batch", disable=not progress):
         chunk = order[start : start + batch_size]
-        encoded = tokenizer(
+        batch = translate_batch(
+            model,
+            tokenizer,
             sentences.take(chunk).to_pylist(),
-            padding=True,
-            truncation=max_source_length is not None,
-            max_length=max_source_length,
-            return_tensors="pt",
-        )
-        generate_kwargs = {"num_beams": num_beams, "do_sample": False, "paper_decoding": paper_decoding}
-        if num_beams > 1:  # the length penalty only ranks finished beams
-            generate_kwargs["length_penalty"] = length_penalty
-        if max_new_tokens is not None:
-            generate_kwargs["max_new_tokens"] = max_new_tokens
-        output = model.generate(
-            input_ids=encoded["input_ids"].to(device),
-            attention_mask=encoded["attention_mask"].to(device),
+            prefixes=None if prefixes is None else [prefixes[i] for i in chunk],
+            max_source_length=max_source_length,
+            **answer_options,
             **generate_kwargs,
         )
-        for i, text in zip(chunk, tokenizer.batch_decode(output, skip_special_tokens=True)):
-            translations[i] = text.strip()
+        for i, hypotheses in zip(chunk, batch):
+            answers[i] = hypotheses
     model.train(was_training)
-    return translations
+    return answers
 
 
 def corpus_bleu(hypotheses, references, **bleu_options):

@@ -1,0 +1,118 @@
+"""Translate a text file, one sentence per line, with a vaswani model (a folder or a Hub id).
+
+    python scripts/translate.py --model M --input F --output G [--num_beams 4] [--nbest 3 --scores] [--alignments]
+                                [--prefixes P] [--max_source_length 250]        (or: vaswani-translate ...)
+
+Sentences are decoded in batches of similar length (less padding) and written in their input order, one line each.
+With --nbest, --scores or --alignments, each line is instead tab-separated, --nbest lines per sentence, best first:
+the sentence's line number (from 0), the hypothesis' rank, the score (with --scores: its log-probability divided by
+the length penalty, as the beam ranked it), the translation, and the alignment (with --alignments: fairseq's
+"source-target" index pairs, from the encoder-decoder attention of --alignment_layer averaged over its heads).
+--prefixes names a file with one beginning per sentence that each translation is forced to start with.
+"""
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+import vaswani  # noqa: F401  (registers the model with the Auto classes)
+from vaswani.training.checks import UsageError, check_tokenizer_matches_config
+from vaswani.training.cli import command, parse_arguments
+from vaswani.training.evaluation import translations
+
+
+@dataclass
+class TranslateArguments:
+    model: str = field(metadata={"help": "a model folder or Hub id"})
+    input: str = field(metadata={"help": "text file, one source sentence per line"})
+    output: str = field(metadata={"help": "where the translations go (overwritten)"})
+    num_beams: int = field(default=4, metadata={"help": "beam size; 1 is greedy decoding (paper: 4)"})
+    length_penalty: float = field(default=0.6, metadata={"help": "alpha of the length penalty (paper: 0.6)"})
+    paper_decoding: bool = field(
+        default=True,
+        metadata={"help": "section 6.1's beam search: GNMT length penalty, each sentence's own length limit"},
+    )
+    nbest: int = field(default=1, metadata={"help": "hypotheses written per sentence (at most --num_beams)"})
+    scores: bool = field(default=False, metadata={"help": "write each hypothesis' score"})
+    alignments: bool = field(default=False, metadata={"help": "write source-target word alignments"})
+    alignment_layer: int = field(default=-1, metadata={"help": "decoder layer whose attention aligns (-1: last)"})
+    prefixes: str | None = field(default=None, metadata={"help": "file of forced translation beginnings, one a line"})
+    max_source_length: int | None = field(default=None, metadata={"help": "cut longer sources (tokens), and say so"})
+    batch_size: int = field(default=32, metadata={"help": "sentences per generate() call"})
+    device: str | None = field(default=None, metadata={"help": "cpu, cuda, ...; default: cuda if available"})
+
+    def __post_init__(self):
+        if not 1 <= self.nbest <= self.num_beams:
+            raise UsageError(f"--nbest must be between 1 and --num_beams ({self.num_beams}), got {self.nbest}.")
+
+
+def read_lines(path: str, what: str) -> list[str]:
+    if not Path(path).is_file():
+        raise UsageError(f"{what} {path} does not exist.")
+    return Path(path).read_text(encoding="utf-8").splitlines()
+
+
+def format_answer(index: int, rank: int, answer: dict, args: TranslateArguments) -> str:
+    if args.nbest == 1 and not args.scores and not args.alignments:
+        return answer["translation_text"]
+    fields = [str(index), str(rank)]
+    if args.scores:
+        fields.append(f"{answer['score']:.4f}")
+    fields.append(answer["translation_text"])
+    if args.alignments:
+        fields.append(" ".join(f"{source}-{target}" for source, target in answer["alignment"]))
+    return "\t".join(fields)
+
+
+@command
+def main(argv):
+    (args,) = parse_arguments([TranslateArguments], argv, description=__doc__.split("\n\n")[0])
+    sources = read_lines(args.input, "--input")
+    prefixes = read_lines(args.prefixes, "--prefixes") if args.prefixes else None
+    if prefixes is not None and len(prefixes) != len(sources):
+        raise UsageError(f"--prefixes has {len(prefixes)} lines but --input {len(sources)}: give one per sentence.")
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    model = AutoModelForSeq2SeqLM.from_pretrained(args.model).to(device).eval()
+    check_tokenizer_matches_config(tokenizer, model.config, args.model)
+
+    start = time.time()
+    answers = translations(
+        model,
+        tokenizer,
+        sources,
+        batch_size=args.batch_size,
+        num_beams=args.num_beams,
+        length_penalty=args.length_penalty,
+        paper_decoding=args.paper_decoding,
+        max_source_length=args.max_source_length,
+        prefixes=prefixes,
+        num_return_sequences=args.nbest,
+        return_scores=args.scores,
+        return_alignments=args.alignments,
+        alignment_layer=args.alignment_layer,
+        progress=True,
+    )
+    seconds = time.time() - start
+    lines = [
+        format_answer(i, rank, answer, args)
+        for i, hypotheses in enumerate(answers)
+        for rank, answer in enumerate(hypotheses)
+    ]
+    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.output).write_text("".join(line.replace("\n", " ") + "\n" for line in lines), encoding="utf-8")
+    cut = [i for i, hypotheses in enumerate(answers) if "source_tokens_dropped" in hypotheses[0]]
+    if cut:
+        print(
+            f"{len(cut)} sources longer than --max_source_length {args.max_source_length} tokens were cut (lines "
+            f"{', '.join(map(str, cut[:20]))}{', ...' if len(cut) > 20 else ''}, counted from 0)."
+        )
+    print(f"Translated {len(sources)} sentences in {seconds:.1f}s ({len(sources) / seconds:.1f}/s) into {args.output}")
+    return answers
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,114 @@
+"""Translating files and texts as fairseq users do (scripts/translate.py, the pipeline, `translate_batch`): n-best
+lists with scores, a forced target prefix, word alignments, `max_source_length` that says what it cut, and the input
+order kept through length-sorted batches."""
+
+import pytest
+import torch
+from conftest import PAIRS
+from transformers import pipeline
+
+from vaswani.modeling.pipeline_vaswani import translate_batch
+from vaswani.scripts import translate
+
+
+SOURCES = [source for source, _ in PAIRS]
+
+
+def run(folder, tmp_path, sources, *flags, prefixes=None):
+    (tmp_path / "in.txt").write_text("".join(line + "\n" for line in sources), encoding="utf-8")
+    paths = ["--model", folder, "--input", tmp_path / "in.txt", "--output", tmp_path / "out.txt"]
+    if prefixes is not None:
+        (tmp_path / "prefixes.txt").write_text("".join(line + "\n" for line in prefixes), encoding="utf-8")
+        paths += ["--prefixes", tmp_path / "prefixes.txt"]
+    answers = translate.main([*paths, "--device", "cpu", *flags])
+    return answers, (tmp_path / "out.txt").read_text(encoding="utf-8").splitlines()
+
+
+def test_translations_keep_the_input_order_through_length_sorted_batches(trained_text_model, tmp_path):
+    model, tokenizer, folder = trained_text_model
+    _, lines = run(folder, tmp_path, SOURCES[::-1] + SOURCES, "--batch_size", "3")
+    assert lines == [target for _, target in PAIRS[::-1] + PAIRS]  # the model learnt these by heart
+
+
+def test_nbest_lists_hold_the_beams_hypotheses_with_their_scores(trained_text_model, tmp_path):
+    model, tokenizer, folder = trained_text_model
+    _, lines = run(folder, tmp_path, SOURCES[:2], "--nbest", "3", "--scores")
+    rows = [line.split("\t") for line in lines]
+    assert [(int(i), int(rank)) for i, rank, _, _ in rows] == [(i, r) for i in range(2) for r in range(3)]
+    for sentence, source in enumerate(SOURCES[:2]):
+        output = model.generate(
+            **tokenizer([source], return_tensors="pt"),
+            num_return_sequences=3,
+            return_dict_in_generate=True,
+            output_scores=True,
+        )
+        mine = rows[3 * sentence : 3 * sentence + 3]
+        assert [text for *_, text in mine] == tokenizer.batch_decode(output.sequences, skip_special_tokens=True)
+        assert [float(score) for _, _, score, _ in mine] == pytest.approx(output.sequences_scores.tolist(), abs=1e-4)
+    assert rows[0][3] == PAIRS[0][1]  # best first
+
+
+def test_a_forced_prefix_begins_every_translation(trained_text_model, tmp_path):
+    model, tokenizer, folder = trained_text_model
+    prefixes = ["El amor", "Y", "El Señor", "En el principio"]  # the first is another pair's beginning
+    answers, lines = run(folder, tmp_path, SOURCES, "--nbest", "2", prefixes=prefixes)
+    for sentence, prefix in enumerate(prefixes):
+        for rank in range(2):
+            assert lines[2 * sentence + rank].split("\t")[2].startswith(prefix)
+    assert lines[2].split("\t")[2] == PAIRS[1][1]  # a prefix the translation has anyway changes nothing
+    # Prefixes of different lengths share batches; each sentence gets its own.
+    start = [
+        model.config.decoder_start_token_id,
+        *tokenizer(text_target="El amor", add_special_tokens=False).input_ids,
+    ]
+    alone = model.generate(**tokenizer([SOURCES[0]], return_tensors="pt"), decoder_input_ids=torch.tensor([start]))
+    assert answers[0][0]["translation_text"] == tokenizer.decode(alone[0], skip_special_tokens=True)
+
+
+def test_alignments_are_the_argmax_of_the_head_averaged_cross_attention(trained_text_model, tmp_path):
+    model, tokenizer, folder = trained_text_model
+    answers, lines = run(folder, tmp_path, SOURCES[:1], "--alignments", "--num_beams", "1")
+    source = tokenizer([SOURCES[0]], return_tensors="pt").input_ids
+    target = tokenizer(text_target=[PAIRS[0][1]], return_tensors="pt").input_ids
+    start = torch.tensor([[model.config.decoder_start_token_id]])
+    eager = type(model).from_pretrained(folder, attn_implementation="eager").eval()
+    with torch.no_grad():
+        attention = eager(
+            input_ids=source, decoder_input_ids=torch.cat((start, target[:, :-1]), 1), output_attentions=True
+        )
+    weights = attention.cross_attentions[-1][0].mean(0)[:, :-1]  # last layer, heads averaged, source </s> left out
+    expected = [(int(weights[t].argmax()), t) for t in range(target.shape[1] - 1)]  # the target's </s> left out
+    assert answers[0][0]["alignment"] == expected
+    assert lines[0].split("\t")[-1] == " ".join(f"{s}-{t}" for s, t in expected)
+    assert model.config._attn_implementation == "sdpa"  # the eager detour is undone
+
+
+def test_max_source_length_cuts_and_says_what(trained_text_model, tmp_path, capsys):
+    model, tokenizer, folder = trained_text_model
+    full, limit = (len(tokenizer(source).input_ids) for source in SOURCES[:2])  # the second fits exactly
+    answers, lines = run(folder, tmp_path, SOURCES[:2], "--max_source_length", str(limit))
+    assert answers[0][0]["source_tokens_dropped"] == full - limit and "source_tokens_dropped" not in answers[1][0]
+    assert f"1 sources longer than --max_source_length {limit} tokens were cut (lines 0, counted from 0)" in (
+        capsys.readouterr().out
+    )
+    cut = tokenizer(SOURCES[0]).input_ids[: limit - 1] + [tokenizer.eos_token_id]
+    expected = model.generate(torch.tensor([cut]))
+    assert lines[0] == tokenizer.decode(expected[0], skip_special_tokens=True)
+
+
+def test_the_pipeline_answers_as_translate_batch(trained_text_model):
+    model, tokenizer, folder = trained_text_model
+    translator = pipeline("translation", model=folder)
+    options = {"num_return_sequences": 2, "return_scores": True, "return_alignments": True, "max_source_length": 6}
+    answers = translator(SOURCES[:2], prefix=["En", "Y"], **options)
+    expected = translate_batch(model, tokenizer, SOURCES[:2], prefixes=["En", "Y"], **options)
+    for mine, theirs in zip(answers, expected):  # one text at a time against a padded batch: scores within 1e-5
+        assert [{**answer, "score": pytest.approx(answer["score"], abs=1e-5)} for answer in mine] == theirs
+    assert answers[0][0]["translation_text"].startswith("En") and answers[0][0]["source_tokens_dropped"] > 0
+    assert answers[0][0]["score"] >= answers[0][1]["score"]
+
+
+def test_nbest_beyond_the_beam_is_refused(trained_text_model, tmp_path):
+    _, _, folder = trained_text_model
+    with pytest.raises(SystemExit):
+        run(folder, tmp_path, SOURCES[:1], "--nbest", "5", "--num_beams", "4")
