@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A virtual environment with fairseq, apart from the main install, for checking scripts/convert_fairseq.py against
-# fairseq itself (tests/test_convert_fairseq.py). Prints the environment's Python; the tests find it in
-# VASWANI_FAIRSEQ_PYTHON:  export VASWANI_FAIRSEQ_PYTHON=$(bash scripts/install_fairseq.sh)
+# fairseq itself (tests/test_convert_fairseq.py, which finds it at .fairseq-venv, or where VASWANI_FAIRSEQ_PYTHON
+# says). scripts/install.sh runs it. Prints the environment's Python.
 #
 # fairseq is unmaintained: `fairseq-fixed` is its 0.12 code, installable on Python 3.11. It declares torchaudio,
 # which the translation models never import and whose builds pin other torch versions (a multi-GB CUDA download), so

@@ -1,6 +1,7 @@
 """scripts/convert_fairseq.py checked against fairseq itself: small random fairseq Transformers of each supported
-variant are built, saved and run by fairseq (tests/fairseq_reference.py, in the virtual environment .ci/run makes,
-named by VASWANI_FAIRSEQ_PYTHON), converted, and compared: tokenization, encoder output and decoder log-probabilities
+variant are built, saved and run by fairseq (tests/fairseq_reference.py, in the virtual environment that
+scripts/install.sh makes with scripts/install_fairseq.sh, or the Python VASWANI_FAIRSEQ_PYTHON names), converted, and
+compared: tokenization, encoder output and decoder log-probabilities
 within 1e-5 in float32, greedy and beam outputs identical; then the converted folder is used as users use one."""
 
 import os
@@ -19,9 +20,11 @@ from vaswani.scripts import convert_fairseq, finetune
 from vaswani.training.export import export, translate_ids, vocabulary
 
 
-FAIRSEQ_PYTHON = os.environ.get("VASWANI_FAIRSEQ_PYTHON")
+FAIRSEQ_PYTHON = os.environ.get("VASWANI_FAIRSEQ_PYTHON") or (
+    str(REPO_ROOT / ".fairseq-venv" / "bin" / "python") if (REPO_ROOT / ".fairseq-venv").is_dir() else None
+)
 pytestmark = pytest.mark.skipif(
-    not FAIRSEQ_PYTHON, reason="VASWANI_FAIRSEQ_PYTHON names no Python with fairseq (.ci/run makes one)"
+    not FAIRSEQ_PYTHON, reason="no Python with fairseq: run scripts/install_fairseq.sh (scripts/install.sh does)"
 )
 SUPPORTED = ["wmt_en_de_shared", "vaswani_big_shared", "decoder_tied", "untied", "old_style_args"]
 REFUSED = {
