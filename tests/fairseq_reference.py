@@ -137,6 +137,7 @@ def reference(folder: Path, data_dir: Path) -> dict:
         "encoder_out": encoder_out,
         "target": target,
         "previous": previous,
+        "logits": logits,
         "log_probs": log_probs,
         "decoded": [hub.decode(s) for s in sources],
     }

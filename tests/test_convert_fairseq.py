@@ -102,6 +102,7 @@ def test_converted_model_computes_what_fairseq_computes(fairseq_dir, converted, 
         torch.testing.assert_close(encoder_out[mask], reference["encoder_out"][mask], atol=1e-5, rtol=1e-5)
         logits = model(input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=reference["previous"])
         target_mask = reference["target"] != PAD
+        torch.testing.assert_close(logits.logits[target_mask], reference["logits"][target_mask], atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(
             logits.logits.log_softmax(-1)[target_mask], reference["log_probs"][target_mask], atol=1e-5, rtol=1e-5
         )

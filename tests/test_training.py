@@ -780,6 +780,13 @@ def test_evaluate_prints_bleu_with_signature_and_writes_hypotheses(trained, corp
     assert len(hypotheses) == 12 and sum(bool(h) for h in hypotheses) >= 10
     bleu = float(result.stdout.split("BLEU = ")[1].split()[0])
     assert bleu > 10.0  # a trained model, not noise: the tiny corpus is a word-for-word mapping
+    # The paper's measure beside it, labelled, and recorded with the decoding that produced it.
+    paper_line = next(
+        line for line in result.stdout.splitlines() if line.startswith("Tokenized BLEU, compounds split")
+    )
+    recorded = json.loads((trained / "eval_results.json").read_text())["test"]
+    assert float(paper_line.split("BLEU = ")[1].split()[0]) == pytest.approx(recorded["tokenized_bleu"], abs=0.01)
+    assert recorded["paper_decoding"] is True
 
 
 def test_visualize_writes_positional_encoding_and_attention_pngs(trained, tmp_path):

@@ -40,7 +40,7 @@ def translations(
     length_penalty=0.6,
     max_source_length=None,
     max_new_tokens=None,
-    paper_decoding=True,
+    paper_decoding=None,
     prefixes=None,
     progress=False,
     **answer_options,
@@ -52,8 +52,9 @@ def translations(
     the batch being decoded is turned into Python strings. Sentences are decoded in batches of similar length,
     longest first (less padding); `num_beams=1` is greedy decoding. Without `max_new_tokens`, the model stops at the
     input length + 50 tokens (section 6.1). `max_source_length` truncates longer inputs (keeping the final </s>) and
-    says so. `paper_decoding` decodes as section 6.1 does (the GNMT length penalty, each sentence's own limit:
-    modeling/generation_vaswani.py); False gives transformers' beam search. `prefixes`: one forced beginning per
+    says so. `paper_decoding=True` decodes as section 6.1 does (the GNMT length penalty, each sentence's own limit:
+    modeling/generation_vaswani.py), False with transformers' beam search, None as the model's generation config
+    says (the only choice for a model of another class, such as Marian). `prefixes`: one forced beginning per
     sentence. `answer_options`: `num_return_sequences`, `return_scores`, `return_alignments`, `alignment_layer`.
     """
     if not len(sentences):
@@ -64,7 +65,9 @@ def translations(
     was_training = model.training
     model.eval()
     order = np.argsort(-pc.utf8_length(sentences).to_numpy(zero_copy_only=False), kind="stable")
-    generate_kwargs = {"num_beams": num_beams, "do_sample": False, "paper_decoding": paper_decoding}
+    generate_kwargs = {"num_beams": num_beams, "do_sample": False}
+    if paper_decoding is not None:
+        generate_kwargs["paper_decoding"] = paper_decoding
     if num_beams > 1:  # the length penalty only ranks finished beams
         generate_kwargs["length_penalty"] = length_penalty
     if max_new_tokens is not None:

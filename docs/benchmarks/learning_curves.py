@@ -153,8 +153,12 @@ def train_run(variant, seed, args, data, run_path: Path) -> dict:
     if args.bleu_samples:
         sources, references = test_pairs
         longest = max(len(ids) for ids in tokenizer(sources.to_pylist())["input_ids"])
-        # One output limit for both models (vaswani's own default, source length + 50, is per batch).
-        hypotheses = translate(model, tokenizer, sources, num_beams=4, max_new_tokens=longest + 50)
+        # One output limit for every model (the longest test source + 50), and transformers' beam search for every
+        # variant (Marian has no other; the paper's GNMT penalty would favour vaswani's scores alone).
+        paper_decoding = False if isinstance(model, VaswaniForConditionalGeneration) else None
+        hypotheses = translate(
+            model, tokenizer, sources, num_beams=4, max_new_tokens=longest + 50, paper_decoding=paper_decoding
+        )
         score, signature = corpus_bleu(hypotheses, references.to_pylist())
         result.update(test_bleu=score.score, bleu_signature=signature, bleu_pairs=len(sources))
     run_path.write_text(json.dumps(result, indent=1))
