@@ -18,13 +18,17 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
-from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
-
 import vaswani  # noqa: F401  (registers model_type "vaswani" with the Auto classes)
-from vaswani.training.checks import UsageError, check_safetensors_weights, check_tokenizer_matches_config
+from vaswani.training.checks import UsageError
 from vaswani.training.cli import command, parse_arguments
-from vaswani.training.evaluation import corpus_bleu, load_pairs, tokenized_bleu, translate
+from vaswani.training.evaluation import (
+    DecodingArguments,
+    corpus_bleu,
+    load_pairs,
+    load_translation_model,
+    tokenized_bleu,
+    translate,
+)
 
 
 @dataclass
@@ -35,29 +39,18 @@ class EvaluationArguments:
     split: str = "test"
     source_lang: str = "en"
     target_lang: str = "es"
-    num_beams: int = field(default=4, metadata={"help": "beam size; 1 is greedy decoding (paper: 4)"})
-    length_penalty: float = field(default=0.6, metadata={"help": "alpha of the length penalty (paper: 0.6)"})
-    paper_decoding: bool = field(
-        default=True,
-        metadata={"help": "section 6.1's beam search: GNMT length penalty, each sentence's own length limit"},
-    )
-    batch_size: int = field(default=32, metadata={"help": "sentences per generate() call"})
     max_samples: int | None = field(default=None, metadata={"help": "only the first N pairs of the split"})
-    max_source_length: int | None = field(default=None, metadata={"help": "truncate longer sources (tokens)"})
     tokenize: str = field(default="13a", metadata={"help": "sacreBLEU tokenizer (13a, intl, none, ...)"})
     output: str | None = field(default=None, metadata={"help": "hypotheses file; default MODEL/hypotheses.SPLIT.txt"})
     num_examples: int = field(default=3, metadata={"help": "example translations to print"})
-    device: str | None = field(default=None, metadata={"help": "cpu, cuda, ...; default: cuda if available"})
 
 
 @command
 def main(argv):
-    (args,) = parse_arguments([EvaluationArguments], argv, description=__doc__.split("\n\n")[0])
-    check_safetensors_weights(args.model)
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or args.model)
-    model = AutoModelForSeq2SeqLM.from_pretrained(args.model, use_safetensors=True).to(device).eval()
-    check_tokenizer_matches_config(tokenizer, model.config, args.model)
+    args, decoding = parse_arguments(
+        [EvaluationArguments, DecodingArguments], argv, description=__doc__.split("\n\n")[0]
+    )
+    model, tokenizer = load_translation_model(args.model, args.tokenizer, decoding.device)
     sources, references, without_text = load_pairs(
         args.dataset_dir, args.split, args.source_lang, args.target_lang, args.max_samples
     )
@@ -67,17 +60,7 @@ def main(argv):
         raise UsageError(f"no pair to translate in the {args.split} split of {args.dataset_dir}.")
 
     start = time.time()
-    hypotheses = translate(
-        model,
-        tokenizer,
-        sources,
-        batch_size=args.batch_size,
-        num_beams=args.num_beams,
-        length_penalty=args.length_penalty,
-        max_source_length=args.max_source_length,
-        paper_decoding=args.paper_decoding,
-        progress=True,
-    )
+    hypotheses = translate(model, tokenizer, sources, **decoding.options(), progress=True)
     seconds = time.time() - start
     score, signature = corpus_bleu(hypotheses, references.to_pylist(), tokenize=args.tokenize)
     paper_score = tokenized_bleu(hypotheses, references.to_pylist(), args.target_lang)
@@ -90,8 +73,8 @@ def main(argv):
         print(f"SRC: {sources[i].as_py()}\nREF: {references[i].as_py()}\nHYP: {hypotheses[i]}\n")
     print(
         f"Translated {len(sources)} sentences of {args.split} in {seconds:.1f}s "
-        f"(num_beams={args.num_beams}, length_penalty={args.length_penalty}, "
-        f"paper_decoding={args.paper_decoding}); hypotheses in {output}"
+        f"(num_beams={decoding.num_beams}, length_penalty={decoding.length_penalty}, "
+        f"paper_decoding={decoding.paper_decoding}); hypotheses in {output}"
     )
     print(score)  # "BLEU = 27.30 58.1/33.0/20.9/13.6 (BP = ... ratio = ... hyp_len = ... ref_len = ...)"
     print(f"sacreBLEU signature: {signature}")
@@ -106,13 +89,13 @@ def main(argv):
         "bleu": round(score.score, 2),
         "signature": signature,
         "tokenized_bleu": round(paper_score.score, 2),
-        "paper_decoding": args.paper_decoding,
+        "paper_decoding": decoding.paper_decoding,
         "sentences": len(sources),
-        "num_beams": args.num_beams,
-        "length_penalty": args.length_penalty,
+        "num_beams": decoding.num_beams,
+        "length_penalty": decoding.length_penalty,
         "seconds": round(seconds, 1),
         "sentences_per_sec": round(len(sources) / seconds, 2),
-        "device": device,
+        "device": model.device.type,
     }
     results_file.write_text(json.dumps(results, indent=2))
     return score

@@ -34,6 +34,7 @@ from accelerate.utils import DistributedType, InitProcessGroupKwargs, ProjectCon
 from tqdm.auto import tqdm
 
 from vaswani import PRESETS, VaswaniConfig, VaswaniForConditionalGeneration, label_smoothed_cross_entropy
+from vaswani.configuration.configuration_vaswani import INIT_SCHEMES
 from vaswani.training.batching import TokenBucketSampler
 from vaswani.training.checkpoints import (
     TRAIN_STATE_FILE,
@@ -146,6 +147,9 @@ class TrainArguments:
     preset: Literal[tuple(sorted(PRESETS))] = "base"
     dropout: float | None = field(default=None, metadata={"help": "P_drop (section 5.4); default: the preset's"})
     attention_dropout: float | None = field(default=None, metadata={"help": "default: the config's (0)"})
+    init_scheme: Literal[tuple(INIT_SCHEMES)] | None = field(
+        default=None, metadata={"help": "how the new model's weights are drawn (INIT_SCHEMES); default: the config's"}
+    )
     # Optimizer and schedule (sections 5.2, 5.3, 5.4).
     max_steps: int = field(default=100_000, metadata={"help": "optimizer steps (base: 100k, big: 300k)"})
     lr_schedule: Literal[SCHEDULES] = field(
@@ -250,7 +254,11 @@ def model_config(args, tokenizer):
     """A preset of Table 3 with the tokenizer's vocabulary size and special ids."""
     overrides = tokenizer_ids(tokenizer)
     overrides.update(
-        {name: getattr(args, name) for name in ("dropout", "attention_dropout") if getattr(args, name) is not None}
+        {
+            name: getattr(args, name)
+            for name in ("dropout", "attention_dropout", "init_scheme")
+            if getattr(args, name) is not None
+        }
     )
     config = VaswaniConfig.from_preset(args.preset, **overrides)
     longest = max(args.max_source_length, args.max_target_length) + 51  # decoding runs to source length + 50

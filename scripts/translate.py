@@ -15,38 +15,22 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
-from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
-
 import vaswani  # noqa: F401  (registers the model with the Auto classes)
-from vaswani.training.checks import UsageError, check_tokenizer_matches_config
+from vaswani.training.checks import UsageError
 from vaswani.training.cli import command, parse_arguments
-from vaswani.training.evaluation import translations
+from vaswani.training.evaluation import DecodingArguments, load_translation_model, translations
 
 
 @dataclass
 class TranslateArguments:
-    model: str = field(metadata={"help": "a model folder or Hub id"})
+    model: str = field(metadata={"help": "a model folder (saved with save_pretrained)"})
     input: str = field(metadata={"help": "text file, one source sentence per line"})
     output: str = field(metadata={"help": "where the translations go (overwritten)"})
-    num_beams: int = field(default=4, metadata={"help": "beam size; 1 is greedy decoding (paper: 4)"})
-    length_penalty: float = field(default=0.6, metadata={"help": "alpha of the length penalty (paper: 0.6)"})
-    paper_decoding: bool = field(
-        default=True,
-        metadata={"help": "section 6.1's beam search: GNMT length penalty, each sentence's own length limit"},
-    )
     nbest: int = field(default=1, metadata={"help": "hypotheses written per sentence (at most --num_beams)"})
     scores: bool = field(default=False, metadata={"help": "write each hypothesis' score"})
     alignments: bool = field(default=False, metadata={"help": "write source-target word alignments"})
     alignment_layer: int = field(default=-1, metadata={"help": "decoder layer whose attention aligns (-1: last)"})
     prefixes: str | None = field(default=None, metadata={"help": "file of forced translation beginnings, one a line"})
-    max_source_length: int | None = field(default=None, metadata={"help": "cut longer sources (tokens), and say so"})
-    batch_size: int = field(default=32, metadata={"help": "sentences per generate() call"})
-    device: str | None = field(default=None, metadata={"help": "cpu, cuda, ...; default: cuda if available"})
-
-    def __post_init__(self):
-        if not 1 <= self.nbest <= self.num_beams:
-            raise UsageError(f"--nbest must be between 1 and --num_beams ({self.num_beams}), got {self.nbest}.")
 
 
 def read_lines(path: str, what: str) -> list[str]:
@@ -69,26 +53,23 @@ def format_answer(index: int, rank: int, answer: dict, args: TranslateArguments)
 
 @command
 def main(argv):
-    (args,) = parse_arguments([TranslateArguments], argv, description=__doc__.split("\n\n")[0])
+    args, decoding = parse_arguments(
+        [TranslateArguments, DecodingArguments], argv, description=__doc__.split("\n\n")[0]
+    )
+    if not 1 <= args.nbest <= decoding.num_beams:
+        raise UsageError(f"--nbest must be between 1 and --num_beams ({decoding.num_beams}), got {args.nbest}.")
     sources = read_lines(args.input, "--input")
     prefixes = read_lines(args.prefixes, "--prefixes") if args.prefixes else None
     if prefixes is not None and len(prefixes) != len(sources):
         raise UsageError(f"--prefixes has {len(prefixes)} lines but --input {len(sources)}: give one per sentence.")
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    tokenizer = AutoTokenizer.from_pretrained(args.model)
-    model = AutoModelForSeq2SeqLM.from_pretrained(args.model).to(device).eval()
-    check_tokenizer_matches_config(tokenizer, model.config, args.model)
+    model, tokenizer = load_translation_model(args.model, device=decoding.device)
 
     start = time.time()
     answers = translations(
         model,
         tokenizer,
         sources,
-        batch_size=args.batch_size,
-        num_beams=args.num_beams,
-        length_penalty=args.length_penalty,
-        paper_decoding=args.paper_decoding,
-        max_source_length=args.max_source_length,
+        **decoding.options(),
         prefixes=prefixes,
         num_return_sequences=args.nbest,
         return_scores=args.scores,
@@ -107,7 +88,7 @@ def main(argv):
     cut = [i for i, hypotheses in enumerate(answers) if "source_tokens_dropped" in hypotheses[0]]
     if cut:
         print(
-            f"{len(cut)} sources longer than --max_source_length {args.max_source_length} tokens were cut (lines "
+            f"{len(cut)} sources longer than --max_source_length {decoding.max_source_length} tokens were cut (lines "
             f"{', '.join(map(str, cut[:20]))}{', ...' if len(cut) > 20 else ''}, counted from 0)."
         )
     print(f"Translated {len(sources)} sentences in {seconds:.1f}s ({len(sources) / seconds:.1f}/s) into {args.output}")

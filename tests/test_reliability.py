@@ -699,7 +699,7 @@ def test_resume_refuses_checkpoints_that_do_not_fit(corpus, straight, tmp_path):
     )
     assert (
         f"config.pad_token_id of checkpoint {checkpoint} is 0 but the tokenizer's id is 1; "
-        f"config.decoder_start_token_id of checkpoint {checkpoint} is 1 but the tokenizer's id is 0"
+        f"config.decoder_start_token_id of checkpoint {checkpoint} is 1 but the tokenizer's <s> and </s> are 0 and 2"
     ) in message
 
 
@@ -763,7 +763,7 @@ def test_evaluate_refuses_a_tokenizer_or_weights_that_do_not_fit(corpus, straigh
     swapped = word_tokenizer(tmp_path / "swapped", ["<s>", "<pad>", "</s>", "<unk>"])
     assert (
         f"config.pad_token_id of {model_dir} is 0 but the tokenizer's id is 1; config.decoder_start_token_id of "
-        f"{model_dir} is 1 but the tokenizer's id is 0"
+        f"{model_dir} is 1 but the tokenizer's <s> and </s> are 0 and 2"
     ) in error_of([*base, "--tokenizer", swapped], evaluate_bleu.main)
     weights = load_file(str(model_dir / "model.safetensors"))
     (model_dir / "model.safetensors").unlink()

@@ -10,6 +10,7 @@ metric's code from the Hub at run time, which fails offline and runs downloaded 
 
 import math
 import re
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 import pyarrow as pa
@@ -18,10 +19,43 @@ import sacrebleu
 import torch
 from sacremoses import MosesTokenizer
 from tqdm.auto import tqdm
+from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
 from ..modeling import label_smoothed_cross_entropy
 from ..modeling.pipeline_vaswani import translate_batch
+from .checks import check_safetensors_weights, check_tokenizer_matches_config
 from .data import load_translation_dataset, text_pairs
+
+
+@dataclass
+class DecodingArguments:
+    """How the commands that translate (vaswani-evaluate, vaswani-translate) decode: `translations`' options."""
+
+    _argument_group_name = "decoding"
+    num_beams: int = field(default=4, metadata={"help": "beam size; 1 is greedy decoding (paper: 4)"})
+    length_penalty: float = field(default=0.6, metadata={"help": "alpha of the length penalty (paper: 0.6)"})
+    paper_decoding: bool = field(
+        default=True,
+        metadata={"help": "section 6.1's beam search: GNMT length penalty, each sentence's own length limit"},
+    )
+    batch_size: int = field(default=32, metadata={"help": "sentences per generate() call"})
+    max_source_length: int | None = field(default=None, metadata={"help": "cut longer sources (tokens), and say so"})
+    device: str | None = field(default=None, metadata={"help": "cpu, cuda, ...; default: cuda if available"})
+
+    def options(self) -> dict:
+        """The keyword arguments of `translations` (the device is the model's)."""
+        return {name: value for name, value in asdict(self).items() if name != "device"}
+
+
+def load_translation_model(model_dir, tokenizer_dir=None, device=None):
+    """The model of a saved folder (safetensors only) on `device` (default: cuda if available), in evaluation mode,
+    and its tokenizer (or `tokenizer_dir`'s), checked to match it."""
+    check_safetensors_weights(model_dir)
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir or model_dir)
+    model = AutoModelForSeq2SeqLM.from_pretrained(model_dir, use_safetensors=True).to(device).eval()
+    check_tokenizer_matches_config(tokenizer, model.config, model_dir)
+    return model, tokenizer
 
 
 @torch.no_grad()
