@@ -149,22 +149,27 @@ def measured_bleu(evaluation: dict | None) -> dict[str, dict]:
 
 
 def results_table(evaluation: dict | None, training: dict | None) -> str:
-    """The BLEU scores of the evaluated splits, then the validation score of the end of training."""
-    fields = ("bleu", "sentences", "num_beams", "length_penalty", "signature")
+    """The BLEU scores of the evaluated splits (sacreBLEU, and the paper's tokenized BLEU where measured), then the
+    validation score of the end of training."""
+    fields = ("bleu", "tokenized_bleu", "sentences", "num_beams", "length_penalty", "paper_decoding", "signature")
     rows = [[split, *map(result.get, fields)] for split, result in measured_bleu(evaluation).items()]
     if training is not None:
         args = training.get("args") or {}
-        validation = [training.get("final_val_bleu"), training.get("bleu_samples"), args.get("eval_num_beams")]
-        validation += [args.get("eval_length_penalty"), training.get("bleu_signature")]
+        validation = [training.get("final_val_bleu"), None, training.get("bleu_samples"), args.get("eval_num_beams")]
+        validation += [args.get("eval_length_penalty"), None, training.get("bleu_signature")]
         rows.append(["validation, at the end of training", *validation])
     if not rows:
         return "Not measured: the model folder has no BLEU score (eval_results.json, training_summary.json)."
-    decoding = "beam {}, length penalty {}".format
+
+    def decoding(beams, alpha, paper):
+        penalty = "GNMT length penalty" if paper else "length penalty"  # paper_decoding: section 6.1's search
+        return f"beam {format_value(beams)}, {penalty} {format_value(alpha)}"
+
     return table(
-        ["split", "BLEU", "sentences", "decoding", "sacreBLEU signature"],
+        ["split", "BLEU", "tokenized BLEU (Table 2's measure)", "sentences", "decoding", "sacreBLEU signature"],
         [
-            [split, bleu, n, decoding(format_value(beams), format_value(alpha)), sig]
-            for split, bleu, n, beams, alpha, sig in rows
+            [split, bleu, format_value(tokenized), n, decoding(beams, alpha, paper), sig]
+            for split, bleu, tokenized, n, beams, alpha, paper, sig in rows
         ],
     )
 
