@@ -452,7 +452,8 @@ def pad_batch(sources, targets, config, device) -> dict:
 
 @torch.no_grad()
 def bleu_of(model, tokenizer, sources, references, autocast, metric) -> float:
-    """The model's default decoding (beam 4, length penalty 0.6, source length + 50) in batches of similar length."""
+    """The model's default decoding (the paper's: beam 4, GNMT length penalty 0.6, each source's length + 50) in
+    batches of similar length."""
     model.eval()
     order = sorted(range(len(sources)), key=lambda i: len(sources[i]), reverse=True)
     hypotheses = [None] * len(sources)
