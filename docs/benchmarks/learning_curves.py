@@ -194,10 +194,11 @@ def write_report(args, output_dir: Path):
         bleu = f"{sum(bleus) / len(bleus):.2f} ({', '.join(f'{b:.2f}' for b in bleus)})" if bleus else "n/a"
         seeds = ", ".join(str(run["seed"]) for run in mine)
         lines.append(f"| {variant} | {seeds} | " + " | ".join(cells) + f" | {bleu} |")
-        for index, run in enumerate(mine):
+        for index, run in enumerate(mine):  # one colour per variant, one line style per seed
             steps = [point["step"] for point in run["curve"]]
             nll = [point["val_nll"] for point in run["curve"]]
-            axis.plot(steps, nll, color=f"C{color}", alpha=0.9, label=variant if index == 0 else None)
+            style = ("-", "--", ":", "-.")[index % 4]
+            axis.plot(steps, nll, style, color=f"C{color}", alpha=0.9, label=f"{variant}, seed {run['seed']}")
     axis.set(xlabel="optimizer step", ylabel="validation NLL per target token", ylim=(None, None))
     axis.set_title(f"{args.preset} preset, {args.batch_tokens} tokens/step, peak lr {args.peak_lr:g}")
     axis.grid(alpha=0.3)
