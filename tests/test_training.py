@@ -120,10 +120,6 @@ def corpus(tmp_path_factory):
 FAST = [
     "--preset",
     "tiny",
-    # The toy corpus (36 tokens, d_model 64) learns in 200 steps with tensor2tensor's initialisation; the default's
-    # N(0, 0.02), measured fastest at the small preset (README, "Quality"), leaves it at loss 2.8 against below 2.5.
-    "--init_scheme",
-    "tensor2tensor",
     "--lr_schedule",
     "short",
     "--peak_lr",
