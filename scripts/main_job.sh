@@ -20,7 +20,7 @@ start=$(date +%s)
 stage() { echo; echo "=== [$(( $(date +%s) - start ))s] $*"; }
 
 stage "install (torch 2.13.0 first, then vaswani)"
-bash scripts/install.sh
+bash scripts/install.sh train,data
 
 stage "data: verse-aligned World English Bible / Reina-Valera 1909 (scripts/prepare_data.py)"
 python3 scripts/prepare_data.py --output_dir "$OUT/data"
