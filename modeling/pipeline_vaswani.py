@@ -77,7 +77,15 @@ def translate_batch(
     tokens were dropped ("source_tokens_dropped"). `prefixes` forces each translation to begin with its text.
     """
     device = next(model.parameters()).device
-    full_lengths = [len(ids) for ids in tokenizer(texts).input_ids] if max_source_length is not None else None
+    dropped = {}  # text index -> source tokens cut by max_source_length
+    if max_source_length is not None:
+        for index, ids in enumerate(tokenizer(texts).input_ids):
+            if len(ids) > max_source_length:
+                dropped[index] = len(ids) - max_source_length
+                logger.warning(
+                    f"A source of {len(ids)} tokens ({texts[index][:40]!r}...) was cut to max_source_length "
+                    f"({max_source_length}): {dropped[index]} tokens dropped."
+                )
     encoded = tokenizer(
         texts,
         padding=True,
@@ -85,26 +93,23 @@ def translate_batch(
         max_length=max_source_length,
         return_tensors="pt",
     ).to(device)
-    # Sentences with prefixes of the same length decode together (a decoder prompt has one length per batch).
-    if prefixes is None:
-        groups = {0: (list(range(len(texts))), None)}
-    else:
+    prompts = None
+    if prefixes is not None:
         if len(prefixes) != len(texts):
             raise ValueError(f"{len(prefixes)} prefixes for {len(texts)} texts: give one per text.")
         start = model.config.decoder_start_token_id
         prompts = [[start, *tokenizer(text_target=p, add_special_tokens=False).input_ids] for p in prefixes]
-        groups = {}
-        for index, prompt in enumerate(prompts):
-            groups.setdefault(len(prompt), ([], []))
-            groups[len(prompt)][0].append(index)
-            groups[len(prompt)][1].append(prompt)
+    # Sentences with prompts of the same length decode together (a decoder prompt has one length per batch).
+    groups = {}
+    for index in range(len(texts)):
+        groups.setdefault(0 if prompts is None else len(prompts[index]), []).append(index)
     answers = [None] * len(texts)
-    for indices, prompts in groups.values():
+    for indices in groups.values():
         rows = torch.tensor(indices, device=device)
         inputs = {key: value[rows] for key, value in encoded.items()}
         inputs["input_ids"], inputs["attention_mask"] = trimmed(inputs["input_ids"], inputs["attention_mask"])
         if prompts is not None:
-            inputs["decoder_input_ids"] = torch.tensor(prompts, device=device)
+            inputs["decoder_input_ids"] = torch.tensor([prompts[i] for i in indices], device=device)
         output = model.generate(**inputs, **generate_kwargs, return_dict_in_generate=True, output_scores=return_scores)
         sequences = output.sequences
         per_text = sequences.shape[0] // len(indices)
@@ -123,17 +128,10 @@ def translate_batch(
                     answer["score"] = scores[row]
                 if alignments is not None:
                     answer["alignment"] = alignments[row]
-                if full_lengths is not None and full_lengths[index] > max_source_length:
-                    answer["source_tokens_dropped"] = full_lengths[index] - max_source_length
+                if index in dropped:
+                    answer["source_tokens_dropped"] = dropped[index]
                 hypotheses.append(answer)
             answers[index] = hypotheses
-    if full_lengths is not None:
-        for index, length in enumerate(full_lengths):
-            if length > max_source_length:
-                logger.warning(
-                    f"A source of {length} tokens ({texts[index][:40]!r}...) was cut to max_source_length "
-                    f"({max_source_length}): {length - max_source_length} tokens dropped."
-                )
     return answers
 
 

@@ -83,8 +83,12 @@ def read_checkpoint(path: str) -> tuple[dict, dict, dict]:
         model_options = task_options = state["args"]
     else:
         raise UsageError(f"{path} records neither 'cfg' nor 'args': its architecture is unknown.")
-    as_dict = lambda options: dict(vars(options)) if isinstance(options, argparse.Namespace) else dict(options)  # noqa: E731
-    return as_dict(model_options), as_dict(task_options), state["model"]
+    return options_dict(model_options), options_dict(task_options), state["model"]
+
+
+def options_dict(options) -> dict:
+    """fairseq's options, an argparse.Namespace in old checkpoints (and in `cfg` of legacy architectures), as a dict."""
+    return dict(vars(options)) if isinstance(options, argparse.Namespace) else dict(options)
 
 
 def read_dictionary(path: Path) -> list[str]:
