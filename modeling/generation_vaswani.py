@@ -96,13 +96,20 @@ def gnmt_beam_search(model, input_ids, logits_processor, stopping_criteria, gene
     sentence_done = torch.zeros(batch_size, dtype=torch.bool, device=device)
     step_scores = ()
 
+    # As transformers' greedy search and sampling do: with a static cache on an accelerator (or a `compile_config`
+    # that asks for it everywhere), every step after the first runs one compiled graph.
+    compiled_step = (
+        model.get_compiled_call(generation_config.compile_config)
+        if model._valid_auto_compile_criteria(model_kwargs, generation_config)
+        else model.__call__
+    )
     this_peer_finished = False
     while model._has_unfinished_sequences(this_peer_finished, synced_gpus, device=device):
         flat_live = live.reshape(rows, -1)
         cur_len = flat_live.shape[1]
         next_length = 1 if model_kwargs.get("use_cache") and cur_len > prompt_length else None
         model_inputs = model.prepare_inputs_for_generation(flat_live, next_sequence_length=next_length, **model_kwargs)
-        outputs = model(**model_inputs, return_dict=True)
+        outputs = (compiled_step if cur_len > prompt_length else model)(**model_inputs, return_dict=True)
         model_kwargs = model._update_model_kwargs_for_generation(outputs, model_kwargs, is_encoder_decoder=True)
         if synced_gpus and this_peer_finished:
             continue
@@ -143,8 +150,8 @@ def gnmt_beam_search(model, input_ids, logits_processor, stopping_criteria, gene
         live_scores, keep = candidate_scores.masked_fill(ends, -float("inf")).topk(num_beams, dim=1)
         live = candidates.gather(1, keep[:, :, None].expand(-1, -1, cur_len + 1))
         live_beams = candidate_beams.gather(1, keep[:, :, None].expand(-1, -1, candidate_beams.shape[2]))
-        if model_kwargs.get("past_key_values") is not None:
-            model_kwargs["past_key_values"].reorder_cache((origin.gather(1, keep) + row_offsets).view(-1))
+        if model_kwargs.get("cache") is not None:
+            model_kwargs["cache"].reorder_cache((origin.gather(1, keep) + row_offsets).view(-1))
 
         # Done: k finished, and no live hypothesis can still beat the worst of them. Log-probabilities only fall as a
         # hypothesis grows, and lp is monotonic in |Y|, so its best possible score is reached at one end.
@@ -170,6 +177,6 @@ def gnmt_beam_search(model, input_ids, logits_processor, stopping_criteria, gene
         beam_indices=beam_indices,
         encoder_attentions=encoder_outputs.get("attentions") if generation_config.output_attentions else None,
         encoder_hidden_states=encoder_outputs.get("hidden_states") if generation_config.output_hidden_states else None,
-        past_key_values=model_kwargs.get("past_key_values"),
+        cache=model_kwargs.get("cache"),
         **recorded,
     )

@@ -24,12 +24,16 @@ from transformers.modeling_outputs import (
 )
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.processing_utils import Unpack
-from transformers.utils import TransformersKwargs, can_return_tuple, is_torchdynamo_compiling
+from transformers.utils import TransformersKwargs, can_return_tuple, is_torchdynamo_compiling, logging
+from transformers.utils.deprecation import deprecate_kwarg
 from transformers.utils.generic import merge_with_config_defaults
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
 from ..configuration.configuration_vaswani import VaswaniConfig
 from .generation_vaswani import EXTRA_OUTPUT_TOKENS, SourceLengthLimit, gnmt_beam_search
+
+
+logger = logging.get_logger(__name__)
 
 
 def shift_tokens_right(labels: torch.Tensor, pad_token_id: int, decoder_start_token_id: int) -> torch.Tensor:
@@ -46,6 +50,21 @@ def check_attention_mask(attention_mask: torch.Tensor | None, expected_shape: tu
             f"{name} has shape {tuple(attention_mask.shape)}, but the sequences it masks have shape {expected_shape} "
             "(batch size, sequence length)."
         )
+
+
+def positions_of(
+    attention_mask: torch.Tensor | None, length: int, past_length: int | torch.Tensor, device: torch.device
+) -> torch.Tensor:
+    """The positions of the last `length` tokens, counted from each sequence's first real token.
+
+    As fairseq's `make_positions`: with a 2D padding mask, padding takes no position (and gets position 0), so a
+    sentence is encoded and decoded the same whichever side its batch is padded on. Without one, the positions follow
+    the tokens already cached.
+    """
+    if attention_mask is None or attention_mask.dim() != 2:
+        return torch.arange(length, device=device) + past_length
+    real = attention_mask.bool()
+    return ((real.cumsum(-1) - 1) * real)[:, -length:]
 
 
 class VaswaniSinusoidalPositionalEncoding(nn.Module):
@@ -160,31 +179,30 @@ class VaswaniAttention(nn.Module):
         hidden_states: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
         key_value_states: torch.Tensor | None = None,
-        past_key_values: EncoderDecoderCache | None = None,
+        cache: EncoderDecoderCache | None = None,
         **kwargs: Unpack[TransformersKwargs],
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         input_shape = hidden_states.shape[:-1]
         query_states = self.q_proj(hidden_states).view(*input_shape, -1, self.head_dim).transpose(1, 2)
 
-        cache = None
-        if past_key_values is not None:
-            cache = (
-                past_key_values.cross_attention_cache
-                if self.is_cross_attention
-                else past_key_values.self_attention_cache
-            )
-        if self.is_cross_attention and cache is not None and past_key_values.is_updated.get(self.layer_idx):
+        layer_cache = None
+        if cache is not None:
+            layer_cache = cache.cross_attention_cache if self.is_cross_attention else cache.self_attention_cache
+        if self.is_cross_attention and layer_cache is not None and cache.is_updated.get(self.layer_idx):
             # The encoder output does not change while decoding: its keys and values were projected once.
-            key_states, value_states = cache.layers[self.layer_idx].keys, cache.layers[self.layer_idx].values
+            key_states, value_states = (
+                layer_cache.layers[self.layer_idx].keys,
+                layer_cache.layers[self.layer_idx].values,
+            )
         else:
             source = key_value_states if self.is_cross_attention else hidden_states
             kv_shape = (*source.shape[:-1], -1, self.head_dim)
             key_states = self.k_proj(source).view(kv_shape).transpose(1, 2)
             value_states = self.v_proj(source).view(kv_shape).transpose(1, 2)
-            if cache is not None:
-                key_states, value_states = cache.update(key_states, value_states, self.layer_idx)
+            if layer_cache is not None:
+                key_states, value_states = layer_cache.update(key_states, value_states, self.layer_idx)
                 if self.is_cross_attention:
-                    past_key_values.is_updated[self.layer_idx] = True
+                    cache.is_updated[self.layer_idx] = True
 
         attention_interface: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
             self.config._attn_implementation, eager_attention_forward
@@ -269,18 +287,16 @@ class VaswaniDecoderLayer(GradientCheckpointingLayer):
         attention_mask: torch.Tensor | None,
         encoder_hidden_states: torch.Tensor,
         encoder_attention_mask: torch.Tensor | None = None,
-        past_key_values: EncoderDecoderCache | None = None,
+        cache: EncoderDecoderCache | None = None,
         **kwargs: Unpack[TransformersKwargs],
     ) -> torch.Tensor:
-        attn_output, _ = self.self_attn(
-            hidden_states, attention_mask=attention_mask, past_key_values=past_key_values, **kwargs
-        )
+        attn_output, _ = self.self_attn(hidden_states, attention_mask=attention_mask, cache=cache, **kwargs)
         hidden_states = self.self_attn_layer_norm(hidden_states, attn_output)
         attn_output, _ = self.encoder_attn(
             hidden_states,
             attention_mask=encoder_attention_mask,
             key_value_states=encoder_hidden_states,
-            past_key_values=past_key_values,
+            cache=cache,
             **kwargs,
         )
         hidden_states = self.encoder_attn_layer_norm(hidden_states, attn_output)
@@ -294,7 +310,6 @@ class VaswaniPreTrainedModel(PreTrainedModel):
     base_model_prefix = "model"
     supports_gradient_checkpointing = True
     _no_split_modules = ["VaswaniEncoderLayer", "VaswaniDecoderLayer"]
-    _skip_keys_device_placement = ["past_key_values"]
     _supports_flash_attn = True
     _supports_sdpa = True
     _supports_flex_attn = True
@@ -334,7 +349,6 @@ class VaswaniPreTrainedModel(PreTrainedModel):
             return super().get_expanded_tied_weights_keys(all_submodels=True)
         return dict(getattr(self, "_tied_weights_keys", None) or {})
 
-    @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
         # The paper does not state its initialisation; config.init_scheme names one (configuration's INIT_SCHEMES).
         scheme = self.config.init_scheme
@@ -390,7 +404,9 @@ class VaswaniEncoder(VaswaniPreTrainedModel):
         check_attention_mask(attention_mask, (batch_size, length), "attention_mask")
 
         self.embed_positions.check_length(length)
-        positions = self.embed_positions(torch.arange(length, device=inputs_embeds.device), inputs_embeds.dtype)
+        positions = self.embed_positions(
+            positions_of(attention_mask, length, 0, inputs_embeds.device), inputs_embeds.dtype
+        )
         hidden_states = nn.functional.dropout(inputs_embeds + positions, p=self.dropout, training=self.training)
         attention_mask = create_bidirectional_mask(
             config=self.config, inputs_embeds=inputs_embeds, attention_mask=attention_mask
@@ -419,17 +435,23 @@ class VaswaniDecoder(VaswaniPreTrainedModel):
 
     @merge_with_config_defaults
     @capture_outputs
+    @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
         attention_mask: torch.Tensor | None = None,
         encoder_hidden_states: torch.Tensor | None = None,
         encoder_attention_mask: torch.Tensor | None = None,
-        past_key_values: EncoderDecoderCache | None = None,
+        cache: EncoderDecoderCache | None = None,
         inputs_embeds: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
         use_cache: bool | None = None,
         **kwargs: Unpack[TransformersKwargs],
     ) -> BaseModelOutputWithPastAndCrossAttentions:
+        r"""
+        position_ids: the positions of the decoder input, by default counted from each sequence's first unmasked
+            token (`positions_of`); `generate()` carries them step to step as `decoder_position_ids`.
+        """
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("Pass exactly one of decoder_input_ids or decoder_inputs_embeds to the decoder.")
         if encoder_hidden_states is None:
@@ -440,28 +462,28 @@ class VaswaniDecoder(VaswaniPreTrainedModel):
                     f"decoder_input_ids must be a non-empty (batch, length) tensor, got shape {tuple(input_ids.shape)}."
                 )
             inputs_embeds = self.embed_tokens(input_ids)
-        if use_cache and past_key_values is None and not self.training:  # training never reuses keys and values
-            past_key_values = EncoderDecoderCache(DynamicCache(), DynamicCache())
+        if use_cache and cache is None and not self.training:  # training never reuses keys and values
+            cache = EncoderDecoderCache(DynamicCache(config=self.config), DynamicCache(config=self.config))
         batch_size, length = inputs_embeds.shape[:2]
         # A static cache counts its tokens in a tensor: a compiled graph cannot branch on it, so the checks that
         # need its value run eagerly only. Compiled, the cache's size (a Python int) bounds the length instead.
-        past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
+        past_length = cache.get_seq_length() if cache is not None else 0
         if not is_torchdynamo_compiling():
             total_length = int(past_length) + length
             check_attention_mask(attention_mask, (batch_size, total_length), "decoder_attention_mask")
             self.embed_positions.check_length(total_length)
-        elif past_key_values is not None:
-            self.embed_positions.check_length(max(past_key_values.self_attention_cache.get_max_length(), length))
+        elif cache is not None:
+            self.embed_positions.check_length(max(cache.self_attention_cache.get_max_length(), length))
         check_attention_mask(encoder_attention_mask, tuple(encoder_hidden_states.shape[:2]), "attention_mask")
-        position_ids = torch.arange(length, device=inputs_embeds.device) + past_length
+        if position_ids is None:
+            position_ids = positions_of(attention_mask, length, past_length, inputs_embeds.device)
         positions = self.embed_positions(position_ids, inputs_embeds.dtype)
         hidden_states = nn.functional.dropout(inputs_embeds + positions, p=self.dropout, training=self.training)
         causal_mask = create_causal_mask(
             config=self.config,
             inputs_embeds=inputs_embeds,
             attention_mask=attention_mask,
-            past_key_values=past_key_values.self_attention_cache if past_key_values is not None else None,
-            position_ids=position_ids[None],
+            cache=cache.self_attention_cache if cache is not None else None,
         )
         encoder_attention_mask = create_bidirectional_mask(
             config=self.config,
@@ -475,12 +497,10 @@ class VaswaniDecoder(VaswaniPreTrainedModel):
                 causal_mask,
                 encoder_hidden_states,  # positional, so that gradient checkpointing sees it
                 encoder_attention_mask=encoder_attention_mask,
-                past_key_values=past_key_values,
+                cache=cache,
                 **kwargs,
             )
-        return BaseModelOutputWithPastAndCrossAttentions(
-            last_hidden_state=hidden_states, past_key_values=past_key_values
-        )
+        return BaseModelOutputWithPastAndCrossAttentions(last_hidden_state=hidden_states, cache=cache)
 
 
 class VaswaniModel(VaswaniPreTrainedModel):
@@ -506,6 +526,7 @@ class VaswaniModel(VaswaniPreTrainedModel):
             self.encoder.embed_tokens = value
 
     @can_return_tuple
+    @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -513,16 +534,19 @@ class VaswaniModel(VaswaniPreTrainedModel):
         decoder_input_ids: torch.LongTensor | None = None,
         decoder_attention_mask: torch.Tensor | None = None,
         encoder_outputs: tuple[torch.Tensor] | BaseModelOutput | None = None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         decoder_inputs_embeds: torch.Tensor | None = None,
+        decoder_position_ids: torch.LongTensor | None = None,
         use_cache: bool | None = None,
         **kwargs: Unpack[TransformersKwargs],
     ) -> Seq2SeqModelOutput:
         r"""
         decoder_input_ids: the target shifted right behind `config.decoder_start_token_id`; built from `labels` by
-            `VaswaniForConditionalGeneration`. With `past_key_values`, only the new positions.
+            `VaswaniForConditionalGeneration`. With a `cache`, only the new positions.
         decoder_attention_mask: 2D padding mask of the decoder input; the causal mask is always applied on top.
+        decoder_position_ids: positions of the decoder input; by default counted from each sequence's first
+            unmasked token, as the source's are.
         """
         if encoder_outputs is None:
             encoder_outputs = self.encoder(
@@ -539,14 +563,15 @@ class VaswaniModel(VaswaniPreTrainedModel):
             attention_mask=decoder_attention_mask,
             encoder_hidden_states=encoder_outputs.last_hidden_state,
             encoder_attention_mask=attention_mask,
-            past_key_values=past_key_values,
+            cache=cache,
             inputs_embeds=decoder_inputs_embeds,
+            position_ids=decoder_position_ids,
             use_cache=use_cache,
             **kwargs,
         )
         return Seq2SeqModelOutput(
             last_hidden_state=decoder_outputs.last_hidden_state,
-            past_key_values=decoder_outputs.past_key_values,
+            cache=decoder_outputs.cache,
             decoder_hidden_states=decoder_outputs.hidden_states,
             decoder_attentions=decoder_outputs.attentions,
             cross_attentions=decoder_outputs.cross_attentions,
@@ -666,13 +691,16 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
             decoder_start_token_id=config.decoder_start_token_id,
         )
 
-    def get_encoder(self) -> VaswaniEncoder:
+    def get_encoder(self, modality: str | None = None) -> VaswaniEncoder:
+        if modality is not None:
+            raise ValueError(f"{type(self).__name__} reads text only; it has no {modality} encoder.")
         return self.model.encoder
 
     def get_decoder(self) -> VaswaniDecoder:
         return self.model.decoder
 
     @can_return_tuple
+    @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -680,9 +708,10 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
         decoder_input_ids: torch.LongTensor | None = None,
         decoder_attention_mask: torch.Tensor | None = None,
         encoder_outputs: tuple[torch.Tensor] | BaseModelOutput | None = None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         decoder_inputs_embeds: torch.Tensor | None = None,
+        decoder_position_ids: torch.LongTensor | None = None,
         labels: torch.LongTensor | None = None,
         use_cache: bool | None = None,
         **kwargs: Unpack[TransformersKwargs],
@@ -703,9 +732,10 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
             decoder_input_ids=decoder_input_ids,
             decoder_attention_mask=decoder_attention_mask,
             encoder_outputs=encoder_outputs,
-            past_key_values=past_key_values,
+            cache=cache,
             inputs_embeds=inputs_embeds,
             decoder_inputs_embeds=decoder_inputs_embeds,
+            decoder_position_ids=decoder_position_ids,
             use_cache=use_cache,
             **kwargs,
         )
@@ -721,7 +751,7 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
         return Seq2SeqLMOutput(
             loss=loss,
             logits=logits,
-            past_key_values=outputs.past_key_values,
+            cache=outputs.cache,
             decoder_hidden_states=outputs.decoder_hidden_states,
             decoder_attentions=outputs.decoder_attentions,
             cross_attentions=outputs.cross_attentions,
@@ -776,13 +806,26 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
                 f"max_position_embeddings ({self.config.max_position_embeddings}); ask for fewer tokens, or raise "
                 "config.max_position_embeddings (the positional encoding is computed: no retraining needed)."
             )
+        cache, decoder_input_ids = kwargs.get("cache"), kwargs.get("decoder_input_ids")
+        if cache is not None and decoder_input_ids is not None and kwargs.get("decoder_attention_mask") is None:
+            # Continuing from a filled cache: generate() tells the tokens it holds from the new ones by the decoder
+            # mask's length, and without a mask would feed them to the decoder again.
+            kwargs["decoder_attention_mask"] = torch.ones_like(decoder_input_ids)
+        decoder_attention_mask = kwargs.get("decoder_attention_mask")
+        if decoder_attention_mask is not None and kwargs.get("decoder_position_ids") is None:
+            # Carried step to step by generate(), so that a padded decoder prompt keeps its positions under any cache
+            # (a static cache turns the 2D mask into a 4D one before the decoder sees it).
+            kwargs["decoder_position_ids"] = positions_of(
+                decoder_attention_mask, decoder_attention_mask.shape[1], 0, decoder_attention_mask.device
+            )
         if paper_decoding and kwargs.get("num_beams", config.num_beams) > 1 and kwargs.get("custom_generate") is None:
             if kwargs.get("do_sample", config.do_sample):
-                raise ValueError(
-                    "paper_decoding=True is beam search without sampling (section 6.1); pass paper_decoding=False "
-                    "for transformers' beam sampling."
+                logger.warning_once(
+                    "The paper's decoding is beam search without sampling (section 6.1): do_sample=True with "
+                    "num_beams > 1 runs transformers' beam sampling."
                 )
-            kwargs["custom_generate"] = gnmt_beam_search
+            else:
+                kwargs["custom_generate"] = gnmt_beam_search
         return super().generate(inputs, generation_config=generation_config, **kwargs)
 
     def _source_lengths(self, source: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:

@@ -20,7 +20,8 @@ from vaswani import VaswaniForConditionalGeneration
 
 DECODING = {
     "greedy": {"num_beams": 1},
-    "beam": {"num_beams": 4, "length_penalty": 0.6},
+    "paper beam": {"num_beams": 4, "length_penalty": 0.6},
+    "transformers beam": {"num_beams": 4, "length_penalty": 0.6, "paper_decoding": False},
     # A high temperature takes the model off the paths it was trained on: the sampled tokens vary with the seed.
     "sample": {"num_beams": 1, "do_sample": True, "top_k": 0, "temperature": 2.0},
 }
@@ -124,6 +125,86 @@ def test_cache_gives_the_logits_of_decoding_without_it(model, padded_batch, dtyp
     assert_same_decoding(tokens, logits, *expected, dtype, DECODING[decoding]["num_beams"])
 
 
+def left_padded(input_ids, attention_mask):
+    """The same sentences padded on the left, as tokenizers with padding_side="left" give them."""
+    lengths = attention_mask.sum(1)
+    order = torch.argsort(attention_mask, dim=1, stable=True)  # padding first, then the tokens in their order
+    assert torch.equal(lengths, attention_mask.gather(1, order).sum(1))
+    return input_ids.gather(1, order), attention_mask.gather(1, order)
+
+
+@pytest.mark.parametrize("cache", ["none", *CACHES])
+@pytest.mark.parametrize("decoding", DECODING)
+def test_the_padding_side_never_changes_a_translation(model, padded_batch, dtype, decoding, cache):
+    """Positions count from each sentence's first token (fairseq's make_positions), not from the batch's."""
+    input_ids, attention_mask = padded_batch
+    options = {"use_cache": False} if cache == "none" else CACHES[cache]
+    expected = decode(model, input_ids, attention_mask, decoding, **options)
+    left = decode(model, *left_padded(input_ids, attention_mask), decoding, **options)
+    assert_same_decoding(*left, *expected, dtype, DECODING[decoding]["num_beams"])
+
+
+@pytest.mark.parametrize("cache", ["none", *CACHES])
+def test_a_left_padded_decoder_prompt_decodes_as_each_prompt_alone(model, translation_pairs, dtype, cache):
+    """Forced target prefixes of different lengths in one batch: each continues as it does alone."""
+    device = model.device
+    start = model.config.decoder_start_token_id
+    sources = [translation_pairs[i][0] for i in (1, 6)]
+    prompts = [[start], [start, *translation_pairs[6][1][:3]]]
+    width = max(map(len, prompts))
+    options = {"use_cache": False} if cache == "none" else CACHES[cache]
+    batch_ids, batch_mask, _ = (t.to(device) for t in pad_pairs([(source, [2]) for source in sources]))
+    decoder_input_ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts], device=device)
+    decoder_attention_mask = torch.arange(width, device=device) >= width - torch.tensor([1, 4], device=device)[:, None]
+    tokens, logits = decode(
+        model,
+        batch_ids,
+        batch_mask,
+        decoder_input_ids=decoder_input_ids,
+        decoder_attention_mask=decoder_attention_mask.long(),
+        **options,
+    )
+    for row, (source, prompt) in enumerate(zip(sources, prompts)):
+        alone_tokens, alone_logits = decode(
+            model, torch.tensor([source], device=device), decoder_input_ids=torch.tensor([prompt], device=device)
+        )
+        steps = len(alone_logits)
+        torch.testing.assert_close(logits[:steps, row], alone_logits[:, 0], **tolerance(dtype))
+        assert torch.equal(tokens[row, width - len(prompt) :][: alone_tokens.shape[1]], alone_tokens[0])
+
+
+@pytest.mark.parametrize("decoding", ["greedy", "paper beam", "transformers beam"])
+def test_generation_continues_from_the_cache_it_returned(model, padded_batch, dtype, decoding):
+    """generate(decoder_input_ids=earlier.sequences, cache=earlier.cache) goes on as one longer call would."""
+    input_ids, attention_mask = padded_batch
+    if DECODING[decoding]["num_beams"] > 1:  # a beam search returns the cache of its beams, not of its answers
+        pytest.skip("beam search's returned cache holds its last beams, not the returned sequences")
+    first = model.generate(
+        input_ids,
+        attention_mask=attention_mask,
+        max_new_tokens=4,
+        min_new_tokens=4,
+        return_dict_in_generate=True,
+        **DECODING[decoding],
+    )
+    assert first.cache.get_seq_length() == first.sequences.shape[1] - 1
+    tokens, logits = decode(
+        model,
+        input_ids,
+        attention_mask,
+        decoding,
+        decoder_input_ids=first.sequences,
+        cache=first.cache,
+        max_new_tokens=4,
+        min_new_tokens=4,
+    )
+    expected_tokens, expected_logits = decode(
+        model, input_ids, attention_mask, decoding, max_new_tokens=8, min_new_tokens=8
+    )
+    assert torch.equal(tokens, expected_tokens)
+    torch.testing.assert_close(logits, expected_logits[4:], **tolerance(dtype))
+
+
 @pytest.mark.parametrize("decoding", DECODING)
 def test_padded_batch_gives_each_sentence_alone(model, padded_batch, dtype, decoding):
     input_ids, attention_mask = padded_batch
@@ -173,7 +254,7 @@ def test_decoder_positions_advance_under_the_cache(model, padded_batch, cache):
 
 
 def test_step_by_step_decoding_with_the_cache_gives_the_logits_of_one_full_forward(model, translation_pairs, dtype):
-    """Teacher forcing one token at a time through `past_key_values`, as generate() does, and all at once."""
+    """Teacher forcing one token at a time through the `cache`, as generate() does, and all at once."""
     input_ids, attention_mask, labels = (t.to(model.device) for t in pad_pairs(translation_pairs[:5]))
     decoder_input_ids = model.prepare_decoder_input_ids_from_labels(labels)
     with torch.no_grad():
@@ -192,7 +273,7 @@ def test_step_by_step_decoding_with_the_cache_gives_the_logits_of_one_full_forwa
                 encoder_outputs=(out.encoder_last_hidden_state,),
                 attention_mask=attention_mask,
                 decoder_input_ids=decoder_input_ids[:, position : position + 1],
-                past_key_values=out.past_key_values,
+                cache=out.cache,
                 use_cache=True,
             )
             steps.append(out.logits[:, 0])
@@ -214,10 +295,10 @@ def test_cross_attention_cache_holds_each_layers_projection_of_the_encoder_outpu
                 encoder_outputs=(encoded,),
                 attention_mask=attention_mask,
                 decoder_input_ids=out.logits.argmax(-1)[:, -1:],
-                past_key_values=out.past_key_values,
+                cache=out.cache,
                 use_cache=True,
             )
-        cache = out.past_key_values
+        cache = out.cache
         assert isinstance(cache, EncoderDecoderCache)
         for index, layer in enumerate(model.model.decoder.layers):
             attention = layer.encoder_attn

@@ -16,6 +16,7 @@ from conftest import VOCAB_SIZE
 from torch import nn
 
 from vaswani import VaswaniConfig, VaswaniForConditionalGeneration, VaswaniModel, label_smoothed_cross_entropy
+from vaswani.modeling.modeling_vaswani import positions_of
 
 
 def weight_map(config: VaswaniConfig) -> dict[str, tuple[str, slice]]:
@@ -509,8 +510,8 @@ def test_dropout_is_on_each_sublayer_output_and_embedding_sum_and_nowhere_else(
         training_calls = len(calls)
         model.eval()(input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids)
     with torch.no_grad():
-        for stack, ids in (("encoder", input_ids), ("decoder", decoder_input_ids)):
-            positions = model.model.encoder.embed_positions(torch.arange(ids.shape[1]), torch.float32)
+        for stack, ids, mask in (("encoder", input_ids, attention_mask), ("decoder", decoder_input_ids, None)):
+            positions = model.model.encoder.embed_positions(positions_of(mask, ids.shape[1], 0, None), torch.float32)
             dropped_where[f"{stack} embeddings + positions"] = model.model.shared(ids) + positions
 
     def name_of(tensor):

@@ -221,12 +221,12 @@ class VaswaniModelTester:
             "encoder_hidden_states": encoder_hidden_states,
             "encoder_attention_mask": inputs_dict["attention_mask"],
         }
-        past_key_values = decoder(input_ids, attention_mask, use_cache=True, **encoder_kwargs).past_key_values
+        cache = decoder(input_ids, attention_mask, use_cache=True, **encoder_kwargs).cache
 
         next_tokens = ids_tensor((self.batch_size, 3), config.vocab_size)
         next_attention_mask = torch.cat([attention_mask, ids_tensor((self.batch_size, 3), 2)], dim=-1)
         without_past = decoder(torch.cat([input_ids, next_tokens], dim=-1), next_attention_mask, **encoder_kwargs)[0]
-        with_past = decoder(next_tokens, next_attention_mask, past_key_values=past_key_values, **encoder_kwargs)[0]
+        with_past = decoder(next_tokens, next_attention_mask, cache=cache, **encoder_kwargs)[0]
 
         self.parent.assertEqual(with_past.shape[1], next_tokens.shape[1])
         torch.testing.assert_close(with_past, without_past[:, -3:], atol=1e-3, rtol=1e-3)
