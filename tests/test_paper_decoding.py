@@ -1,6 +1,7 @@
 """Section 6.1's decoding (modeling/generation_vaswani.py): beam search scored with the GNMT length penalty
 ((5 + |Y|) / 6) ** alpha, and each sentence's own limit of its source length + 50 tokens."""
 
+import logging
 import math
 
 import pytest
@@ -129,13 +130,31 @@ def test_paper_and_transformers_beam_search_rank_by_their_own_penalty(trained_ti
     torch.testing.assert_close(ours.sequences_scores[::4], (raw / ((5 + lengths) / 6) ** 0.6)[::4], atol=1e-5, rtol=0)
 
 
-def test_paper_decoding_refuses_sampling(tiny_model, source_batch):
-    input_ids, attention_mask = source_batch
-    with pytest.raises(
-        ValueError,
-        match=r"paper_decoding=True is beam search without sampling \(section 6.1\); pass paper_decoding=False",
-    ):
-        tiny_model.generate(input_ids, attention_mask=attention_mask, do_sample=True, num_beams=2)
+def test_beam_sampling_on_the_default_config_is_transformers_beam_sampling_with_a_notice(
+    trained_tiny_model, translation_pairs, caplog
+):
+    """The paper's search does not sample: do_sample=True with beams runs transformers' beam sampling, and says so."""
+    input_ids, attention_mask, _ = pad_pairs(translation_pairs[:3])
+    options = {"do_sample": True, "num_beams": 4, "temperature": 2.0, "max_new_tokens": 8}
+
+    def sample(**extra):
+        with torch.random.fork_rng():
+            torch.manual_seed(0)
+            return trained_tiny_model.generate(input_ids, attention_mask=attention_mask, **options, **extra)
+
+    logging.Logger.warning_once.cache_clear()  # transformers' once-per-process notices: this test must see it
+    transformers_logger = logging.getLogger("transformers")
+    transformers_logger.addHandler(caplog.handler)  # the library's loggers do not propagate to the root logger
+    try:
+        default = sample()
+    finally:
+        transformers_logger.removeHandler(caplog.handler)
+    assert torch.equal(default, sample(paper_decoding=False))
+    notices = [record.getMessage() for record in caplog.records if "beam sampling" in record.getMessage()]
+    assert notices == [
+        "The paper's decoding is beam search without sampling (section 6.1): do_sample=True with num_beams > 1 runs "
+        "transformers' beam sampling."
+    ]
 
 
 def test_a_new_model_decodes_as_the_paper(tiny_config):
