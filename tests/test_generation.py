@@ -318,22 +318,30 @@ def test_cross_attention_keys_are_computed_once(model, padded_batch):
     assert len(calls) == 1
 
 
-def test_static_cache_generation_compiles_to_one_graph(model, padded_batch, dtype):
-    """The static-cache path that generate() compiles on GPUs: one graph (fullgraph=True), the same logits."""
+@pytest.mark.parametrize("decoding", ["greedy", "paper beam"])
+def test_static_cache_generation_compiles_to_one_graph(model, padded_batch, dtype, decoding):
+    """The static-cache path that generate() compiles on GPUs, for greedy search and for the default decoding (the
+    paper's beam search): every step after the first runs one graph (fullgraph=True), with the same logits."""
+    from torch._dynamo.utils import counters
     from transformers import CompileConfig
 
     input_ids, attention_mask = padded_batch
     compile_config = CompileConfig(fullgraph=True, mode="default")
     compile_config._compile_all_devices = True  # generate() compiles on accelerators only unless told so
+    torch._dynamo.reset()
+    counters.clear()
     compiled = decode(
         model,
         input_ids,
         attention_mask,
+        decoding,
         max_new_tokens=8,
         cache_implementation="static",
         compile_config=compile_config,
     )
-    assert_same_decoding(*compiled, *decode(model, input_ids, attention_mask, max_new_tokens=8), dtype)
+    assert counters["stats"]["unique_graphs"] == 1, "the decoding steps did not run as one compiled graph"
+    expected = decode(model, input_ids, attention_mask, decoding, max_new_tokens=8)
+    assert_same_decoding(*compiled, *expected, dtype, DECODING[decoding]["num_beams"])
 
 
 def test_sdpa_and_eager_agree(trained_tiny_model, translation_pairs, device, dtype):
