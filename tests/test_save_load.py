@@ -11,13 +11,14 @@ import zipfile
 import pytest
 import torch
 from conftest import REPO_ROOT
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
 from transformers.testing_utils import CaptureLogger, LoggingLevel
 from transformers.utils import logging
 
 import vaswani
 from vaswani import VaswaniConfig, VaswaniForConditionalGeneration, VaswaniModel
+from vaswani.configuration.configuration_vaswani import remote_code_files
 
 
 def test_round_trip_gives_identical_logits(tiny_model, source_batch, tmp_path):
@@ -114,6 +115,31 @@ def test_fresh_process_without_the_package_loads_with_remote_code(tiny_model, so
     )
     assert torch.equal(remote["paper"], paper.sequences)
     torch.testing.assert_close(remote["scores"], paper.sequences_scores, atol=1e-5, rtol=1e-5)
+
+
+def test_refreshing_a_folder_saved_by_an_earlier_version_gives_it_this_versions_code(tiny_model, tmp_path):
+    """README, "Loading anywhere": a folder keeps the code it was saved with; loading it with the package installed
+    and saving it again replaces that code (and what the config says of it), and leaves the weights as they were."""
+    old, new = tmp_path / "old", tmp_path / "new"
+    tiny_model.save_pretrained(old)
+    code_files = ("configuration_vaswani.py", "generation_vaswani.py", "modeling_vaswani.py", "pipeline_vaswani.py")
+    for name in code_files:  # as an earlier version left them: other code, another version and hash
+        (old / name).write_text("# saved by vaswani 0.1.0\n" + (old / name).read_text())
+    config = json.loads((old / "config.json").read_text())
+    (old / "config.json").write_text(json.dumps({**config, "vaswani_version": "0.1.0", "code_sha256": "0" * 64}))
+
+    VaswaniForConditionalGeneration.from_pretrained(old).save_pretrained(new)
+
+    current = remote_code_files()
+    assert {name: (new / name).read_text() for name in code_files} == current
+    refreshed = json.loads((new / "config.json").read_text())
+    assert refreshed["vaswani_version"] == vaswani.__version__
+    assert (
+        refreshed["code_sha256"] == hashlib.sha256("".join(current[n] for n in sorted(current)).encode()).hexdigest()
+    )
+    assert load_file(new / "model.safetensors").keys() == load_file(old / "model.safetensors").keys()
+    for name, tensor in load_file(old / "model.safetensors").items():
+        assert torch.equal(load_file(new / "model.safetensors")[name], tensor), name
 
 
 def test_remote_loaded_model_saves_a_folder_that_loads_again(tiny_model, tmp_path):
