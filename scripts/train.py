@@ -23,14 +23,12 @@ import signal
 import sys
 import time
 from dataclasses import asdict, dataclass, field
-from datetime import timedelta
 from functools import partial
 from pathlib import Path
 from typing import Literal
 
 import torch
-from accelerate import Accelerator
-from accelerate.utils import DistributedType, InitProcessGroupKwargs, ProjectConfiguration, gather_object, set_seed
+from accelerate.utils import DistributedType, gather_object, set_seed
 from tqdm.auto import tqdm
 
 from vaswani import PRESETS, VaswaniConfig, VaswaniForConditionalGeneration, label_smoothed_cross_entropy
@@ -58,6 +56,7 @@ from vaswani.training.data import (
     tokenize_split,
     tokenizer_fingerprint,
 )
+from vaswani.training.distributed import LaunchedStrategy, configure_deepspeed, describe, shard_shared_embedding
 from vaswani.training.evaluation import validate
 from vaswani.training.faults import StopSignal, check_free_space, non_finite_loss_message, resume_command
 from vaswani.training.hub import PushError, push_to_hub
@@ -326,18 +325,20 @@ def main(argv):
     keep = max(args.keep_checkpoints, args.average_last)
     check_free_space(output_dir, VaswaniForConditionalGeneration, config, keep, len(list_checkpoints(checkpoint_root)))
 
-    # Accelerate picks up what `accelerate launch` set: processes, DDP / FSDP / DeepSpeed, precision. Without a GPU,
-    # cpu=True lets several launched processes train together over gloo.
-    accelerator = Accelerator(
-        cpu=args.cpu or not torch.accelerator.is_available(),
+    # Accelerate picks up what `accelerate launch` set: processes, DDP / FSDP / DeepSpeed, precision; the run gets
+    # that strategy or stops here saying why (vaswani.training.distributed).
+    strategy = LaunchedStrategy.from_environment(cpu=args.cpu)
+    accelerator = strategy.accelerator(
+        output_dir,
+        args.ddp_timeout,
         mixed_precision=args.mixed_precision,
         gradient_accumulation_steps=args.grad_accum,
         step_scheduler_with_optimizer=False,  # our schedule steps once per optimizer step, whatever the process count
         log_with=None if args.report_to == "none" else args.report_to,
-        project_config=ProjectConfiguration(project_dir=str(output_dir), logging_dir=str(output_dir)),
-        kwargs_handlers=[InitProcessGroupKwargs(timeout=timedelta(seconds=args.ddp_timeout))],
     )
+    strategy.check(accelerator)
     main_process, say = accelerator.is_main_process, accelerator.print
+    say(f"strategy: {describe(accelerator)}")
 
     # --- Data (section 5.1), tokenized once into Arrow next to the dataset. The main process tokenizes first; then
     # the first process of every other machine, which finds the files on a shared file system or else builds its
@@ -398,6 +399,7 @@ def main(argv):
     # --- Model, optimizer and schedule (section 5.3). ---
     set_seed(args.seed)  # the same initial weights on every process
     model = VaswaniForConditionalGeneration(config)
+    shard_shared_embedding(accelerator, model)
     say(
         f"model: preset {args.preset}, {model.num_parameters() / 1e6:.1f}M parameters, d_model {config.d_model}, "
         f"dropout {config.dropout}, vocabulary {config.vocab_size}"
@@ -407,8 +409,7 @@ def main(argv):
     )
     peak_lr = peak_lr_of(args.lr_schedule, config.d_model, args.warmup_steps, args.lr_scale, args.peak_lr)
     scheduler = inverse_sqrt_schedule(optimizer, args.warmup_steps, peak_lr)
-    if accelerator.state.deepspeed_plugin is not None:  # batches are counted in tokens; DeepSpeed wants a number
-        accelerator.state.deepspeed_plugin.deepspeed_config["train_micro_batch_size_per_gpu"] = 1
+    configure_deepspeed(accelerator, args.max_grad_norm)
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
     if accelerator.gradient_accumulation_steps != args.grad_accum:
         raise UsageError(
@@ -660,6 +661,7 @@ def main(argv):
             "train_pairs_truncated": train.truncated,
             "train_pairs_without_text": train.without_text,
             "skipped_steps": state.skipped_steps,
+            "strategy": describe(accelerator),
             "hardware": hardware_description(accelerator),
             "world_size": accelerator.num_processes,
             "processes": processes,  # per process: checksums of its weights, and whether it tokenized the corpus

@@ -1,4 +1,4 @@
-"""A small stand-in for the Hugging Face Hub on 127.0.0.1, so that tests can drive the real clients end to end.
+"""A small stand-in for the Hugging Face Hub on the loopback, so that tests can drive the real clients end to end.
 
 It speaks the part of the Hub's HTTP API that `huggingface_hub` and `transformers` use to create a repo, upload files
 in one commit and download them again by branch, tag or commit. Point the clients at it with the environment
@@ -8,9 +8,9 @@ files go through the older Git LFS protocol, which the client falls back to).
     with HubServer(users={"alice": "hf_alice_secret"}) as hub:
         subprocess.run([...], env={**os.environ, "HF_ENDPOINT": hub.url, "HF_TOKEN": "hf_alice_secret"})
 
-Two servers run, as on the real Hub: the Hub itself (`hub.url`), and a storage server standing in for its S3 bucket
-and CDN (`hub.storage_url`), which receives LFS uploads and serves LFS downloads through signed URLs handed out by
-the Hub. Like S3 with a presigned URL, the storage server refuses any request that carries an Authorization header,
+Two servers run on two hosts, as on the real Hub: the Hub itself (`hub.url`, on 127.0.0.1), and a storage server
+standing in for its S3 bucket and CDN (`hub.storage_url`, on 127.0.0.2), which receives LFS uploads and serves LFS
+downloads through signed URLs handed out by the Hub. Like S3 with a presigned URL, the storage server refuses any request that carries an Authorization header,
 so a client that leaked the Hub token to it would fail.
 
 Endpoints of the Hub (TYPE is model, dataset or space; REPO is "namespace/name"; REV is a branch, a tag or a full
@@ -899,14 +899,15 @@ class _StorageHandler(_BaseHandler):
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
 
-    def __init__(self, hub: Hub, handler: type[_BaseHandler]):
-        super().__init__(("127.0.0.1", 0), handler)  # port 0: the system picks a free port
+    def __init__(self, hub: Hub, handler: type[_BaseHandler], host: str):
+        super().__init__((host, 0), handler)  # port 0: the system picks a free port
         self.hub = hub
         self.hub_requests = []
 
 
 class HubServer:
-    """Run a `Hub` on 127.0.0.1 (free ports, background threads) for the duration of a `with` block.
+    """Run a `Hub` on 127.0.0.1 and its storage on 127.0.0.2 (free ports, background threads) for the duration of a
+    `with` block. Two hosts, as the Hub and its CDN are: a client must not send its token to the storage's signed URLs.
 
     Args:
         users: user name -> the token that authenticates it.
@@ -920,9 +921,9 @@ class HubServer:
 
     def __init__(self, users: dict[str, str], orgs: dict[str, list[str]] | None = None):
         self.hub = Hub(users, orgs)
-        self._servers = [_Server(self.hub, _HubHandler), _Server(self.hub, _StorageHandler)]
+        self._servers = [_Server(self.hub, _HubHandler, "127.0.0.1"), _Server(self.hub, _StorageHandler, "127.0.0.2")]
         self.url = self.hub.url = f"http://127.0.0.1:{self._servers[0].server_port}"
-        self.storage_url = self.hub.storage_url = f"http://127.0.0.1:{self._servers[1].server_port}"
+        self.storage_url = self.hub.storage_url = f"http://127.0.0.2:{self._servers[1].server_port}"
         self._threads = [threading.Thread(target=server.serve_forever, daemon=True) for server in self._servers]
 
     @property

@@ -37,6 +37,9 @@ from vaswani import VaswaniConfig, VaswaniForConditionalGeneration, VaswaniModel
 from vaswani.modeling.modeling_vaswani import VaswaniDecoder, VaswaniEncoder
 
 
+# The common tests pass the cache under its old name on purpose, to check that it still works and warns.
+pytestmark = pytest.mark.filterwarnings("default:`past_key_values` is deprecated:FutureWarning")
+
 FETCH_COMMAND = 'PYTHONPATH="$(python3 tests/test_modeling_common.py)" python3 -m pytest tests/test_modeling_common.py'
 
 # Modules that `tests/test_modeling_common.py` and `tests/test_configuration_common.py` import from subfolders of the

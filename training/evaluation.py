@@ -8,6 +8,7 @@ We call sacreBLEU directly rather than through the `evaluate` package: `evaluate
 metric's code from the Hub at run time, which fails offline and runs downloaded code, for the same number.
 """
 
+import itertools
 import math
 import re
 from dataclasses import asdict, dataclass, field
@@ -181,11 +182,26 @@ def validate(
 ):
     """Validation during training, shared out over the processes: the cross-entropy per target token (no label
     smoothing) over `valid_loader` (each process's share of the batches), and BLEU of `bleu_pairs` (sources,
-    references), each process translating a contiguous share."""
+    references), each process translating a contiguous share.
+
+    Every process makes the same number of forward passes and `generate()` calls, and decodes until all of them are
+    done (`synced_gpus`): under FSDP every forward pass gathers the weights from all processes, so one that stopped
+    early would leave the others waiting. A process with fewer batches runs one-token filler batches that count
+    nothing; one with fewer sentences translates copies of the first and drops them.
+    """
     was_training = model.training
     model.eval()
+    config = model.config
+    filler = {
+        "input_ids": torch.tensor([[config.eos_token_id]]),
+        "attention_mask": torch.tensor([[1]]),
+        "decoder_input_ids": torch.tensor([[config.decoder_start_token_id]]),
+        "labels": torch.tensor([[-100]]),
+    }
+    batches_each = accelerator.gather(torch.tensor([len(valid_loader)], device=accelerator.device))
+    batches = itertools.chain(valid_loader, itertools.repeat(filler, int(batches_each.max()) - len(valid_loader)))
     totals = torch.zeros(2, dtype=torch.float64, device=accelerator.device)  # loss sum, target tokens
-    for batch in valid_loader:
+    for batch in batches:
         batch = {key: value.to(accelerator.device) for key, value in batch.items()}
         with accelerator.autocast():
             logits = model(
@@ -204,18 +220,19 @@ def validate(
         from accelerate.utils import gather_object
 
         share = math.ceil(len(sources) / accelerator.num_processes)
-        mine = sources[accelerator.process_index * share : (accelerator.process_index + 1) * share]
+        mine = list(sources[accelerator.process_index * share : (accelerator.process_index + 1) * share])
         with accelerator.autocast():
             hypotheses = translate(
                 model,
                 tokenizer,
-                list(mine),
+                mine + [sources[0]] * (share - len(mine)),
                 batch_size=batch_size,
                 num_beams=num_beams,
                 length_penalty=length_penalty,
                 max_source_length=max_source_length,
+                synced_gpus=accelerator.num_processes > 1,
             )
-        hypotheses = gather_object(hypotheses)  # in process order, so in the order of the pairs
+        hypotheses = gather_object(hypotheses[: len(mine)])  # in process order, so in the order of the pairs
         score, signature = corpus_bleu(hypotheses, references)
         result.update(bleu=score.score, bleu_signature=signature, example=hypotheses[0])
     model.train(was_training)

@@ -1,0 +1,176 @@
+"""The multi-device strategies that configs/ ships, through scripts/train.py on two gloo processes of this CPU: plain
+DDP, FSDP2 (configs/fsdp.yaml), a launch that asks for what the machine cannot give, and a lost process that restarts
+the job.
+
+accelerate sets FSDP up on GPU-like devices only. `FSDP_ON_CPU` is the smallest override of accelerate's state that
+lets FSDP2 run here: it takes the CPU's gloo processes for GPUs (their backend and their device). train.py never does
+this; only these tests do, to run the rest of the FSDP path as it runs on GPUs.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from conftest import REPO_ROOT
+from safetensors.torch import load_file
+from test_training import FAST, free_port, make_dataset, make_tokenizer, max_difference, read_log
+
+from vaswani import VaswaniForConditionalGeneration
+from vaswani.training.batching import TokenBucketSampler
+
+
+FSDP_ON_CPU = """
+    # The override of accelerate's state (tests only): the gloo processes of this CPU taken for GPUs.
+    import torch
+    from accelerate.state import PartialState
+    from accelerate.utils import DistributedType
+
+    PartialState._prepare_backend = lambda self, *args, **kwargs: ("gloo", DistributedType.MULTI_GPU)
+    PartialState.set_device = lambda self: setattr(self, "device", torch.device("cpu"))
+"""
+
+# Rank 1 dies without a word (SIGKILL, as a lost machine) after step 6 of its first life; the checkpoint of step 4
+# is the last one written.
+KILLED_AFTER_STEP_6 = """
+    import os
+    import signal
+
+    add_step = train.TrainState.add_step
+
+    def add_step_then_die(self, *args, **kwargs):
+        add_step(self, *args, **kwargs)
+        first_life = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
+        if self.step == 6 and first_life and os.environ["RANK"] == "1":
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    train.TrainState.add_step = add_step_then_die
+"""
+
+# Eight steps of two processes, checkpoints and validation every four, BLEU on one sentence (so one process has
+# none to translate): as every launch below trains.
+STEPS = ["--max_steps", 8, "--save_every", 4, "--average_last", 2, "--eval_every", 4, "--eval_bleu_samples", 1]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    """A corpus whose validation split gives the two processes unequal numbers of batches."""
+    root = tmp_path_factory.mktemp("distributed")
+    data = make_dataset(root / "data", {"train": 400, "validation": 13})
+    tokenizer = make_tokenizer(root / "tokenizer")
+    return data, tokenizer
+
+
+def arguments(corpus, output_dir, *extra):
+    data, tokenizer = corpus
+    return [
+        "--dataset_dir", data, "--tokenizer", tokenizer, "--output_dir", output_dir, *FAST, "--batch_tokens", 300,
+        *STEPS, "--report_to", "none", "--ddp_timeout", 60, *extra,
+    ]  # fmt: skip
+
+
+def launch(config, *script_and_arguments, launcher_options=(), timeout=300, check=True):
+    """`accelerate launch` of two processes with a config of configs/ (or --multi_gpu for DDP) and float32."""
+    which = ["--multi_gpu"] if config is None else ["--config_file", str(REPO_ROOT / "configs" / config)]
+    command = [
+        sys.executable, "-m", "accelerate.commands.launch", *which, "--num_processes", "2", "--num_machines", "1",
+        "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port()),
+        *launcher_options, *map(str, script_and_arguments),
+    ]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    result = subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=REPO_ROOT, env=env)
+    if check:
+        assert result.returncode == 0, f"{' '.join(command)} failed:\n{result.stdout[-3000:]}\n{result.stderr[-5000:]}"
+    return result
+
+
+def patched_train(folder, *patches):
+    """A script that runs `patches`, then scripts/train.py's main (accelerate launch takes a file)."""
+    script = Path(folder) / "patched_train.py"
+    body = "".join(textwrap.dedent(patch) for patch in patches)
+    script.write_text(f"import sys\nfrom vaswani.scripts import train\n{body}\ntrain.main(sys.argv[1:])\n")
+    return script
+
+
+def final_weights(output_dir, name="model.safetensors"):
+    return load_file(str(Path(output_dir) / name))
+
+
+@pytest.fixture(scope="module")
+def ddp_run(corpus, tmp_path_factory):
+    output_dir = tmp_path_factory.mktemp("ddp") / "out"
+    launch(None, REPO_ROOT / "scripts" / "train.py", *arguments(corpus, output_dir))
+    return output_dir
+
+
+def test_the_validation_split_gives_the_processes_unequal_shares(corpus):
+    """What the validation tests below rely on: one process has more batches than the other."""
+    from datasets import load_from_disk
+
+    pairs = load_from_disk(str(corpus[0]))["validation"]["translation"]
+    lengths = [[len(pair[side].split()) + 1 for pair in pairs] for side in ("en", "es")]
+    shares = [
+        len(TokenBucketSampler(*lengths, 300, shuffle=False, num_replicas=2, rank=rank, drop_remainder=False))
+        for rank in (0, 1)
+    ]
+    assert shares[0] != shares[1]
+
+
+def test_ddp_validates_with_unequal_shares_and_says_which_strategy_ran(ddp_run):
+    summary = json.loads((ddp_run / "training_summary.json").read_text())
+    assert summary["strategy"] == "data parallel (MULTI_CPU, gloo), 2 processes on cpu, mixed precision no"
+    assert [r["step"] for r in read_log(ddp_run) if "val_loss" in r] == [4, 8, 8]  # periodic, then the final model
+
+
+def test_a_launch_that_asks_for_fsdp_on_a_cpu_stops_at_once_saying_why(corpus, tmp_path):
+    result = launch("fsdp.yaml", REPO_ROOT / "scripts" / "train.py", *arguments(corpus, tmp_path / "out"), check=False)
+    assert result.returncode != 0
+    assert (
+        "train.py: error: the launch asks for FSDP, but accelerate set up NO on the CPU (accelerate runs FSDP on GPUs "
+        "only). On a CPU, train with plain data parallelism (`accelerate launch --multi_gpu ...`) or DeepSpeed ZeRO-2 "
+        "(configs/deepspeed_zero2.yaml)."
+    ) in result.stderr
+    assert not (tmp_path / "out" / "checkpoints").exists()
+
+
+@pytest.mark.parametrize("state_dict_type", ["FULL_STATE_DICT", "SHARDED_STATE_DICT"])
+def test_fsdp2_trains_as_ddp_does_and_resumes_exactly(corpus, ddp_run, tmp_path, state_dict_type):
+    """configs/fsdp.yaml (FSDP2, the shared embedding's four holders one shard unit) with FSDP_ON_CPU: the weights
+    of DDP's run to float32 rounding, validation with unequal shares (no hang: --ddp_timeout 60), checkpoints of
+    either kind that resume to the same bits, and a final model that loads whole."""
+    script = patched_train(tmp_path, FSDP_ON_CPU)
+    options = ["--fsdp_state_dict_type", state_dict_type]
+    straight, stopped = tmp_path / "straight", tmp_path / "stopped"
+    result = launch("fsdp.yaml", script, *arguments(corpus, straight), launcher_options=options)
+    assert f"strategy: FSDP2, {state_dict_type}, 2 processes on cpu, mixed precision no" in result.stdout
+    assert max_difference(final_weights(straight), final_weights(ddp_run)) < 1e-5
+    ours, theirs = ([r for r in read_log(run) if "val_loss" in r] for run in (straight, ddp_run))
+    assert [r["val_loss"] for r in ours] == pytest.approx([r["val_loss"] for r in theirs], abs=1e-4)
+
+    launch("fsdp.yaml", script, *arguments(corpus, stopped, "--stop_after", 4), launcher_options=options)
+    launch("fsdp.yaml", script, *arguments(corpus, stopped, "--resume"), launcher_options=options)
+    for name in ("checkpoints/step_0000008/model.safetensors", "model.safetensors"):
+        assert max_difference(final_weights(straight, name), final_weights(stopped, name)) == 0, name
+
+    model, info = VaswaniForConditionalGeneration.from_pretrained(straight, output_loading_info=True)
+    assert (info["missing_keys"], info["unexpected_keys"]) == (set(), set())
+    shared = model.model.shared.weight
+    assert model.lm_head.weight is shared
+    assert model.model.encoder.embed_tokens.weight is shared and model.model.decoder.embed_tokens.weight is shared
+
+
+def test_a_killed_process_restarts_the_job_from_the_last_checkpoint(corpus, ddp_run, tmp_path):
+    """`accelerate launch --max_restarts 1 ... --resume`: rank 1 is SIGKILLed after step 6 (mid-epoch, two steps past
+    the last checkpoint); the launcher restarts both processes, which resume from step 4 and end with the weights
+    of the run that was never interrupted."""
+    output_dir = tmp_path / "out"
+    script = patched_train(tmp_path, KILLED_AFTER_STEP_6)
+    result = launch(None, script, *arguments(corpus, output_dir, "--resume"), launcher_options=["--max_restarts", "1"])
+    assert "resumed from" in result.stdout and "step_0000004" in result.stdout
+    assert f"exitcode  : -{signal.SIGKILL.value}" in result.stderr or "Signals.SIGKILL" in result.stderr
+    for name in ("checkpoints/step_0000008/model.safetensors", "model.safetensors"):
+        assert max_difference(final_weights(ddp_run, name), final_weights(output_dir, name)) == 0, name

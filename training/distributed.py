@@ -1,0 +1,118 @@
+"""The distributed strategy a run gets, and what the recipe needs of it: the Accelerator `accelerate launch` asked for,
+checked to be what was asked, the shared embedding sharded as FSDP2 needs it, and DeepSpeed given the recipe's settings.
+
+`accelerate launch --config_file configs/X.yaml` tells the script which strategy to run through environment variables;
+accelerate then sets it up only where it can (FSDP only on GPU-like devices, for example) and otherwise falls back to
+plain data parallelism without a word. A run here either gets the strategy that was asked for or stops at its start
+saying why (`LaunchedStrategy.check`).
+"""
+
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+from accelerate import Accelerator
+from accelerate.utils import DistributedType, InitProcessGroupKwargs, ProjectConfiguration, parse_flag_from_env
+
+from .checks import UsageError
+
+
+@dataclass(frozen=True)
+class LaunchedStrategy:
+    """What `accelerate launch` asked for (its environment variables), and whether this run is on the CPU."""
+
+    fsdp: bool
+    deepspeed: bool
+    on_cpu: bool
+
+    @classmethod
+    def from_environment(cls, cpu: bool = False) -> "LaunchedStrategy":
+        return cls(
+            fsdp=parse_flag_from_env("ACCELERATE_USE_FSDP"),
+            deepspeed=parse_flag_from_env("ACCELERATE_USE_DEEPSPEED"),
+            on_cpu=cpu or not torch.accelerator.is_available(),
+        )
+
+    def accelerator(self, project_dir, ddp_timeout: int, **options) -> Accelerator:
+        """The Accelerator for this launch. On the CPU, several launched processes train together over gloo: plain
+        data parallelism (accelerate's `cpu=True`), or DeepSpeed on its CPU accelerator (`DS_ACCELERATOR=cpu`)."""
+        process_group = {"timeout": timedelta(seconds=ddp_timeout)}
+        sharded = self.fsdp or self.deepspeed  # set up by accelerate for their devices, or refused by `check`
+        if self.on_cpu and sharded:
+            process_group["backend"] = "gloo"
+        if self.on_cpu and self.deepspeed:
+            os.environ.setdefault("DS_ACCELERATOR", "cpu")  # read when DeepSpeed is first imported, just below
+        return Accelerator(
+            cpu=self.on_cpu and not sharded,
+            project_config=ProjectConfiguration(project_dir=str(project_dir), logging_dir=str(project_dir)),
+            kwargs_handlers=[InitProcessGroupKwargs(**process_group)],
+            **options,
+        )
+
+    def check(self, accelerator: Accelerator) -> None:
+        """Stop unless accelerate set up what the launch asked for."""
+        asked = "FSDP" if self.fsdp else "DeepSpeed" if self.deepspeed else None
+        got = accelerator.distributed_type
+        if self.fsdp and got != DistributedType.FSDP or self.deepspeed and got != DistributedType.DEEPSPEED:
+            where = "the CPU" if self.on_cpu else str(accelerator.device)
+            raise UsageError(
+                f"the launch asks for {asked}, but accelerate set up {got.value} on {where}"
+                + (
+                    " (accelerate runs FSDP on GPUs only). On a CPU, train with plain data parallelism "
+                    "(`accelerate launch --multi_gpu ...`) or DeepSpeed ZeRO-2 (configs/deepspeed_zero2.yaml)."
+                    if self.fsdp and self.on_cpu
+                    else "."
+                )
+            )
+
+
+def describe(accelerator: Accelerator) -> str:
+    """The strategy that runs, in a few words: for the start-up line and training_summary.json."""
+    kind = accelerator.distributed_type
+    processes = f"{accelerator.num_processes} process{'es' if accelerator.num_processes > 1 else ''}"
+    if kind == DistributedType.FSDP:
+        plugin = accelerator.state.fsdp_plugin
+        detail = f"FSDP{plugin.fsdp_version}, {str(plugin.state_dict_type).split('.')[-1]}"
+    elif kind == DistributedType.DEEPSPEED:
+        detail = f"DeepSpeed ZeRO stage {accelerator.state.deepspeed_plugin.zero_stage}"
+    elif kind == DistributedType.NO:
+        detail = "one process"
+    else:
+        detail = f"data parallel ({kind.value}, {torch.distributed.get_backend()})"
+    return f"{detail}, {processes} on {accelerator.device.type}, mixed precision {accelerator.mixed_precision}"
+
+
+def shard_shared_embedding(accelerator: Accelerator, model: torch.nn.Module) -> None:
+    """FSDP2: make the modules that hold the shared embedding matrix (section 3.4) one shard unit.
+
+    The matrix is one parameter held by the shared embedding, the encoder's and decoder's `embed_tokens` and the
+    output projection; `fully_shard` allows a parameter in one unit only, and accelerate groups only the input and
+    output embeddings, so the encoder's and decoder's holders would meet it again in another unit and torch refuses.
+    Done before the optimizer is built, with the options accelerate gives its own units; accelerate then shards the
+    layers and the rest, leaving this unit as it is.
+    """
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    if not accelerator.is_fsdp2:
+        return
+    shared = model.get_input_embeddings().weight
+    holders = [module for module in model.modules() if any(p is shared for p in module.parameters(recurse=False))]
+    plugin = accelerator.state.fsdp_plugin
+    fully_shard(
+        holders,
+        reshard_after_forward=False,  # as accelerate's own embedding unit: it is needed again at the end of forward
+        offload_policy=plugin.cpu_offload,
+        mp_policy=plugin.mixed_precision_policy or MixedPrecisionPolicy(),
+    )
+
+
+def configure_deepspeed(accelerator: Accelerator, max_grad_norm: float) -> None:
+    """Give DeepSpeed the recipe's settings before `prepare` builds its engine. Batches hold a number of tokens, not
+    of sentences, so the batch size DeepSpeed insists on is a placeholder; and the engine clips gradients itself, at
+    its default of 1.0 unless told (accelerate drops a configured 0), where the paper does not clip."""
+    plugin = accelerator.state.deepspeed_plugin
+    if plugin is None:
+        return
+    plugin.deepspeed_config["train_micro_batch_size_per_gpu"] = 1
+    plugin.deepspeed_config["gradient_clipping"] = max_grad_norm
