@@ -507,7 +507,7 @@ def main(argv):
             target_tokens, source_tokens = accelerator.reduce(counts, reduction="sum").tolist()
             # The step's smoothed loss and plain cross-entropy, summed over its tokens, and this process's stop vote.
             sums = torch.zeros(3, dtype=torch.float64, device=accelerator.device)
-            for batch in batches:
+            for index, batch in enumerate(batches):
                 batch = {k: v.to(accelerator.device) for k, v in batch.items()}
                 labels = batch.pop("labels")  # the loss is ours: summed over the step's tokens, not averaged
                 with accelerator.accumulate(model):
@@ -516,15 +516,21 @@ def main(argv):
                     # The step's loss is the sum over all its target tokens divided by their number: DDP's average
                     # over processes and Accelerate's division by the accumulation steps are undone here.
                     scale = accelerator.num_processes * accelerator.gradient_accumulation_steps / target_tokens
-                    accelerator.backward(smoothed.sum() * scale)
+                    loss = smoothed.sum() * scale
                     sums[0] += smoothed.sum().detach().double()
                     sums[1] += plain.sum().double()
+                    if index == len(batches) - 1:
+                        sums[2] = signals.received is not None
+                        # One all-reduce gives every process the same losses and votes: all skip and stop after the
+                        # same steps. Before the last backward pass, since DeepSpeed's engine updates inside it: a
+                        # non-finite loss anywhere makes every process's gradients NaN, which the engine skips.
+                        sums = accelerator.reduce(sums, reduction="sum")
+                        finite = bool(sums[:2].isfinite().all())
+                        if not finite and accelerator.distributed_type == DistributedType.DEEPSPEED:
+                            loss = loss * float("nan")
+                    accelerator.backward(loss)
             if not accelerator.sync_gradients:
                 raise RuntimeError("gradient accumulation is out of step with --grad_accum")
-            sums[2] = signals.received is not None
-            # One all-reduce gives every process the same losses and votes: all skip and stop after the same steps.
-            sums = accelerator.reduce(sums, reduction="sum")
-            finite = bool(sums[:2].isfinite().all())
             learning_rate = scheduler.get_last_lr()[0]
             if finite:  # else the weights and Adam's moments stay as they were
                 if args.max_grad_norm > 0:

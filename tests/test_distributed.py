@@ -73,7 +73,7 @@ def arguments(corpus, output_dir, *extra):
     ]  # fmt: skip
 
 
-def launch(config, *script_and_arguments, launcher_options=(), timeout=300, check=True):
+def launch(config, *script_and_arguments, launcher_options=(), env=None, timeout=300, check=True):
     """`accelerate launch` of two processes with a config of configs/ (or --multi_gpu for DDP) and float32."""
     which = ["--multi_gpu"] if config is None else ["--config_file", str(REPO_ROOT / "configs" / config)]
     command = [
@@ -81,7 +81,7 @@ def launch(config, *script_and_arguments, launcher_options=(), timeout=300, chec
         "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port()),
         *launcher_options, *map(str, script_and_arguments),
     ]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", **(env or {})}
     result = subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=REPO_ROOT, env=env)
     if check:
         assert result.returncode == 0, f"{' '.join(command)} failed:\n{result.stdout[-3000:]}\n{result.stderr[-5000:]}"
@@ -164,13 +164,41 @@ def test_fsdp2_trains_as_ddp_does_and_resumes_exactly(corpus, ddp_run, tmp_path,
 
 
 def test_a_killed_process_restarts_the_job_from_the_last_checkpoint(corpus, ddp_run, tmp_path):
-    """`accelerate launch --max_restarts 1 ... --resume`: rank 1 is SIGKILLed after step 6 (mid-epoch, two steps past
-    the last checkpoint); the launcher restarts both processes, which resume from step 4 and end with the weights
-    of the run that was never interrupted."""
+    """`accelerate launch --max_restarts 1 ... --resume` as the README writes it: rank 1 is SIGKILLed after step 6
+    (mid-epoch, two steps past the last checkpoint); the launcher restarts both processes, which resume from step 4
+    and end with the weights of the run that was never interrupted. TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 gives each
+    restart a store of its own: in the one torchrun shares by default, the restarted processes find the addresses
+    of the lost ones and time out connecting to them (pytorch/pytorch#135712)."""
     output_dir = tmp_path / "out"
     script = patched_train(tmp_path, KILLED_AFTER_STEP_6)
-    result = launch(None, script, *arguments(corpus, output_dir, "--resume"), launcher_options=["--max_restarts", "1"])
+    result = launch(
+        None,
+        script,
+        *arguments(corpus, output_dir, "--resume"),
+        launcher_options=["--max_restarts", "1", "--rdzv_backend", "c10d"],
+        env={"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"},
+    )
     assert "resumed from" in result.stdout and "step_0000004" in result.stdout
-    assert f"exitcode  : -{signal.SIGKILL.value}" in result.stderr or "Signals.SIGKILL" in result.stderr
+    assert f"failed (exitcode: -{signal.SIGKILL.value}) local_rank: 1" in result.stderr  # the launcher saw the kill
     for name in ("checkpoints/step_0000008/model.safetensors", "model.safetensors"):
         assert max_difference(final_weights(ddp_run, name), final_weights(output_dir, name)) == 0, name
+
+
+def test_deepspeed_zero2_trains_as_ddp_does_and_resumes_exactly(corpus, ddp_run, tmp_path):
+    """configs/deepspeed_zero2.yaml on a machine without a GPU: ZeRO-2 for real (DeepSpeed's CPU accelerator, gloo),
+    no clipping as --max_grad_norm 0 says (DeepSpeed's default would clip at 1.0), DDP's weights, exact resume."""
+    train_py = REPO_ROOT / "scripts" / "train.py"
+    straight, stopped = tmp_path / "straight", tmp_path / "stopped"
+    result = launch("deepspeed_zero2.yaml", train_py, *arguments(corpus, straight))
+    assert "strategy: DeepSpeed ZeRO stage 2, 2 processes on cpu, mixed precision no" in result.stdout
+    summary = json.loads((straight / "training_summary.json").read_text())
+    assert summary["hardware"]["distributed_type"] == "DEEPSPEED"
+    for name in ("checkpoints/step_0000008/model.safetensors", "model.safetensors"):
+        assert max_difference(final_weights(straight, name), final_weights(ddp_run, name)) < 1e-6, name
+    ours, theirs = ([r for r in read_log(run) if "val_loss" in r] for run in (straight, ddp_run))
+    assert [r["val_loss"] for r in ours] == pytest.approx([r["val_loss"] for r in theirs], abs=1e-5)
+
+    launch("deepspeed_zero2.yaml", train_py, *arguments(corpus, stopped, "--stop_after", 4))
+    launch("deepspeed_zero2.yaml", train_py, *arguments(corpus, stopped, "--resume"))
+    for name in ("checkpoints/step_0000008/model.safetensors", "model.safetensors"):
+        assert max_difference(final_weights(straight, name), final_weights(stopped, name)) == 0, name

@@ -149,10 +149,11 @@ def save_checkpoint(accelerator, model, config, checkpoint_root, state, keep, in
         accelerator.wait_for_everyone()
         accelerator.save_state(str(temporary))
         if accelerator.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED):
-            # These save sharded or engine-specific files; averaging reads one plain safetensors file, gathered here.
-            accelerate_save(
-                accelerator.get_state_dict(model), temporary / "model.safetensors", safe_serialization=True
-            )
+            # These save sharded or engine-specific files; averaging reads one plain safetensors file, gathered here,
+            # with the shared embedding once (section 3.4), as save_pretrained and plain data parallelism write it.
+            tied = accelerator.unwrap_model(model)._tied_weights_keys
+            weights = {name: tensor for name, tensor in accelerator.get_state_dict(model).items() if name not in tied}
+            accelerate_save(weights, temporary / "model.safetensors", safe_serialization=True)
         accelerator.wait_for_everyone()
         if accelerator.is_main_process:
             config.to_json_file(temporary / "config.json")
