@@ -96,15 +96,21 @@ def shard_shared_embedding(accelerator: Accelerator, model: torch.nn.Module) -> 
 
     if not accelerator.is_fsdp2:
         return
-    shared = model.get_input_embeddings().weight
-    holders = [module for module in model.modules() if any(p is shared for p in module.parameters(recurse=False))]
     plugin = accelerator.state.fsdp_plugin
     fully_shard(
-        holders,
+        shared_embedding_holders(model),
         reshard_after_forward=False,  # as accelerate's own embedding unit: it is needed again at the end of forward
         offload_policy=plugin.cpu_offload,
         mp_policy=plugin.mixed_precision_policy or MixedPrecisionPolicy(),
     )
+
+
+def shared_embedding_holders(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The modules that hold the input embedding matrix as a parameter of their own: for the paper's model the shared
+    embedding, the encoder's and decoder's `embed_tokens` and the output projection (fewer in imported checkpoints
+    that untie them)."""
+    shared = model.get_input_embeddings().weight
+    return [module for module in model.modules() if any(p is shared for p in module.parameters(recurse=False))]
 
 
 def configure_deepspeed(accelerator: Accelerator, max_grad_norm: float) -> None:
