@@ -807,17 +807,12 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
                 "config.max_position_embeddings (the positional encoding is computed: no retraining needed)."
             )
         cache, decoder_input_ids = kwargs.get("cache"), kwargs.get("decoder_input_ids")
-        if cache is not None and decoder_input_ids is not None and kwargs.get("decoder_attention_mask") is None:
-            # Continuing from a filled cache: generate() tells the tokens it holds from the new ones by the decoder
-            # mask's length, and without a mask would feed them to the decoder again.
-            kwargs["decoder_attention_mask"] = torch.ones_like(decoder_input_ids)
-        decoder_attention_mask = kwargs.get("decoder_attention_mask")
-        if decoder_attention_mask is not None and kwargs.get("decoder_position_ids") is None:
-            # Carried step to step by generate(), so that a padded decoder prompt keeps its positions under any cache
-            # (a static cache turns the 2D mask into a 4D one before the decoder sees it).
-            kwargs["decoder_position_ids"] = positions_of(
-                decoder_attention_mask, decoder_attention_mask.shape[1], 0, decoder_attention_mask.device
-            )
+        if cache is not None and cache.get_seq_length():
+            self._check_cache_continues(cache, decoder_input_ids, kwargs.get("num_beams", config.num_beams))
+            if kwargs.get("decoder_attention_mask") is None:
+                # generate() tells the tokens a cache holds from the new ones by the decoder mask's length, and
+                # without a mask would feed them to the decoder again.
+                kwargs["decoder_attention_mask"] = torch.ones_like(decoder_input_ids)
         if paper_decoding and kwargs.get("num_beams", config.num_beams) > 1 and kwargs.get("custom_generate") is None:
             if kwargs.get("do_sample", config.do_sample):
                 logger.warning_once(
@@ -827,6 +822,33 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
             else:
                 kwargs["custom_generate"] = gnmt_beam_search
         return super().generate(inputs, generation_config=generation_config, **kwargs)
+
+    def _prepare_decoder_input_ids_for_generation(self, *args, **kwargs):
+        """transformers' decoder prompt (the start token put in front where missing), and, for a prompt with a padding
+        mask, its positions: carried step to step by generate(), so that a padded prompt keeps them under any cache
+        (a static cache turns the 2D mask into a 4D one before the decoder sees it)."""
+        decoder_input_ids, model_kwargs = super()._prepare_decoder_input_ids_for_generation(*args, **kwargs)
+        mask = model_kwargs.get("decoder_attention_mask")
+        if mask is not None and model_kwargs.get("decoder_position_ids") is None:
+            model_kwargs["decoder_position_ids"] = positions_of(mask, mask.shape[1], 0, mask.device)
+        return decoder_input_ids, model_kwargs
+
+    @staticmethod
+    def _check_cache_continues(cache: Cache, decoder_input_ids: torch.Tensor | None, num_beams: int) -> None:
+        """A filled cache continues the greedy or sampled decoding that returned it, from its sequences."""
+        if decoder_input_ids is None:
+            raise ValueError("Continuing from a filled cache needs the sequences it holds: pass decoder_input_ids.")
+        if num_beams > 1:
+            raise ValueError(
+                "A beam search cannot continue from a cache: a beam search's returned cache holds its last live "
+                "beams, not the sequences it returned. Pass decoder_input_ids=earlier.sequences without the cache."
+            )
+        rows = cache.self_attention_cache.layers[0].keys.shape[0]
+        if rows != decoder_input_ids.shape[0]:
+            raise ValueError(
+                f"The cache holds {rows} sequences, decoder_input_ids {decoder_input_ids.shape[0]}: a cache continues "
+                "the decoding that returned it (a beam search's holds its beams)."
+            )
 
     def _source_lengths(self, source: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
         """Each source sentence's unpadded length, `</s>` included."""

@@ -173,36 +173,67 @@ def test_a_left_padded_decoder_prompt_decodes_as_each_prompt_alone(model, transl
         assert torch.equal(tokens[row, width - len(prompt) :][: alone_tokens.shape[1]], alone_tokens[0])
 
 
-@pytest.mark.parametrize("decoding", ["greedy", "paper beam", "transformers beam"])
+@pytest.mark.parametrize("decoding", ["greedy", "sample"])
 def test_generation_continues_from_the_cache_it_returned(model, padded_batch, dtype, decoding):
-    """generate(decoder_input_ids=earlier.sequences, cache=earlier.cache) goes on as one longer call would."""
+    """generate(decoder_input_ids=earlier.sequences, cache=earlier.cache) goes on as one longer call would (sampling:
+    from the same random stream)."""
     input_ids, attention_mask = padded_batch
-    if DECODING[decoding]["num_beams"] > 1:  # a beam search returns the cache of its beams, not of its answers
-        pytest.skip("beam search's returned cache holds its last beams, not the returned sequences")
-    first = model.generate(
-        input_ids,
-        attention_mask=attention_mask,
-        max_new_tokens=4,
-        min_new_tokens=4,
-        return_dict_in_generate=True,
-        **DECODING[decoding],
-    )
-    assert first.cache.get_seq_length() == first.sequences.shape[1] - 1
-    tokens, logits = decode(
-        model,
-        input_ids,
-        attention_mask,
-        decoding,
-        decoder_input_ids=first.sequences,
-        cache=first.cache,
-        max_new_tokens=4,
-        min_new_tokens=4,
-    )
+    options = {"max_new_tokens": 4, "min_new_tokens": 4, "return_dict_in_generate": True, **DECODING[decoding]}
+    with torch.random.fork_rng():
+        torch.manual_seed(SEED)
+        first = model.generate(input_ids, attention_mask=attention_mask, **options)
+        assert first.cache.get_seq_length() == first.sequences.shape[1] - 1
+        continued = model.generate(
+            input_ids,
+            attention_mask=attention_mask,
+            decoder_input_ids=first.sequences,
+            cache=first.cache,
+            output_logits=True,
+            **options,
+        )
     expected_tokens, expected_logits = decode(
         model, input_ids, attention_mask, decoding, max_new_tokens=8, min_new_tokens=8
     )
-    assert torch.equal(tokens, expected_tokens)
-    torch.testing.assert_close(logits, expected_logits[4:], **tolerance(dtype))
+    assert torch.equal(continued.sequences, expected_tokens)
+    torch.testing.assert_close(torch.stack(continued.logits), expected_logits[4:], **tolerance(dtype))
+
+
+@pytest.mark.parametrize("decoding", ["paper beam", "transformers beam"])
+def test_a_beam_search_refuses_to_continue_from_a_cache(model, padded_batch, decoding):
+    """A beam search's returned cache holds its last live beams, not its answers: continuing from it would decode
+    from the wrong keys and values, so it is refused, naming what to pass instead."""
+    input_ids, attention_mask = padded_batch
+    first = model.generate(
+        input_ids, attention_mask=attention_mask, max_new_tokens=4, num_beams=1, return_dict_in_generate=True
+    )
+    with pytest.raises(ValueError, match="A beam search cannot continue from a cache"):
+        model.generate(
+            input_ids,
+            attention_mask=attention_mask,
+            decoder_input_ids=first.sequences,
+            cache=first.cache,
+            max_new_tokens=4,
+            **DECODING[decoding],
+        )
+    beam = model.generate(input_ids, attention_mask=attention_mask, max_new_tokens=4, return_dict_in_generate=True)
+    with pytest.raises(ValueError, match=r"The cache holds 12 sequences, decoder_input_ids 3"):
+        model.generate(
+            input_ids, attention_mask=attention_mask, decoder_input_ids=beam.sequences, cache=beam.cache, num_beams=1
+        )
+
+
+@pytest.mark.parametrize("decoding", DECODING)
+def test_a_decoder_prompt_without_the_start_token_decodes_the_same_with_its_mask(model, translation_pairs, decoding):
+    """generate() puts the start token in front of a prompt that lacks it, and a 1 in front of its mask: the
+    positions taken from the mask follow (transformers' own generation tests pass such prompts)."""
+    source = torch.tensor([translation_pairs[6][0]], device=model.device)
+    prompt = torch.tensor([translation_pairs[6][1][:2]], device=model.device)
+    without = decode(model, source, decoder_input_ids=prompt, decoding=decoding)
+    with_mask = decode(
+        model, source, decoder_input_ids=prompt, decoder_attention_mask=torch.ones_like(prompt), decoding=decoding
+    )
+    assert torch.equal(with_mask[0], without[0])
+    assert with_mask[0][0, 0].item() == model.config.decoder_start_token_id
 
 
 @pytest.mark.parametrize("decoding", DECODING)
