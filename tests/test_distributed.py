@@ -6,8 +6,8 @@ accelerate sets FSDP up on GPU-like devices only. `FSDP_ON_CPU` is the smallest 
 lets FSDP2 run here: it takes the CPU's gloo processes for GPUs (their backend and their device). train.py never does
 this; only these tests do, to run the rest of the FSDP path as it runs on GPUs.
 
-The tests that launch several runs are marked slow, to keep the default suite within its time; `.ci/run` runs them
-(`python3 -m pytest tests/test_distributed.py -m slow`).
+Every test here launches processes, so the module is marked slow, to keep the default suite within its time;
+`.ci/run` runs it (`python3 -m pytest tests/test_distributed.py tests/test_fsdp.py -m slow`).
 """
 
 import json
@@ -25,6 +25,9 @@ from test_training import FAST, free_port, make_dataset, make_tokenizer, max_dif
 
 from vaswani import VaswaniForConditionalGeneration
 from vaswani.training.batching import TokenBucketSampler
+
+
+pytestmark = pytest.mark.slow
 
 
 FSDP_ON_CPU = """
@@ -140,7 +143,6 @@ def test_a_launch_that_asks_for_fsdp_on_a_cpu_stops_at_once_saying_why(corpus, t
     assert not (tmp_path / "out" / "checkpoints").exists()
 
 
-@pytest.mark.slow  # a few launches each: .ci/run runs them after the default suite
 @pytest.mark.parametrize("state_dict_type", ["FULL_STATE_DICT", "SHARDED_STATE_DICT"])
 def test_fsdp2_trains_as_ddp_does_and_resumes_exactly(corpus, ddp_run, tmp_path, state_dict_type):
     """configs/fsdp.yaml (FSDP2, the shared embedding's four holders one shard unit) with FSDP_ON_CPU: the weights
@@ -167,7 +169,6 @@ def test_fsdp2_trains_as_ddp_does_and_resumes_exactly(corpus, ddp_run, tmp_path,
     assert model.model.encoder.embed_tokens.weight is shared and model.model.decoder.embed_tokens.weight is shared
 
 
-@pytest.mark.slow  # a few launches each: .ci/run runs them after the default suite
 def test_a_killed_process_restarts_the_job_from_the_last_checkpoint(corpus, ddp_run, tmp_path):
     """`accelerate launch --max_restarts 1 ... --resume` as the README writes it: rank 1 is SIGKILLed after step 6
     (mid-epoch, two steps past the last checkpoint); the launcher restarts both processes, which resume from step 4
@@ -189,7 +190,6 @@ def test_a_killed_process_restarts_the_job_from_the_last_checkpoint(corpus, ddp_
         assert max_difference(final_weights(ddp_run, name), final_weights(output_dir, name)) == 0, name
 
 
-@pytest.mark.slow  # a few launches each: .ci/run runs them after the default suite
 def test_deepspeed_zero2_trains_as_ddp_does_and_resumes_exactly(corpus, ddp_run, tmp_path):
     """configs/deepspeed_zero2.yaml on a machine without a GPU: ZeRO-2 for real (DeepSpeed's CPU accelerator, gloo),
     no clipping as --max_grad_norm 0 says (DeepSpeed's default would clip at 1.0), DDP's weights, exact resume."""

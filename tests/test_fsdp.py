@@ -5,7 +5,8 @@ decoder's `embed_tokens` and `lm_head`. FSDP2 manages a parameter in exactly one
 sharded together in one `fully_shard([...])` call.
 
 Each test runs a job on 2 ranks, started with `torch.multiprocessing` from a fork server that has imported this
-module (torch, transformers) once; the ranks write what they observed to files, which the test checks.
+module (torch, transformers) once; the ranks write what they observed to files, which the test checks. Marked slow
+(processes, and a collective made to time out), as tests/test_distributed.py is; `.ci/run` runs both.
 """
 
 import multiprocessing
@@ -31,6 +32,9 @@ from torch.distributed.fsdp import fully_shard
 
 from vaswani import VaswaniConfig, VaswaniForConditionalGeneration
 from vaswani.training.distributed import shared_embedding_holders
+
+
+pytestmark = pytest.mark.slow
 
 
 WORLD_SIZE = 2
