@@ -8,8 +8,11 @@ Neural Machine Translation" (Ott et al., 2018) are the paper's model: post-Layer
 They differ from this package's default only in details the config can name: the sinusoid table's layout and first
 position, biases in the attention projections, the embedding ties, decoding that starts with `</s>` and fairseq's
 dictionary order. DIR holds `dict.SRC.txt`, `dict.TGT.txt` (one joined dictionary, as these models use) and the BPE
-codes (`bpecodes`, or --bpe_codes): the folder gets transformers' FSMTTokenizer (Moses normalisation and tokenization
-with aggressive hyphen splitting, `@@` BPE, Moses detokenization; sacremoses), which loads with AutoTokenizer.
+codes (`bpecodes`, or --bpe_codes): the folder gets vaswani's FairseqMosesTokenizer (modeling/tokenization_fairseq.py,
+which loads with AutoTokenizer): fairseq's `--tokenizer moses --bpe subword_nmt` as fairseq runs them, Moses
+tokenization without normalisation, `@@` BPE and Moses detokenization (sacremoses), with the Moses options the
+checkpoint records (`--moses-no-escape`, `--moses-no-dash-splits`, the languages; fairseq's defaults where it
+records no tokenizer), so that raw text gets the tokens fairseq-interactive gives it.
 Features fairseq has and the paper's model has not (pre-norm, learned positions, layer drop, other activations,
 embedding layer norm, adaptive softmax, ...) are refused by name, not converted approximately.
 
@@ -23,10 +26,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from transformers import FSMTTokenizer
 
 import vaswani  # noqa: F401  (registers the model with the Auto classes)
-from vaswani import VaswaniConfig, VaswaniForConditionalGeneration
+from vaswani import FairseqMosesTokenizer, VaswaniConfig, VaswaniForConditionalGeneration
 from vaswani.training.checks import UsageError, check_writable_dir
 from vaswani.training.cli import command, parse_arguments
 
@@ -66,8 +68,9 @@ UNSUPPORTED = {
 }
 
 
-def read_checkpoint(path: str) -> tuple[dict, dict, dict]:
-    """(model options, task options, state dict) of a fairseq checkpoint, old (`args`) or new (`cfg`) style."""
+def read_checkpoint(path: str) -> tuple[dict, dict, dict | None, dict]:
+    """(model options, task options, tokenizer options or None, state dict) of a fairseq checkpoint, old (`args`) or
+    new (`cfg`) style."""
     with torch.serialization.safe_globals([argparse.Namespace]):
         try:
             state = torch.load(path, map_location="cpu", weights_only=True)
@@ -79,11 +82,16 @@ def read_checkpoint(path: str) -> tuple[dict, dict, dict]:
         raise UsageError(f"{path} has no 'model' entry: not a fairseq checkpoint.")
     if state.get("cfg") is not None:
         model_options, task_options = state["cfg"]["model"], state["cfg"]["task"]
+        tokenizer_options = state["cfg"].get("tokenizer")  # {"_name": "moses", ...}, or None
+        tokenizer_options = None if tokenizer_options is None else options_dict(tokenizer_options)
     elif state.get("args") is not None:
         model_options = task_options = state["args"]
+        # Old style: `--tokenizer moses` and its options sit among all the others.
+        tokenizer_options = options_dict(state["args"])
+        tokenizer_options["_name"] = tokenizer_options.get("tokenizer")
     else:
         raise UsageError(f"{path} records neither 'cfg' nor 'args': its architecture is unknown.")
-    return options_dict(model_options), options_dict(task_options), state["model"]
+    return options_dict(model_options), options_dict(task_options), tokenizer_options, state["model"]
 
 
 def options_dict(options) -> dict:
@@ -178,29 +186,52 @@ def vaswani_state_dict(fairseq_state: dict, config: VaswaniConfig) -> dict[str, 
     return renamed
 
 
+def moses_options(tokenizer_options: dict | None, source_lang: str, target_lang: str) -> dict:
+    """FairseqMosesTokenizer's options: those of fairseq's moses tokenizer (fairseq/data/encoders/moses_tokenizer.py)
+    as the checkpoint records them; where it records no tokenizer (a model trained on pre-tokenized text), fairseq's
+    defaults for `fairseq-interactive --tokenizer moses`, with the model's languages."""
+    options = tokenizer_options or {}
+    name = options.get("_name")
+    if name not in (None, "moses"):
+        raise UsageError(
+            f"The checkpoint was trained with fairseq's --tokenizer {name}; vaswani's converted tokenizer is Moses "
+            "(--tokenizer moses, or none recorded)."
+        )
+    if name is None:
+        options = {}
+    return {
+        "langs": [options.get("source_lang") or source_lang, options.get("target_lang") or target_lang],
+        "moses_no_escape": bool(options.get("moses_no_escape")),
+        "moses_no_dash_splits": bool(options.get("moses_no_dash_splits")),
+    }
+
+
 def fsmt_vocabulary(symbols: list[str]) -> dict[str, int]:
-    """fairseq's `@@` convention ("wor@@ ld") in FSMTTokenizer's end-of-word one ("wor", "ld</w>")."""
+    """fairseq's `@@` convention ("wor@@ ld") in FSMTTokenizer's end-of-word one ("wor", "ld</w>"); the special
+    symbols keep their names (FairseqMosesTokenizer decodes them as words), the "madeupword" fillers are words."""
     vocabulary = {}
     for index, symbol in enumerate(symbols):
-        special = index < len(FAIRSEQ_SPECIALS) or symbol.startswith("madeupword")
+        special = index < len(FAIRSEQ_SPECIALS)
         token = symbol if special else symbol[:-2] if symbol.endswith("@@") else symbol + "</w>"
         vocabulary.setdefault(token, index)
     return vocabulary
 
 
-def write_tokenizer(output_dir: Path, symbols: list[str], bpe_codes: Path, source_lang: str, target_lang: str):
+def write_tokenizer(output_dir: Path, symbols: list[str], bpe_codes: Path, moses: dict):
     vocabulary_file = output_dir / "fairseq_vocab.json"
     vocabulary_file.write_text(json.dumps(fsmt_vocabulary(symbols), ensure_ascii=False), encoding="utf-8")
-    # subword-nmt writes a "#version" line first; FSMTTokenizer reads every line as a merge.
-    merges = [line for line in bpe_codes.read_text(encoding="utf-8").splitlines() if not line.startswith("#version")]
+    # subword-nmt writes a "#version" line first; FSMTTokenizer reads every line as a merge. A merge listed twice
+    # keeps its first rank, as subword-nmt's (FSMTTokenizer would keep the last).
+    lines = [line for line in bpe_codes.read_text(encoding="utf-8").splitlines() if not line.startswith("#version")]
+    merges = dict.fromkeys(" ".join(line.split()[:2]) for line in lines)
     merges_file = output_dir / "fairseq_merges.txt"
-    merges_file.write_text("".join(" ".join(line.split()[:2]) + "\n" for line in merges), encoding="utf-8")
-    tokenizer = FSMTTokenizer(
-        langs=[source_lang, target_lang],
+    merges_file.write_text("".join(merge + "\n" for merge in merges), encoding="utf-8")
+    tokenizer = FairseqMosesTokenizer(
         src_vocab_file=str(vocabulary_file),
         tgt_vocab_file=str(vocabulary_file),
         merges_file=str(merges_file),
         eos_token="</s>",  # FSMTTokenizer calls it the separator only; generate() and the pipeline look for eos
+        **moses,
     )
     tokenizer.save_pretrained(output_dir)
     vocabulary_file.unlink()
@@ -212,11 +243,12 @@ def write_tokenizer(output_dir: Path, symbols: list[str], bpe_codes: Path, sourc
 def main(argv):
     (args,) = parse_arguments([ConversionArguments], argv, description=__doc__.split("\n\n")[0])
     output_dir = check_writable_dir(args.output_dir)
-    model_options, task_options, fairseq_state = read_checkpoint(args.checkpoint)
+    model_options, task_options, tokenizer_options, fairseq_state = read_checkpoint(args.checkpoint)
     source_lang = args.source_lang or task_options.get("source_lang")
     target_lang = args.target_lang or task_options.get("target_lang")
     if not source_lang or not target_lang:
         raise UsageError("The checkpoint does not name its languages: pass --source_lang and --target_lang.")
+    moses = moses_options(tokenizer_options, source_lang, target_lang)
     data_dir = Path(args.data_dir)
     dictionaries = [data_dir / f"dict.{lang}.txt" for lang in (source_lang, target_lang)]
     for dictionary in dictionaries:
@@ -249,7 +281,7 @@ def main(argv):
         )
     model.tie_weights()
     model.save_pretrained(output_dir)
-    write_tokenizer(output_dir, symbols, bpe_codes, source_lang, target_lang)
+    write_tokenizer(output_dir, symbols, bpe_codes, moses)
     print(f"Converted {args.checkpoint} ({source_lang}-{target_lang}, {rows} symbols) into {output_dir}")
     return output_dir
 

@@ -4,6 +4,7 @@ scripts/install.sh makes with scripts/install_fairseq.sh, or the Python VASWANI_
 compared: tokenization, encoder output and decoder log-probabilities
 within 1e-5 in float32, greedy and beam outputs identical; then the converted folder is used as users use one."""
 
+import json
 import os
 import subprocess
 import sys
@@ -36,6 +37,64 @@ REFUSED = {
 SENTENCES = ["The cat sat on the mat.", "A well-known dog jumps over the quick fox, and said it.", "Attention!"]
 MAX_LEN_B = 12  # fairseq_reference.py's
 EOS, PAD = 2, 1
+# Raw text with what Moses normalisation, escaping and hyphen splitting would change: straight and curly quotes,
+# apostrophes, hyphens, & < >, and special-token look-alikes, which fairseq reads as text.
+MOSES_SENTENCES = [
+    'He said "hello" and left.',
+    "She said \u201chello\u201d \u2013 it\u2019s the state-of-the-art, isn\u2019t it?",
+    "It's a well-known fact: the cat doesn't fly -- or does it?",
+    "Tom & Jerry: 3 < 4 > 2 && x-ray &amp; AT&T.",
+    "\u2018Single\u2019 and 'straight' quotes\u2026 a <unk> or </s> tag, and <s>.",
+]
+# fairseq-train's --tokenizer options as the checkpoint records them (new-style cfg or old-style args). "unrecorded"
+# records none (a model trained on text tokenized beforehand): fairseq-interactive is given --tokenizer moses and the
+# model's languages, and the converter gives fairseq's defaults.
+MOSES_VARIANTS = {
+    "unrecorded": ({}, "cfg"),
+    "moses": ({"tokenizer": "moses"}, "cfg"),
+    "no_escape": ({"tokenizer": "moses", "moses_no_escape": True}, "cfg"),
+    "no_dash_splits": ({"tokenizer": "moses", "moses_no_dash_splits": True}, "cfg"),
+    "old_style_args": ({"tokenizer": "moses", "moses_no_escape": True, "moses_no_dash_splits": True}, "args"),
+    "space": ({"tokenizer": "space"}, "cfg"),  # refused: no reference
+}
+# Run with fairseq's Python: fairseq_reference.py's model, saved as fairseq's trainer saves it with the options above,
+# loaded back by fairseq's hub interface, which builds its tokenizer from the checkpoint's recorded options (as
+# fairseq-interactive builds it from its command line), and encodes and decodes raw text as fairseq-interactive does:
+# Moses (fairseq/data/encoders/moses_tokenizer.py), subword-nmt, the dictionary.
+MOSES_REFERENCE = textwrap.dedent(
+    """
+    import argparse, json, sys
+    from pathlib import Path
+    import torch
+    sys.path.insert(0, sys.argv[1])
+    from fairseq_reference import build_model, save
+    from fairseq.models.transformer import TransformerModel
+
+    data, root = Path(sys.argv[2]), Path(sys.argv[3])
+    sentences, variants = json.loads(sys.argv[4]), json.loads(sys.argv[5])
+    torch.serialization.add_safe_globals([argparse.Namespace])
+    torch.manual_seed(0)
+    for name, (options, style) in variants.items():
+        (root / name).mkdir(parents=True)
+        model, args = build_model(data, "transformer_wmt_en_de", {"share_all_embeddings": True, **options})
+        save(model, args, root / name / "checkpoint.pt", style)
+        if options.get("tokenizer") not in (None, "moses"):
+            continue
+        overrides = {"bpe": "subword_nmt", "bpe_codes": str(data / "bpecodes")}
+        if not options:
+            overrides.update(tokenizer="moses", source_lang="en", target_lang="de")
+        hub = TransformerModel.from_pretrained(
+            str(root / name), checkpoint_file="checkpoint.pt", data_name_or_path=str(data), **overrides
+        )
+        ids = [hub.encode(sentence) for sentence in sentences]
+        reference = {
+            "pieces": [hub.apply_bpe(hub.tokenize(sentence)).split() for sentence in sentences],
+            "ids": [sentence.tolist() for sentence in ids],
+            "decoded": [hub.decode(sentence[:-1]) for sentence in ids],
+        }
+        (root / name / "reference.json").write_text(json.dumps(reference))
+    """
+)
 
 
 @pytest.fixture(scope="module")
@@ -54,6 +113,17 @@ def converted(fairseq_dir, tmp_path_factory):
              "--output_dir", root / variant]
         )  # fmt: skip
     return root
+
+
+@pytest.fixture(scope="module")
+def moses_dir(fairseq_dir, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("moses")
+    subprocess.run(
+        [FAIRSEQ_PYTHON, "-c", MOSES_REFERENCE, str(REPO_ROOT / "tests"), str(fairseq_dir / "data"), str(folder),
+         json.dumps(MOSES_SENTENCES), json.dumps(MOSES_VARIANTS)],
+        check=True,
+    )  # fmt: skip
+    return folder
 
 
 def padded(sequences, pad=PAD):
@@ -195,3 +265,47 @@ def test_converted_model_fine_tunes(converted, tmp_path):
     original = AutoModelForSeq2SeqLM.from_pretrained(converted / "decoder_tied")
     assert not torch.equal(reloaded.lm_head.weight, original.lm_head.weight)  # trained, and still tied:
     assert reloaded.lm_head.weight is reloaded.model.decoder.embed_tokens.weight
+
+
+@pytest.mark.parametrize("variant", [name for name, (options, _) in MOSES_VARIANTS.items() if name != "space"])
+def test_raw_text_is_read_as_fairseq_reads_it(fairseq_dir, moses_dir, variant, tmp_path):
+    """The converted tokenizer follows the Moses options the checkpoint records: raw text gets the very BPE pieces
+    and ids fairseq gives it (no punctuation normalisation; escaping and hyphen splitting as recorded), and ids decode
+    to fairseq's text."""
+    convert_fairseq.main(
+        ["--checkpoint", moses_dir / variant / "checkpoint.pt", "--data_dir", fairseq_dir / "data",
+         "--output_dir", tmp_path]
+    )  # fmt: skip
+    reference = json.loads((moses_dir / variant / "reference.json").read_text())
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path)  # no trust_remote_code: `import vaswani` registered it
+    assert type(tokenizer).__name__ == "FairseqMosesTokenizer"
+    # FSMTTokenizer's end-of-word marks in fairseq's continuation marks: ("wor", "ld</w>") is "wor@@ ld".
+    pieces = [
+        [token.removesuffix("</w>") if token.endswith("</w>") else token + "@@" for token in tokenizer.tokenize(text)]
+        for text in MOSES_SENTENCES
+    ]
+    assert pieces == reference["pieces"]
+    assert [tokenizer(text).input_ids for text in MOSES_SENTENCES] == reference["ids"]
+    assert [tokenizer.decode(ids[:-1]) for ids in reference["ids"]] == reference["decoded"]
+
+
+def test_the_sentences_tell_the_moses_options_apart(moses_dir):
+    """Each option changes the pieces of these sentences, so that the test above sees a converter that ignores one;
+    and fairseq keeps the curly quotes, which Moses punctuation normalisation would have made straight."""
+    pieces = {
+        name: json.loads((moses_dir / name / "reference.json").read_text())["pieces"]
+        for name in ("unrecorded", "moses", "no_escape", "no_dash_splits", "old_style_args")
+    }
+    assert pieces["unrecorded"] == pieces["moses"]
+    assert len({json.dumps(value) for name, value in pieces.items() if name != "unrecorded"}) == 4
+    moses = " ".join(" ".join(sentence) for sentence in pieces["moses"]).replace("@@ ", "")  # the BPE undone
+    assert "\u201c" in moses and "\u2019" in moses and "&quot;" in moses and "&apos;" in moses and "&amp;" in moses
+    assert "state @-@ of @-@ the @-@ art" in moses and "x @-@ ray" in moses
+
+
+def test_other_tokenizers_are_refused_by_name(fairseq_dir, moses_dir, tmp_path):
+    with pytest.raises(SystemExit, match="trained with fairseq's --tokenizer space"):
+        convert_fairseq.main(
+            ["--checkpoint", moses_dir / "space" / "checkpoint.pt", "--data_dir", fairseq_dir / "data",
+             "--output_dir", tmp_path]
+        )  # fmt: skip

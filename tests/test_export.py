@@ -9,6 +9,7 @@ import torch
 from conftest import PAIRS, REPO_ROOT
 
 from vaswani import VaswaniConfig, VaswaniForConditionalGeneration
+from vaswani.scripts import export_ctranslate2
 from vaswani.training.export import export, translate_ids, vocabulary
 from vaswani.training.tokenizer import train_bpe_tokenizer
 
@@ -90,3 +91,29 @@ def test_the_unknown_token_is_the_tokenizers_own(trained_text_model, tmp_path):
         export(spelled, tmp_path / "none", renamed)
     export(model, tmp_path / "placeholders")  # no tokenizer: the benchmark's placeholder vocabulary has one
     assert json.loads((tmp_path / "placeholders" / "config.json").read_text())["unk_token"] == "<unk>"
+
+
+@pytest.mark.parametrize("quantization", [None, "float16", "int8", "int8_float32", "int16"])
+def test_export_leaves_the_model_untouched(trained_tiny_model, tmp_path, quantization):
+    """CTranslate2 quantises the arrays it is handed in place (int8, int16: `value *= scale`); the exporter hands it
+    copies, never views of the model's parameters. Trained weights, so that a rescaled row shows: every tensor of the
+    live model is bit-identical after the export."""
+    before = {name: tensor.clone() for name, tensor in trained_tiny_model.state_dict().items()}
+    export(trained_tiny_model, tmp_path, quantization=quantization)
+    after = trained_tiny_model.state_dict()
+    assert after.keys() == before.keys()
+    changed = [name for name, tensor in before.items() if not torch.equal(after[name], tensor)]
+    assert changed == []
+
+
+@pytest.mark.parametrize("quantization", [None, "float16", "int8"])
+def test_check_passes_for_every_quantization(trained_text_model, tmp_path, capsys, quantization):
+    """`vaswani-export-ctranslate2 --check` compares CTranslate2 with the model it exported, which the export left as
+    it was: a trained model passes whatever the quantization."""
+    _, _, folder = trained_text_model
+    arguments = ["--model", folder, "--output_dir", tmp_path / "ct2", "--check", "--check_sentences"]
+    arguments += [source for source, _ in PAIRS]
+    if quantization is not None:
+        arguments += ["--quantization", quantization]
+    assert export_ctranslate2.main(arguments) == tmp_path / "ct2"
+    assert "Greedy outputs identical on 4 sentences" in capsys.readouterr().out

@@ -11,21 +11,29 @@ import math
 from pathlib import Path
 
 import ctranslate2
+import numpy
 import torch
 from ctranslate2.specs import common_spec, transformer_spec
 
 from .checks import UsageError
 
 
+def _array(tensor: torch.Tensor) -> numpy.ndarray:
+    """A float32 copy of `tensor` that owns its memory. CTranslate2 quantises the arrays it is given in place
+    (`value *= scale` for int8 and int16), and `.float().numpy()` of a float32 parameter is a view of the parameter's
+    own storage: the export would rescale the live model's weights."""
+    return tensor.detach().to(device="cpu", dtype=torch.float32, copy=True).numpy()
+
+
 def _linear(spec: common_spec.LinearSpec, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
-    spec.weight = weight.detach().float().numpy()
+    spec.weight = _array(weight)
     if bias is not None:
-        spec.bias = bias.detach().float().numpy()
+        spec.bias = _array(bias)
 
 
 def _layer_norm(spec: common_spec.LayerNormSpec, norm: torch.nn.LayerNorm) -> None:
-    spec.gamma = norm.weight.detach().float().numpy()
-    spec.beta = norm.bias.detach().float().numpy()
+    spec.gamma = _array(norm.weight)
+    spec.beta = _array(norm.bias)
 
 
 def _attention(spec, attention, self_attention: bool) -> None:
@@ -49,9 +57,9 @@ def _feed_forward(spec, feed_forward, norm) -> None:
 
 def _stack_inputs(spec, stack, embedding_spec) -> None:
     positions = torch.arange(stack.config.max_position_embeddings)
-    spec.position_encodings.encodings = stack.embed_positions(positions, torch.float32).numpy()
+    spec.position_encodings.encodings = _array(stack.embed_positions(positions, torch.float32))
     spec.scale_embeddings = math.sqrt(stack.config.d_model)
-    embedding_spec.weight = stack.embed_tokens.weight.detach().float().numpy()
+    embedding_spec.weight = _array(stack.embed_tokens.weight)
 
 
 def build_spec(model) -> transformer_spec.TransformerSpec:
