@@ -43,7 +43,7 @@ stage "training: $PRESET preset, $STEPS steps, warmup then inverse square root p
 "${launch[@]}" scripts/train.py --dataset_dir "$OUT/data" --tokenizer "$OUT/tokenizer" --preset "$PRESET" \
     --output_dir "$OUT/model" --max_steps "$STEPS" --batch_tokens 2000 \
     --lr_schedule short --peak_lr 1e-3 --warmup_steps 130 \
-    --save_every 50 --average_last 5 --eval_every 200 --eval_bleu_samples 100 --log_every 10
+    --save_steps 50 --average_last 5 --eval_steps 200 --eval_bleu_samples 100 --logging_steps 10
 unset OMP_NUM_THREADS
 
 stage "test BLEU with the paper's decoding: beam 4, length penalty 0.6 (scripts/evaluate_bleu.py)"

@@ -1,47 +1,32 @@
-"""The benchmark script runs end to end on the tiny preset (it is checked to work, not timed).
+"""The development tools of benchmarks/ (not installed) run from the checkout's root, as their README says:
+`python -m benchmarks.NAME`. They are run here in subprocesses from the root, the one place their package imports.
 
-Running it takes a minute of timing workers, so those tests are marked `benchmark` (python -m pytest tests -m
-benchmark); the FLOP count behind its MFU figures is a correctness test and stays in the default suite."""
+Running the benchmark and the GPU report's sections takes minutes of timing workers, so those tests are marked
+`benchmark` (python -m pytest tests -m benchmark); what the figures rest on stays in the default suite: the FLOP
+count behind MFU, the training measurement taking the recipe's own step, the GPU report's batches."""
 
 import json
+import sys
 
 import pytest
 import torch
+from helpers import make_dataset, run_command, word_tokenizer
 
-from vaswani.scripts import benchmark, gpu_report
+
+def run_in_checkout(*arguments, timeout=900):
+    """`python ARGUMENTS` from the checkout's root, one thread per process: `-m benchmarks.NAME ...` as
+    benchmarks/README.md runs a tool, or `-c CODE` that imports them; fails the test with its output if it fails."""
+    return run_command([sys.executable, *arguments], timeout=timeout, check=True)
 
 
 @pytest.fixture(scope="module")
 def report(tmp_path_factory):
     output_dir = tmp_path_factory.mktemp("benchmarks")
-    benchmark.main(
-        [
-            "--preset",
-            "tiny",
-            "--rounds",
-            "2",
-            "--repeats",
-            "1",
-            "--warmup",
-            "0",
-            "--batch_tokens",
-            "128",
-            "--train_length",
-            "16",
-            "--gen_batch",
-            "2",
-            "--gen_source_length",
-            "6",
-            "--gen_length",
-            "5",
-            "--sweep_lengths",
-            "32",
-            "--sweep_batch_tokens",
-            "256",
-            "--output_dir",
-            str(output_dir),
-        ]
-    )
+    run_in_checkout(
+        "-m", "benchmarks.benchmark", "--preset", "tiny", "--rounds", "2", "--repeats", "1", "--warmup", "0",
+        "--batch_tokens", "128", "--train_length", "16", "--gen_batch", "2", "--gen_source_length", "6",
+        "--gen_length", "5", "--sweep_lengths", "32", "--sweep_batch_tokens", "256", "--output_dir", output_dir,
+    )  # fmt: skip
     return output_dir
 
 
@@ -70,7 +55,7 @@ def test_benchmark_sweeps_length_and_batch_tokens(report):
 
 
 @pytest.mark.benchmark
-def test_benchmark_reports_mfu_against_the_measured_matmul_ceiling(report):
+def test_benchmark_reports_mfu_against_the_measured_matrix_multiply_ceiling(report):
     data = json.loads((report / "cpu_tiny_float32.json").read_text())
     assert data["matmul_ceiling"]["flops_per_s"] > 0
     for row in data["rows"][:2]:
@@ -79,125 +64,187 @@ def test_benchmark_reports_mfu_against_the_measured_matmul_ceiling(report):
     assert "TFLOP/s (MFU)" in (report / "cpu_tiny_float32.md").read_text()
 
 
-@pytest.mark.parametrize("preset", ["tiny", "small"])
-def test_model_flops_of_a_training_step_match_torch_flop_counter(preset):
-    """The MFU numerator: the counted FLOPs of an eager forward + backward equal the formula exactly."""
-    import torch
-    from torch.utils.flop_counter import FlopCounterMode
-
-    from vaswani import VaswaniConfig, VaswaniForConditionalGeneration
-
-    config = VaswaniConfig.from_preset(preset, vocab_size=500, attn_implementation="eager")
-    model = VaswaniForConditionalGeneration(config)
-    batch, length = 3, 7
-    source, target = torch.randint(4, 500, (batch, length)), torch.randint(4, 500, (batch, length))
-    with FlopCounterMode(display=False) as counter:
-        model(input_ids=source, labels=target).loss.backward()
-    assert benchmark.training_step_flops(config, batch, length) == counter.get_total_flops()
-
-
 @pytest.mark.slow
 @pytest.mark.benchmark
 def test_benchmark_compiled_generation_writes_its_own_table(tmp_path):
-    benchmark.main(
-        [
-            "--preset",
-            "tiny",
-            "--rounds",
-            "1",
-            "--repeats",
-            "1",
-            "--warmup",
-            "1",
-            "--batch_tokens",
-            "128",
-            "--train_length",
-            "16",
-            "--gen_batch",
-            "2",
-            "--gen_source_length",
-            "6",
-            "--gen_length",
-            "5",
-            "--sweep_lengths",
-            "32",
-            "--sweep_batch_tokens",
-            "256",
-            "--no_ctranslate2",
-            "--compile",
-            "--output_dir",
-            str(tmp_path),
-        ]
-    )
+    run_in_checkout(
+        "-m", "benchmarks.benchmark", "--preset", "tiny", "--rounds", "1", "--repeats", "1", "--warmup", "1",
+        "--batch_tokens", "128", "--train_length", "16", "--gen_batch", "2", "--gen_source_length", "6",
+        "--gen_length", "5", "--sweep_lengths", "32", "--sweep_batch_tokens", "256", "--no_ctranslate2", "--compile",
+        "--output_dir", tmp_path,
+    )  # fmt: skip
     data = json.loads((tmp_path / "cpu_tiny_float32_compile.json").read_text())
     assert [row["implementation"] for row in data["rows"]] == ["vaswani", "marian"]
     assert data["settings"]["compile"] and all(row["beam4_sentences_per_s"]["median"] > 0 for row in data["rows"])
     assert "static KV cache and torch.compile" in (tmp_path / "cpu_tiny_float32_compile.md").read_text()
 
 
-# --- The GPU report (scripts/gpu_report.py): its code runs here in quick mode, its figures come from a GPU. ---
+# --- What the figures rest on, checked in one process from the checkout's root. ---
+
+PROBE = """
+import contextlib, copy, io, json, sys
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+from accelerate import Accelerator
+from benchmarks import benchmark, gpu_report_measure, gpu_report_prepare
+from vaswani import VaswaniConfig, VaswaniForConditionalGeneration
+from vaswani.modeling.modeling_vaswani import shift_tokens_right
+from vaswani.training import step
+
+facts = {"train_step_is_the_recipes": benchmark.train_step is step.train_step}
+
+# The MFU numerator: training_step_flops against torch's count of an eager forward + backward.
+facts["flops"] = {}
+for preset in ("tiny", "small"):
+    config = VaswaniConfig.from_preset(preset, vocab_size=500, attn_implementation="eager")
+    model = VaswaniForConditionalGeneration(config)
+    source, target = torch.randint(4, 500, (3, 7)), torch.randint(4, 500, (3, 7))
+    with FlopCounterMode(display=False) as counter:
+        model(input_ids=source, labels=target).loss.backward()
+    facts["flops"][preset] = [benchmark.training_step_flops(config, 3, 7), counter.get_total_flops()]
+
+# The training measurement's steps, recorded as they go into train_step: the weights, batches, random state and
+# settings of each call; then its first step replayed by train_step itself on a copy of those weights.
+calls = []
+def recorded(accelerator, model, optimizer, scheduler, batches, *settings):
+    weights = copy.deepcopy(accelerator.unwrap_model(model).state_dict())
+    calls.append((weights, batches, torch.get_rng_state(), settings, scheduler))
+    return step.train_step(accelerator, model, optimizer, scheduler, batches, *settings)
+
+benchmark.train_step = recorded
+args = benchmark.BenchmarkArguments(preset="tiny", batch_tokens=64, train_length=8, repeats=2, warmup=1)
+args.baseline_rss = 0
+torch.manual_seed(0)
+measured = benchmark.measure_training(benchmark.build_model("vaswani", "tiny", 9), args, 8, 64)
+weights, batches, rng, settings, scheduler = calls[0]
+model = benchmark.build_model("vaswani", "tiny", 9)
+model.load_state_dict(weights)
+accelerator = Accelerator(cpu=True)
+model, optimizer = accelerator.prepare(model, torch.optim.AdamW(model.parameters(), lr=1e-4))
+torch.set_rng_state(rng)
+replayed = step.train_step(accelerator, model, optimizer, None, batches, *settings)
+(batch,) = batches
+facts["training"] = {
+    "calls": len(calls),
+    "settings": list(settings),
+    "scheduler": scheduler,
+    "keys": sorted(batch),
+    "decoder_input_ids_are_shifted_labels": bool(
+        torch.equal(batch["decoder_input_ids"], shift_tokens_right(batch["labels"], 0, 1))
+    ),
+    "losses": measured["losses"],
+    "replayed_loss": replayed.loss / replayed.target_tokens,
+    "tokens": [measured["tokens"], replayed.tokens],
+}
+
+# The worker's flags stay out of --help.
+shown = io.StringIO()
+with contextlib.redirect_stdout(shown), contextlib.suppress(SystemExit):
+    benchmark.main(["--help"])
+facts["help"] = shown.getvalue()
+
+# A section's budget: what runs past it, or fails, is reported as not measured.
+Deadline, measured_in = gpu_report_measure.Deadline, gpu_report_measure.measured
+def broken(left):
+    raise ImportError("ctranslate2 is not installed here")
+facts["budget"] = [
+    measured_in(Deadline(minutes=0), lambda left: {"x": 1}),
+    measured_in(Deadline(1), lambda left: {"x": left}),
+    measured_in(Deadline(1), broken),
+]
+
+# The GPU report's corpus, prepared from the dataset and tokenizer given, and its batches for the rows given.
+data, tokenizer, carry, rows = *sys.argv[1:4], json.loads(sys.argv[4])
+gpu_report_prepare.main(["--dataset_dir", data, "--tokenizer", tokenizer, "--carry_dir", carry, "--corpus_only"])
+pairs = gpu_report_measure.CarriedPairs(carry + "/corpus/train.npz", 0, 1)
+torch.save(pairs[rows], carry + "/batch.pt")
+print(json.dumps(facts))
+"""
+ROWS = [0, 7, 42, 299]
 
 
 @pytest.fixture(scope="module")
-def carried_corpus(tmp_path_factory):
-    """What `benchmark.py --prepare` carries to the device, from a tiny word-for-word corpus."""
-    from test_training import make_dataset, make_tokenizer
-
+def probed(tmp_path_factory):
+    """PROBE's facts, and the corpus it prepared as `benchmarks.gpu_report_prepare` carries it to a GPU machine
+    (from a tiny word-for-word corpus): one process from the checkout's root for all the default suite's checks."""
     root = tmp_path_factory.mktemp("carry")
     data = make_dataset(root / "data", {"train": 300, "validation": 10, "test": 20})
-    gpu_report.prepare_corpus(data, make_tokenizer(root / "tokenizer"), root / "carry" / "corpus")
-    return data, root / "carry"
+    tokenizer, carry = word_tokenizer(root / "tokenizer"), root / "carry"
+    done = run_in_checkout("-c", PROBE, data, tokenizer, carry, json.dumps(ROWS))
+    return json.loads(done.stdout.strip().splitlines()[-1]), data, carry
 
 
-def test_the_devices_padding_is_the_collators(carried_corpus):
-    """time_to_bleu pads the carried numpy pairs itself (no pyarrow on the device): the same tensors as PairCollator
-    gives train.py for the same pairs, read back from the carried files."""
-    import numpy as np
+@pytest.fixture(scope="module")
+def carried_corpus(probed):
+    """The dataset and the folder `benchmarks.gpu_report_prepare` wrote from it (its corpus/)."""
+    return probed[1:]
+
+
+def test_model_flops_of_a_training_step_match_torch_flop_counter(probed):
+    """The MFU numerator: the counted FLOPs of an eager forward + backward equal the formula exactly."""
+    for preset, (formula, counted) in probed[0]["flops"].items():
+        assert formula == counted, preset
+
+
+def test_the_benchmarks_training_measurement_takes_the_recipes_step(probed):
+    """`measure_training` times `vaswani.training.step.train_step` (label smoothing 0.1, no schedule) on a batch of
+    the model's inputs, and the loss it reports is the one train_step gives for the same weights, batch and dropout."""
+    facts = probed[0]
+    training = facts["training"]
+    assert facts["train_step_is_the_recipes"]
+    assert training["calls"] == 3  # one warm-up and two timed steps, each one train_step
+    assert training["settings"] == [0.1] and training["scheduler"] is None
+    assert training["keys"] == ["attention_mask", "decoder_input_ids", "input_ids", "labels"]
+    assert training["decoder_input_ids_are_shifted_labels"]
+    assert len(training["losses"]) == 3 and training["losses"][0] == pytest.approx(training["replayed_loss"], rel=1e-6)
+    assert training["tokens"] == [128, 128]  # 8 pairs of 8 source and 8 target tokens
+
+
+def test_worker_flags_stay_out_of_the_benchmarks_help(probed):
+    shown = probed[0]["help"]
+    assert "--preset" in shown
+    assert not any(flag in shown for flag in ("--implementation", "--sweep_point", "--measure"))
+
+
+def test_a_measurement_past_the_budget_or_failing_is_reported_as_not_measured(probed):
+    spent, in_time, failed = probed[0]["budget"]
+    assert spent == {"not_measured": "the section's time budget ran out before it"}
+    assert in_time["x"] > 50
+    assert failed == {"not_measured": "it failed: ctranslate2 is not installed here"}
+
+
+def test_the_gpu_reports_batches_are_the_collators(carried_corpus):
+    """time_to_bleu batches the carried numpy pairs (`CarriedPairs`, over `vaswani.training.padding.pair_batch`):
+    the same tensors as PairCollator gives train.py for the same pairs of the dataset."""
     from transformers import AutoTokenizer
 
-    from vaswani import VaswaniConfig
     from vaswani.training.data import PairCollator, load_translation_dataset, tokenize_split
 
     data, carry = carried_corpus
     tokenizer = AutoTokenizer.from_pretrained(carry / "corpus" / "tokenizer")
     split = tokenize_split(load_translation_dataset(data, "en", "es")["train"], tokenizer, "en", "es")
-    rows = [0, 7, 42, 299]
-    expected = PairCollator(tokenizer.pad_token_id, tokenizer.bos_token_id)(split.pairs.with_format("arrow")[rows])
-    arrays = np.load(carry / "corpus" / "train.npz")
-    sources, targets = (np.split(arrays[side], arrays[f"{side}_offsets"][1:-1]) for side in ("source", "target"))
-    config = VaswaniConfig(vocab_size=len(tokenizer), pad_token_id=0, decoder_start_token_id=1)
-    padded = gpu_report.pad_batch([sources[r] for r in rows], [targets[r] for r in rows], config, "cpu")
-    assert padded.keys() == expected.keys()
+    expected = PairCollator(tokenizer.pad_token_id, tokenizer.bos_token_id)(split.pairs.with_format("arrow")[ROWS])
+    batch = torch.load(carry / "batch.pt")
+    assert batch.keys() == expected.keys()
     for key in expected:
-        assert torch.equal(padded[key], expected[key]), key
+        assert torch.equal(batch[key], expected[key]), key
 
 
-def test_a_measurement_past_the_budget_or_failing_is_reported_as_not_measured(tmp_path):
-    spent = gpu_report.Deadline(minutes=0)
-    assert gpu_report.measured(spent, lambda left: {"x": 1}) == {
-        "not_measured": "the section's time budget ran out before it"
-    }
-    assert gpu_report.measured(gpu_report.Deadline(1), lambda left: {"x": left})["x"] > 50
-
-    def broken(left):
-        raise ImportError("ctranslate2 is not installed here")
-
-    assert gpu_report.measured(gpu_report.Deadline(1), broken) == {
-        "not_measured": "it failed: ctranslate2 is not installed here"
-    }
+# --- The GPU report end to end, in quick mode: its code runs here, its figures come from a GPU. ---
 
 
 @pytest.mark.benchmark
-def test_quick_mode_runs_every_section_and_assembles_the_page(carried_corpus, tmp_path):
+def test_quick_mode_runs_every_section_and_renders_the_page(carried_corpus, tmp_path):
     _, carry = carried_corpus
     report_dir, docs = tmp_path / "report", tmp_path / "docs"
-    sections = list(gpu_report.SECTIONS)  # one command may run several
-    benchmark.main(
-        ["--device", "cpu", "--quick", "--section", *sections, "--report_dir", report_dir, "--carry_dir", carry]
-    )
-    benchmark.main(["--assemble", "--report_dir", report_dir, "--output_dir", docs])
+    sections = ["correctness", "training", "generation", "time_to_bleu"]  # one command may run several
+    run_in_checkout(
+        "-m", "benchmarks.gpu_report_measure", "--device", "cpu", "--quick", "--section", *sections,
+        "--report_dir", report_dir, "--corpus_dir", carry / "corpus", timeout=1800,
+    )  # fmt: skip
+    run_in_checkout("-m", "benchmarks.gpu_report_render", "--report_dir", report_dir, "--output_dir", docs)
 
-    results = {name: json.loads((report_dir / f"{name}.json").read_text()) for name in gpu_report.SECTIONS}
+    results = {name: json.loads((report_dir / f"{name}.json").read_text()) for name in sections}
     assert all(result["quick"] and result["minutes"] < 6 for result in results.values())
     correctness = results["correctness"]["results"]
     assert correctness["GPU tests (tests/test_gpu.py)"]["skip_reasons"] == ["needs a CUDA device"]
@@ -215,8 +262,11 @@ def test_quick_mode_runs_every_section_and_assembles_the_page(carried_corpus, tm
         for batch in (1, 4)
         for engine in ("eager", "static cache + compile", "CTranslate2 float32", "CTranslate2 int8")
     }
-    points = results["time_to_bleu"]["results"]["points"]
+    time_to_bleu = results["time_to_bleu"]["results"]
+    points = time_to_bleu["points"]
     assert len(points) >= 2 and all(0 <= point["bleu"] <= 100 for point in points)
+    assert [point["steps"] for point in points] == sorted({point["steps"] for point in points})
+    assert time_to_bleu["signature"].startswith("nrefs:1")
 
     page = (docs / "gpu.md").read_text()
     assert page.startswith("# GPU report") and "transformers 5." in page and "Quick mode" in page
@@ -229,19 +279,13 @@ def test_quick_mode_runs_every_section_and_assembles_the_page(carried_corpus, tm
 
 @pytest.mark.benchmark
 def test_learning_curves_train_each_variant_and_marian_and_report_them(carried_corpus, tmp_path):
-    """docs/benchmarks/learning_curves.py end to end on the tiny preset: a JSON per run, the table and the plot."""
-    import subprocess
-    import sys
-    from pathlib import Path
-
+    """benchmarks/learning_curves.py end to end on the tiny preset: a JSON per run, the table and the plot."""
     data, carry = carried_corpus
-    script = Path(__file__).resolve().parent.parent / "docs" / "benchmarks" / "learning_curves.py"
-    command = [sys.executable, script, "--dataset_dir", data, "--tokenizer", carry / "corpus" / "tokenizer"]
-    command += ["--output_dir", tmp_path, "--preset", "tiny", "--max_steps", "6", "--eval_every", "3"]
+    tokenizer = carry / "corpus" / "tokenizer"
+    command = ["-m", "benchmarks.learning_curves", "--dataset_dir", data, "--tokenizer", tokenizer]
+    command += ["--output_dir", tmp_path, "--preset", "tiny", "--max_steps", "6", "--eval_steps", "3"]
     command += ["--batch_tokens", "400", "--warmup_steps", "2", "--bleu_samples", "5", "--report_steps", "3", "6"]
-    command += ["--variants", "vaswani:fairseq", "marian"]
-    done = subprocess.run([str(part) for part in command], capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
+    run_in_checkout(*command, "--variants", "vaswani:fairseq", "marian")
     runs = {path.stem: json.loads(path.read_text()) for path in (tmp_path / "runs").glob("*.json")}
     assert sorted(runs) == ["marian-seed1", "vaswani-fairseq-seed1"]
     assert not list((tmp_path / "runs").glob("*.pt"))  # the resume states go once a run is done

@@ -2,14 +2,14 @@
 
 Marked `gpu`, so the default suite leaves them out: `python -m pytest -m gpu tests/test_gpu.py`. The device-independent
 generation and numerics tests run on the device too: `python -m pytest tests/test_generation.py --device cuda
---dtype bfloat16`. The GPU report (`scripts/benchmark.py --section correctness`) runs both.
+--dtype bfloat16`. The GPU report (`python -m benchmarks.gpu_report_measure --section correctness`) runs both.
 """
 
 import importlib.util
 
 import pytest
 import torch
-from conftest import pad_pairs
+from helpers import pad_pairs
 from transformers import CompileConfig
 
 from vaswani import VaswaniForConditionalGeneration

@@ -2,9 +2,10 @@
 contained a set of sentence pairs containing approximately 25000 source tokens and 25000 target tokens."
 
 `TokenBucketSampler` groups pairs of similar length from the two length arrays alone (numpy: no corpus in Python
-objects), deals the batches out to the processes, and keeps a state of two integers (epoch, position) that
-checkpoints save. It needs only numpy and torch, so that a loop over data of its own (the GPU report's, for one) can
-batch without `datasets` (vaswani.training.data reads and pads the Arrow pairs).
+objects) and deals the batches out to the processes; `StepBatches` takes them a step at a time, epoch after epoch,
+from where a run stands (its `TrainState`: epoch and batch, the one record of the position, which checkpoints save).
+Both need only numpy and torch, so that a loop over data of its own can batch without `datasets`
+(vaswani.training.data reads and pads the Arrow pairs).
 """
 
 import numpy as np
@@ -22,8 +23,9 @@ class TokenBucketSampler(torch.utils.data.Sampler):
     process waiting for a gradient exchange that never comes would hang DDP); without it (validation), every batch is
     used. Only the two length arrays are read; a batch is a list of row indices.
 
-    The state is (epoch, position): `set_epoch(epoch, position)` starts an epoch at the position-th batch of this
-    process, which is how a resumed run continues with exactly the batches an uninterrupted run would have used.
+    `set_epoch(epoch, position)` starts the iteration over an epoch at the position-th batch of this process, which
+    is how a resumed run continues with exactly the batches an uninterrupted run would have used; the sampler keeps no
+    other state.
     """
 
     def __init__(
@@ -114,11 +116,32 @@ class TokenBucketSampler(torch.utils.data.Sampler):
         for batch in mine[self.position :]:
             yield order[bounds[batch] : bounds[batch + 1]].tolist()
 
-    def state_dict(self):
-        return {"epoch": self.epoch, "position": self.position}
 
-    def load_state_dict(self, state):
-        self.set_epoch(state["epoch"], state["position"])
+class StepBatches:
+    """The batches of each optimizer step, `per_step` at a time, from a DataLoader over a `TokenBucketSampler`, epoch
+    after epoch, starting where `state` stands.
+
+    `state` (a `TrainState`: `epoch`, `batch_index`) is the one record of the position: each step's batches advance
+    it, and an epoch too short for another step starts the next epoch's new order of new batches. A sampler built
+    with `batches_per_step=per_step` cuts every epoch to whole steps.
+    """
+
+    def __init__(self, loader, state, per_step):
+        self.loader, self.state, self.per_step = loader, state, per_step
+        loader.sampler.set_epoch(state.epoch, state.batch_index)
+        self.stream = iter(loader)
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        batches = [next(self.stream) for _ in range(self.per_step)]
+        self.state.batch_index += self.per_step
+        if self.state.batch_index + self.per_step > len(self.loader.sampler):
+            self.state.epoch, self.state.batch_index = self.state.epoch + 1, 0
+            self.loader.sampler.set_epoch(self.state.epoch)
+            self.stream = iter(self.loader)
+        return batches
 
 
 def greedy_bounds(source_lengths, target_lengths, max_tokens):

@@ -26,6 +26,12 @@ from .checks import UsageError
 CHECKPOINT_NAME = re.compile(r"^step_(\d{7})$")
 TRAIN_STATE_FILE = "train_state.json"
 LOG_WINDOW_KEYS = ("loss", "nll", "target_tokens", "tokens", "seconds", "steps", "skipped")
+# Settings recorded by checkpoints written before the training command took transformers' `TrainingArguments` names.
+RENAMED_SETTINGS = {
+    "grad_accum": "gradient_accumulation_steps",
+    "adam_eps": "adam_epsilon",
+    "label_smoothing": "label_smoothing_factor",
+}
 
 
 @dataclass
@@ -50,22 +56,25 @@ class TrainState:
     settings: dict = field(default_factory=dict)
     log_window: dict = field(default_factory=lambda: dict.fromkeys(LOG_WINDOW_KEYS, 0))
 
-    def add_step(self, tokens, target_tokens, seconds, finite, skipped, loss_sum, nll_sum):
-        """Count one optimizer step: `tokens` source + target tokens, of which `target_tokens` are labelled, whose
-        summed smoothed loss and cross-entropy are `loss_sum` and `nll_sum`; `finite`: the update was made,
-        `skipped`: it was not (a non-finite loss, or fp16 overflow)."""
+    def add_step(self, result, seconds):
+        """Count one optimizer step (a `vaswani.training.step.StepResult`) that took `seconds`."""
         self.step += 1
-        self.tokens_seen += tokens
-        self.target_tokens_seen += target_tokens
+        self.tokens_seen += result.tokens
+        self.target_tokens_seen += result.target_tokens
         self.train_seconds += seconds
-        self.skipped_steps += skipped
-        self.bad_streak = 0 if finite else self.bad_streak + 1
-        self.good_weights_step = self.step - 1 if finite else self.good_weights_step
+        self.skipped_steps += result.skipped
+        self.bad_streak = 0 if result.finite else self.bad_streak + 1
+        self.good_weights_step = self.step - 1 if result.finite else self.good_weights_step
         window = self.log_window
-        for key, value in (("tokens", tokens), ("seconds", seconds), ("steps", 1), ("skipped", int(skipped))):
+        for key, value in (
+            ("tokens", result.tokens),
+            ("seconds", seconds),
+            ("steps", 1),
+            ("skipped", int(result.skipped)),
+        ):
             window[key] += value
-        if finite:  # a skipped step's losses would make the window's average nan
-            for key, value in (("loss", loss_sum), ("nll", nll_sum), ("target_tokens", target_tokens)):
+        if result.finite:  # a skipped step's losses would make the window's average nan
+            for key, value in (("loss", result.loss), ("nll", result.nll), ("target_tokens", result.target_tokens)):
                 window[key] += value
 
     def take_log_record(self, learning_rate):
@@ -94,6 +103,7 @@ class TrainState:
         saved.pop("interim", None)
         if "settings" not in saved:
             saved["settings"] = {"num_processes": saved.pop("num_processes", None)}
+        saved["settings"] = {RENAMED_SETTINGS.get(name, name): value for name, value in saved["settings"].items()}
         return cls(**{key: value for key, value in saved.items() if key in cls.__dataclass_fields__})
 
 

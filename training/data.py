@@ -31,10 +31,24 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import torch
-from datasets import Dataset, DatasetDict, Features, List, Translation, Value, config, load_dataset, load_from_disk
+from datasets import (
+    Dataset,
+    DatasetDict,
+    Features,
+    List,
+    Translation,
+    Value,
+    config,
+    get_dataset_config_names,
+    load_dataset,
+    load_from_disk,
+)
+from datasets.data_files import EmptyDatasetError, get_data_patterns
 from datasets.fingerprint import Hasher
+from huggingface_hub import constants as hf_constants
 
-from .checks import UsageError
+from .checks import UsageError, check_dataset_exists
+from .padding import pair_batch
 
 
 # Whether a pair that trains was kept whole or cut to the length limits.
@@ -84,33 +98,47 @@ def translation_languages(split, name="the split", required=()):
 
 
 def load_translation_dataset(
-    path_or_name, source_lang, target_lang, splits=("train", "validation"), config_name=None, flag="--dataset_dir"
+    path_or_name,
+    source_lang,
+    target_lang,
+    splits=("train", "validation"),
+    config_name=None,
+    flag="--dataset_dir",
+    config_flag="--dataset_config",
 ):
     """A translation DatasetDict, checked for `splits` (present, not empty) and for both languages.
 
     A folder saved with `save_to_disk` (scripts/prepare_data.py's output) is memory-mapped; anything else goes to
-    `datasets.load_dataset(path_or_name, config_name)`: a Hub name such as "wmt14" (config "de-en"), or a local
-    folder of Parquet, JSON or CSV files. `flag` is the command-line flag the messages name.
+    `datasets.load_dataset`: a Hub name such as "wmt/wmt14" with its configuration `config_name` ("de-en"), or a
+    local folder of Parquet, JSON or CSV files, in the Hub's layout too (`local_dataset_options`). `flag` and
+    `config_flag` are the command-line flags the messages name. A `--dataset_dir`, and any name that looks like a
+    path (`looks_like_path`), is a local folder: one that does not exist is refused at once, not looked up on the Hub.
     """
+    check_dataset_exists(path_or_name, flag)
     path = Path(path_or_name)
-    if any((path / name).is_file() for name in (config.DATASETDICT_JSON_FILENAME, config.DATASET_STATE_JSON_FILENAME)):
+    folder = path.expanduser()
+    saved = (config.DATASETDICT_JSON_FILENAME, config.DATASET_STATE_JSON_FILENAME)
+    if any((folder / name).is_file() for name in saved):
         try:
-            dataset = load_from_disk(str(path))
+            dataset = load_from_disk(str(folder))
         except Exception as error:  # datasets raises its own errors for a damaged folder
             raise UsageError(f"{flag} {path} is not a dataset saved with save_to_disk ({error}).") from error
+    elif folder.exists():
+        try:
+            options = local_dataset_options(folder, config_name, f"{flag} {path}", config_flag)
+            dataset = load_dataset(str(folder), **options)
+        except UsageError:
+            raise
+        except Exception as error:  # no data files, files datasets cannot read, splits of different columns
+            raise UsageError(
+                f"{flag} {path} is not a dataset saved with save_to_disk, nor data files that "
+                f"datasets.load_dataset reads ({error})."
+            ) from error
     else:
         try:
             dataset = load_dataset(str(path_or_name), config_name)
-        except Exception as error:  # a missing dataset, an unknown config, no network: all the user's to fix
-            if path.exists():
-                raise UsageError(
-                    f"{flag} {path} is not a dataset saved with save_to_disk, nor data files that "
-                    f"datasets.load_dataset reads ({error})."
-                ) from error
-            raise UsageError(
-                f"{flag} {path} does not exist; create it with scripts/prepare_data.py --output_dir "
-                f"{path}, or name a dataset that datasets.load_dataset finds ({error})."
-            ) from error
+        except Exception as error:
+            raise UsageError(hub_dataset_error(error, str(path_or_name), config_name, flag, config_flag)) from error
     if not isinstance(dataset, DatasetDict):
         raise UsageError(
             f"{flag} {path} holds a single Dataset; expected a DatasetDict with {' and '.join(splits)} splits."
@@ -118,6 +146,69 @@ def load_translation_dataset(
     for name in splits:
         check_translation_split(dataset, name, source_lang, target_lang, f"{flag} {path}")
     return dataset
+
+
+def local_dataset_options(folder, config_name, where, config_flag="--dataset_config"):
+    """`datasets.load_dataset(folder, **options)` for a local folder of data files, configuration `config_name`.
+
+    The Hub keeps a dataset's configurations in subfolders (wmt14: de-en/train-*.parquet, fr-en/..., each row
+    {"translation": {"de": ..., "en": ...}}) that its README.md's `configs:` name; with that README, a downloaded copy
+    loads by configuration name, as on the Hub. Without it, datasets sees one configuration, "default", with every
+    subfolder's files in it; the configuration is then the subfolder, which datasets reads as its `data_dir`.
+    """
+    declared = get_dataset_config_names(str(folder))  # the README's `configs:`, else ["default"]
+    subfolders = configuration_subfolders(folder)
+    if config_name is None:
+        if declared == ["default"] and len(subfolders) > 1:
+            raise UsageError(
+                f"{where} holds one configuration per subfolder ({', '.join(subfolders)}), as the Hub lays out "
+                f"datasets: choose one with {config_flag}."
+            )
+        return {}
+    if config_name in declared:
+        return {"name": config_name}
+    if config_name in subfolders:
+        return {"data_dir": config_name}
+    known = [name for name in declared if name != "default" or not subfolders] + [
+        name for name in subfolders if name not in declared
+    ]
+    raise UsageError(f"{where} has no configuration {config_name!r} (it has {', '.join(known)}): see {config_flag}.")
+
+
+def configuration_subfolders(folder):
+    """The subfolders of `folder` in which datasets finds data files (its own patterns: train-*.parquet, ...)."""
+    found = []
+    for subfolder in sorted(Path(folder).iterdir()):
+        if subfolder.is_dir() and not subfolder.name.startswith((".", "_")):
+            try:
+                get_data_patterns(str(subfolder))
+            except EmptyDatasetError:
+                continue
+            found.append(subfolder.name)
+    return found
+
+
+def hub_dataset_error(error, name, config_name, flag="--dataset", config_flag="--dataset_config"):
+    """What to tell a user whose dataset name `datasets.load_dataset` could not load from the Hub: first whether the
+    Hub could be reached at all, with the next step; the library's own words at the end."""
+    chain = [error]
+    while chain[-1].__cause__ is not None or chain[-1].__context__ is not None:
+        chain.append(chain[-1].__cause__ or chain[-1].__context__)
+    names = {type(link).__name__ for link in chain}
+    configuration = f" {config_flag} {config_name}" if config_name else ""
+    offline = hf_constants.HF_HUB_OFFLINE or config.HF_HUB_OFFLINE
+    unreachable = any(isinstance(link, ConnectionError) for link in chain) or "OfflineModeIsEnabled" in names
+    if offline or unreachable:
+        why = "HF_HUB_OFFLINE is set" if offline else "offline?"
+        return (
+            f"{flag} {name}: the Hugging Face Hub cannot be reached ({why}), and datasets' cache holds no copy of this "
+            f"dataset{' configuration' if config_name else ''}: download it where there is a network (hf download "
+            f"{name} --repo-type dataset --local-dir DIR) and pass the folder ({flag} DIR{configuration}), or retry "
+            f"online ({error})."
+        )
+    if names & {"DatasetNotFoundError", "RepositoryNotFoundError"}:
+        return f"{flag} {name} is neither a local folder nor a dataset on the Hugging Face Hub ({error})."
+    return f"{flag} {name}{configuration}: datasets.load_dataset could not load it ({error})."
 
 
 def check_translation_split(dataset, name, source_lang, target_lang, where):
@@ -347,33 +438,20 @@ COLLATED = ("input_ids", "labels", "source_length", "target_length")  # the colu
 
 class PairCollator:
     """A padded batch from an Arrow table of pairs: source ids and mask, target labels (-100 on padding), and the
-    decoder input, the labels shifted right behind the decoder start token (section 3)."""
+    decoder input, the labels shifted right behind the decoder start token (section 3; `padding.pair_batch`)."""
 
     def __init__(self, pad_token_id, decoder_start_token_id):
         self.pad_token_id, self.decoder_start_token_id = pad_token_id, decoder_start_token_id
 
     def __call__(self, table: pa.Table):
-        source_lengths = table.column("source_length").to_numpy()
-        target_lengths = table.column("target_length").to_numpy()
-        input_ids = padded(table.column("input_ids"), source_lengths, self.pad_token_id)
-        labels = padded(table.column("labels"), target_lengths, -100)
-        decoder_input_ids = np.full_like(labels, self.pad_token_id)
-        decoder_input_ids[:, 0] = self.decoder_start_token_id
-        decoder_input_ids[:, 1:] = np.where(labels[:, :-1] == -100, self.pad_token_id, labels[:, :-1])
-        attention_mask = (np.arange(input_ids.shape[1]) < source_lengths[:, None]).astype(np.int64)
-        return {
-            "input_ids": torch.from_numpy(input_ids),
-            "attention_mask": torch.from_numpy(attention_mask),
-            "decoder_input_ids": torch.from_numpy(decoder_input_ids),
-            "labels": torch.from_numpy(labels),
-        }
-
-
-def padded(column, lengths, value):
-    """Rows of a list<int32> Arrow column as one int64 matrix, right-padded with `value`."""
-    matrix = np.full((len(lengths), int(lengths.max())), value, dtype=np.int64)
-    matrix[np.arange(matrix.shape[1]) < lengths[:, None]] = column.combine_chunks().flatten().to_numpy()
-    return matrix
+        return pair_batch(
+            table.column("input_ids").combine_chunks().flatten().to_numpy(),
+            table.column("source_length").to_numpy(),
+            table.column("labels").combine_chunks().flatten().to_numpy(),
+            table.column("target_length").to_numpy(),
+            self.pad_token_id,
+            self.decoder_start_token_id,
+        )
 
 
 def pair_loader(split, sampler, collator, num_workers=0):

@@ -20,11 +20,13 @@ from .checks import UsageError
 
 @dataclass(frozen=True)
 class LaunchedStrategy:
-    """What `accelerate launch` asked for (its environment variables), and whether this run is on the CPU."""
+    """What `accelerate launch` asked for (its environment variables: the strategy, the processes it started on this
+    machine), and whether this run is on the CPU."""
 
     fsdp: bool
     deepspeed: bool
     on_cpu: bool
+    local_processes: int = 1
 
     @classmethod
     def from_environment(cls, cpu: bool = False) -> "LaunchedStrategy":
@@ -32,6 +34,7 @@ class LaunchedStrategy:
             fsdp=parse_flag_from_env("ACCELERATE_USE_FSDP"),
             deepspeed=parse_flag_from_env("ACCELERATE_USE_DEEPSPEED"),
             on_cpu=cpu or not torch.accelerator.is_available(),
+            local_processes=int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
         )
 
     def accelerator(self, project_dir, ddp_timeout: int, **options) -> Accelerator:
@@ -51,7 +54,16 @@ class LaunchedStrategy:
         )
 
     def check(self, accelerator: Accelerator) -> None:
-        """Stop unless accelerate set up what the launch asked for."""
+        """Stop unless accelerate set up what the launch asked for, with no more processes than the CPU has cores
+        where there is no GPU (a GPU config, one process per GPU, would start its 8 processes on a laptop)."""
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        if self.on_cpu and self.local_processes > cores:
+            raise UsageError(
+                f"{self.local_processes} processes were launched on this machine, which has no GPU and {cores} CPU "
+                f"core{'s' if cores > 1 else ''}: the launcher config is for GPUs (a process per GPU). On the CPU, "
+                f"launch one process per core: accelerate launch --multi_gpu --num_processes {cores} --num_machines 1 "
+                "--mixed_precision no scripts/train.py ... (configs/README.md)."
+            )
         asked = "FSDP" if self.fsdp else "DeepSpeed" if self.deepspeed else None
         got = accelerator.distributed_type
         if self.fsdp and got != DistributedType.FSDP or self.deepspeed and got != DistributedType.DEEPSPEED:

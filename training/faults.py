@@ -41,13 +41,14 @@ class StopSignal:
 
 
 def resume_command(argv):
-    """The command that continues this run: the same arguments, with --resume (the latest checkpoint) once."""
+    """The command that continues this run: the same arguments, with --resume_from_checkpoint (the latest checkpoint)
+    once."""
     kept, i = [], 0
     while i < len(argv):
-        if argv[i] == "--resume":  # with or without a checkpoint folder after it
+        if argv[i] == "--resume_from_checkpoint":  # with or without a checkpoint folder after it
             i += 2 if i + 1 < len(argv) and not argv[i + 1].startswith("-") else 1
             continue
-        if not argv[i].startswith("--resume="):
+        if not argv[i].startswith("--resume_from_checkpoint="):
             kept.append(argv[i])
         i += 1
     if sys.argv[0].endswith(".py") and os.path.isfile(sys.argv[0]):  # python scripts/train.py, accelerate launch
@@ -56,8 +57,10 @@ def resume_command(argv):
     else:  # the console entry point (or a program given with python -c)
         program, python = ["vaswani-train"], []
     if "ACCELERATE_MIXED_PRECISION" in os.environ:  # started by `accelerate launch`
-        return f"accelerate launch <the same launch options> {shlex.join([*program, *kept, '--resume'])}"
-    return shlex.join([*python, *program, *kept, "--resume"])
+        return (
+            f"accelerate launch <the same launch options> {shlex.join([*program, *kept, '--resume_from_checkpoint'])}"
+        )
+    return shlex.join([*python, *program, *kept, "--resume_from_checkpoint"])
 
 
 def non_finite_loss_message(state, max_bad_steps, checkpoint_root):
@@ -69,7 +72,7 @@ def non_finite_loss_message(state, max_bad_steps, checkpoint_root):
         f"(--max_bad_steps {max_bad_steps}). The weights of step {state.good_weights_step} are the last known to "
         "give a finite loss: "
         + (
-            f"the last good checkpoint is {good[-1]}. Continue from it with --resume {good[-1]} "
+            f"the last good checkpoint is {good[-1]}. Continue from it with --resume_from_checkpoint {good[-1]} "
             if good
             else "no checkpoint holds them. Start again "
         )
@@ -95,6 +98,6 @@ def check_free_space(output_dir, model_class, config, keep, existing):
             f"--output_dir {output_dir} has {free / 1e6:,.0f} MB free, but the run needs about "
             f"{needed / 1e6:,.0f} MB: up to {keep + 1} checkpoints of {checkpoint_bytes / 1e6:,.0f} MB "
             f"({parameters:,} parameters x 12 bytes of weights and Adam moments) and the final model. "
-            "Free some space, lower --keep_checkpoints / --average_last, or choose another --output_dir."
+            "Free some space, lower --save_total_limit / --average_last, or choose another --output_dir."
         )
     return needed

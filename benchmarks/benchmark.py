@@ -1,15 +1,18 @@
 """Speed and memory of vaswani next to its peers, measured side by side on the same machine.
 
-    python scripts/benchmark.py [--device cpu|cuda] [--preset tiny|small|base|big] [--dtype float32|bfloat16|float16]
-                                [--compile]
+    python -m benchmarks.benchmark [--device cpu|cuda] [--preset tiny|small|base|big]
+                                   [--dtype float32|bfloat16|float16] [--compile] [--output_dir docs/benchmarks]
+
+Run from the root of a checkout, with the package and its `test` extra installed (benchmarks/README.md).
 
 Rows: vaswani; `transformers`' MarianMTModel configured to the same sizes (post-norm, sinusoidal positions, ReLU,
 tied embeddings, its final-logits bias left at zero); CTranslate2 (generation only: float32 and int8 on the CPU,
 float16 and int8_float16 on CUDA). Columns:
-- training step (forward + backward + Adam step) in tokens/s (source + target tokens) at a fixed token-count batch,
-  and peak memory (CUDA: peak allocated; CPU: the process's peak resident memory above its size after imports,
-  read from Linux's /proc/self/status), and model FLOPs utilisation (MFU) against the measured matrix-multiply
-  ceiling of the device in the chosen dtype;
+- training step in tokens/s (source + target tokens) at a fixed token-count batch: the recipe's own step,
+  `vaswani.training.step.train_step` (forward, the label-smoothed loss summed over the step's target tokens,
+  backward, Adam update), for both models; peak memory (CUDA: peak allocated; CPU: the process's peak resident
+  memory above its size after imports, read from Linux's /proc/self/status), and model FLOPs utilisation (MFU)
+  against the measured matrix-multiply ceiling of the device in the chosen dtype;
 - greedy and beam-4 generation of a batch of random sentences in sentences/s and generated tokens/s, with the output
   length forced equal for every implementation (random weights would otherwise stop at different lengths);
 - the ratio to Marian.
@@ -18,7 +21,7 @@ at a fixed length, to show how time and memory grow. Each figure is the median o
 --warmup untimed ones, with the spread (min to max); on CUDA each repetition is synchronised.
 Every measurement runs in a fresh process, so that memory figures do not leak from one implementation to the next.
 The main table takes --rounds such processes per implementation, in alternating order, and pools their repetitions
-(peak memory: the highest), so that a shared machine's slow spells fall on every implementation alike; the sweeps run
+(peak memory: the highest), so that a busy machine's slow spells fall on every implementation alike; the sweeps run
 vaswani and Marian back to back at each point.
 Results are printed and written as JSON and Markdown to --output_dir.
 """
@@ -39,10 +42,13 @@ import torch
 
 from vaswani.training.checks import UsageError
 from vaswani.training.cli import command, parse_arguments
+from vaswani.training.step import train_step
 
 
+REPO_ROOT = Path(__file__).resolve().parent.parent
 SPECIAL_IDS = {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2, "decoder_start_token_id": 1}
 VOCAB_SIZE = 32000
+LABEL_SMOOTHING = 0.1  # section 5.4, the recipe's
 
 
 def memory_status(field: str) -> int:
@@ -144,10 +150,11 @@ def training_step_flops(config, batch: int, length: int) -> int:
     return batch * length * sum(flops_per_token(config, length))
 
 
-def matmul_ceiling(device: torch.device, dtype: torch.dtype) -> dict:
-    """The FLOP/s of a large square matrix multiplication in `dtype`, the best of 10: the ceiling MFU is quoted
-    against (a peak, so the fastest repetition, which a busy moment on a shared machine cannot pull down)."""
-    size = 8192 if device.type == "cuda" else 2048
+def matmul_ceiling(device: torch.device, dtype: torch.dtype, size: int | None = None) -> dict:
+    """The FLOP/s of a large square matrix multiplication in `dtype` (`size` rows; by default 8192 on CUDA, 2048 on
+    the CPU), the best of 10: the ceiling MFU is quoted against (a peak, so the fastest repetition, which a busy
+    moment on a shared machine cannot pull down)."""
+    size = size or (8192 if device.type == "cuda" else 2048)
     left, right = (torch.randn(size, size, device=device, dtype=dtype) for _ in range(2))
     timer = Timer(device)
     for _ in range(2 + 10):
@@ -157,43 +164,52 @@ def matmul_ceiling(device: torch.device, dtype: torch.dtype) -> dict:
 
 
 def measure_training(model, args, length: int, batch_tokens: int) -> dict:
-    """Training steps (forward, backward, optimizer) on one fixed batch of random pairs of `length` tokens.
+    """The recipe's training steps (`train_step`, label smoothing 0.1) on one fixed batch of random pairs of `length`
+    tokens; the loss per target token of each step is returned with the times.
 
-    The weights are in --dtype; with --autocast the matrix products run in bfloat16 under autocast over float32
-    weights, as `accelerate launch --mixed_precision bf16` trains. AdamW with weight decay 0 is the paper's Adam
-    (fused on CUDA). Each model computes its own loss from `labels`; vaswani's is its chunked label-smoothed loss,
-    whose chunk size --chunk_elements sets on accelerators.
+    The weights are in --dtype; with --autocast, `Accelerator(mixed_precision="bf16")` runs the forward pass in
+    bfloat16 under autocast over float32 weights, as `accelerate launch --mixed_precision bf16` trains. AdamW with
+    weight decay 0 is the paper's Adam (fused on CUDA). Both models' logits go through the recipe's label-smoothed
+    loss, whose chunk size --chunk_elements sets on accelerators. --compile_training compiles the model with
+    `torch.compile` before `accelerator.prepare`.
     """
-    from vaswani.modeling.modeling_vaswani import VaswaniLabelSmoothedCrossEntropy
+    from accelerate import Accelerator
+
+    from vaswani.modeling.modeling_vaswani import VaswaniLabelSmoothedCrossEntropy, shift_tokens_right
 
     device = torch.device(args.device)
     if args.chunk_elements:
         VaswaniLabelSmoothedCrossEntropy.accelerator_chunk_elements = args.chunk_elements
+    accelerator = Accelerator(cpu=device.type == "cpu", mixed_precision="bf16" if args.autocast else "no")
     model.to(device=device, dtype=getattr(torch, args.dtype)).train()
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9, weight_decay=0.0, fused=device.type == "cuda"
     )
-    step_model = torch.compile(model) if args.compile_training else model
+    step_model, optimizer = accelerator.prepare(torch.compile(model) if args.compile_training else model, optimizer)
     batch = max(1, batch_tokens // length)
     source, target = random_ids(batch, length, device), random_ids(batch, length, device)
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.autocast)
-    timer = Timer(device)
+    pair = {
+        "input_ids": source,
+        "attention_mask": torch.ones_like(source),
+        "decoder_input_ids": shift_tokens_right(
+            target, SPECIAL_IDS["pad_token_id"], SPECIAL_IDS["decoder_start_token_id"]
+        ),
+        "labels": target,
+    }
+    timer, losses = Timer(device), []
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
     for step in range(args.warmup + args.repeats):  # the warm-up also compiles
         if step == args.warmup:
             timer.times.clear()
         with timer:
-            optimizer.zero_grad(set_to_none=True)
-            with autocast:
-                loss = step_model(input_ids=source, attention_mask=torch.ones_like(source), labels=target).loss
-            loss.backward()
-            optimizer.step()
-    tokens = source.numel() + target.numel()
+            result = train_step(accelerator, step_model, optimizer, None, [pair], LABEL_SMOOTHING)
+        losses.append(result.loss / result.target_tokens)
     peak = torch.cuda.max_memory_allocated() if device.type == "cuda" else memory_status("VmHWM") - args.baseline_rss
     return {
         "times": timer.times[-args.repeats :],
-        "tokens": tokens,
+        "losses": losses,
+        "tokens": result.tokens,
         "batch": batch,
         "length": length,
         "peak_memory": peak,
@@ -296,10 +312,10 @@ def worker(args) -> dict:
 
 def run_worker(args, implementation: str, sweep_point=None, timeout=None) -> dict:
     """One measurement in a fresh process (so that memory figures do not leak from one to the next)."""
-    command = [sys.executable, __file__, "--implementation", implementation, *args.forwarded()]
+    command = [sys.executable, "-m", "benchmarks.benchmark", "--implementation", implementation, *args.forwarded()]
     if sweep_point:
         command += ["--sweep_point", *map(str, sweep_point)]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+    done = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=timeout)
     if done.returncode != 0:
         raise RuntimeError(f"{implementation} failed:\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -406,20 +422,6 @@ class BenchmarkArguments:
         metadata={"help": "generate with a static KV cache and torch.compile (vaswani and Marian alike)"},
     )
     output_dir: str = "docs/benchmarks"
-    # The GPU report (docs/benchmarks/README.md, "GPU report").
-    section: list[str] | None = field(
-        default=None,
-        metadata={
-            "help": "GPU report sections to run into --report_dir: correctness, training, generation, time_to_bleu"
-        },
-    )
-    quick: bool = field(default=False, metadata={"help": "the report's sections on tiny sizes, in a few minutes"})
-    report_dir: str = field(default="gpu_report", metadata={"help": "where sections write, --assemble reads"})
-    assemble: bool = field(default=False, metadata={"help": "write docs/benchmarks/gpu.md and its PNGs"})
-    prepare: bool = field(default=False, metadata={"help": "build --carry_dir: wheels, corpus, tokenizer"})
-    carry_dir: str = ".gpu_carry"
-    dataset_dir: str = field(default="outputs/main_job/data", metadata={"help": "--prepare's corpus"})
-    tokenizer: str = field(default="outputs/main_job/tokenizer", metadata={"help": "--prepare's tokenizer"})
     # What the main process tells a measuring process (run_worker): which implementation, which sweep point, what.
     implementation: str | None = field(default=None, metadata={"help": argparse.SUPPRESS})
     sweep_point: list[int] | None = field(default=None, metadata={"help": argparse.SUPPRESS})
@@ -465,14 +467,6 @@ def main(argv) -> dict:
         return {}
     if args.device == "cuda" and not torch.cuda.is_available():
         raise UsageError("--device cuda asked for, but torch sees no CUDA device.")
-    if args.prepare or args.section or args.assemble:
-        from vaswani.scripts import gpu_report
-
-        if args.prepare:
-            return gpu_report.prepare(args)
-        if args.section:
-            return gpu_report.run_sections(args)
-        return gpu_report.assemble(args)
     from tqdm import tqdm
 
     implementations = ["vaswani", "marian"]

@@ -1,29 +1,33 @@
 """Learning curves: vaswani (with each weight initialisation) and MarianMTModel trained side by side, step for step.
 
-    python3 docs/benchmarks/learning_curves.py [--variants vaswani:tensor2tensor vaswani:fairseq vaswani:bart marian]
-                                               [--seeds 1 2] [--max_steps 1500] [--report_only]
+    python -m benchmarks.learning_curves [--variants vaswani:tensor2tensor vaswani:fairseq vaswani:bart marian]
+                                         [--seeds 1 2] [--max_steps 1500] [--report_only]
 
-Every run trains one variant from one seed on the same corpus (the main job's, scripts/main_job.sh), with the same
+Run from the root of a checkout with the `test` extra installed (benchmarks/README.md). Every run trains one variant from one seed on the same corpus (the main job's, scripts/main_job.sh), with the same
 recipe and the same batches in the same order: the training pairs of --dataset_dir tokenized with --tokenizer,
 TokenBucketSampler batches of --batch_tokens seeded by the run's seed, Adam (0.9, 0.98, 1e-9), warmup then inverse
-square root peaking at --peak_lr, label smoothing 0.1 and the preset's dropout, float32, one process. The loss of both
-models is the same function of their logits (vaswani's label-smoothed cross-entropy, summed over the step's target
-tokens and divided by their number), so the recipe is identical and only the models differ. Variants:
+square root peaking at --peak_lr, label smoothing 0.1 and the preset's dropout, float32, one process on the CPU. Every
+step is the recipe's own, `vaswani.training.step.train_step`, for both models: the same function of their logits
+(vaswani's label-smoothed cross-entropy, summed over the step's target tokens and divided by their number), so the
+recipe is identical and only the models differ. Variants:
 - vaswani:SCHEME: VaswaniForConditionalGeneration with `init_scheme=SCHEME` (configuration_vaswani.INIT_SCHEMES);
 - marian: transformers' MarianMTModel of the same sizes (ReLU, post-norm, sinusoidal positions, scaled and tied
-  embeddings: vaswani.scripts.benchmark.marian_config), with its own initialisation (N(0, 0.02)), attention biases
+  embeddings: benchmarks.benchmark.marian_config), with its own initialisation (N(0, 0.02)), attention biases
   and final-logits bias.
 The seed also draws the initial weights (`torch.manual_seed` before the model is built) and the dropout masks.
 
-Every --eval_every steps: the validation split's cross-entropy per target token (no label smoothing, dropout off).
-At the end: test BLEU (sacreBLEU) of beam 4 with length penalty 0.6 on the first --bleu_samples test pairs. A run is
-written to OUTPUT_DIR/runs/VARIANT-seedN.json when done; while it runs, a resume state is saved every --eval_every
-steps next to it, so a stopped run continues where it stopped (bit-identical) and finished runs are skipped. Each time
-a run ends, OUTPUT_DIR/learning_curves.{md,png} are rewritten from all finished runs.
+Every --eval_steps steps: the training loss per target token of the steps since the last evaluation, and the
+validation split's cross-entropy per target token (no label smoothing, dropout off). At the end: test BLEU (sacreBLEU)
+of beam 4 with length penalty 0.6 on the first --bleu_samples test pairs. A run is written to
+OUTPUT_DIR/runs/VARIANT-seedN.json when done; while it runs, a resume state (weights, Adam's moments, schedule, random
+state, and the run's `TrainState`: steps taken and where in the batches) is saved every --eval_steps steps next to
+it, so a stopped run continues where it stopped (bit-identical) and finished runs are skipped. Each time a run ends,
+OUTPUT_DIR/learning_curves.{md,png} are rewritten from all finished runs.
 """
 
 import json
 import os
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -33,8 +37,8 @@ from tqdm import tqdm
 
 from vaswani import VaswaniConfig, VaswaniForConditionalGeneration
 from vaswani.configuration.configuration_vaswani import INIT_SCHEMES
-from vaswani.modeling.modeling_vaswani import label_smoothed_cross_entropy
-from vaswani.training.batching import TokenBucketSampler
+from vaswani.training.batching import StepBatches, TokenBucketSampler
+from vaswani.training.checkpoints import TrainState
 from vaswani.training.checks import UsageError, tokenizer_ids
 from vaswani.training.cli import command, parse_arguments
 from vaswani.training.data import (
@@ -45,6 +49,7 @@ from vaswani.training.data import (
 )
 from vaswani.training.evaluation import corpus_bleu, load_pairs, translate, validate
 from vaswani.training.schedule import inverse_sqrt_schedule
+from vaswani.training.step import train_step
 from vaswani.training.tokenizer import load_tokenizer
 
 
@@ -65,8 +70,8 @@ class CurveArguments:
     batch_tokens: int = 4000
     warmup_steps: int = 150
     peak_lr: float = 1.3e-3
-    label_smoothing: float = 0.1
-    eval_every: int = 50
+    label_smoothing_factor: float = 0.1
+    eval_steps: int = 50
     bleu_samples: int = field(default=500, metadata={"help": "test pairs scored at the end (0: no BLEU)"})
     report_steps: list[int] = field(default_factory=lambda: [400, 800, 1500])
     report_only: bool = field(default=False, metadata={"help": "only rewrite the table and plot"})
@@ -83,7 +88,7 @@ class CurveArguments:
 def build_model(variant: str, config: VaswaniConfig):
     from transformers import MarianMTModel
 
-    from vaswani.scripts.benchmark import marian_config
+    from benchmarks.benchmark import marian_config
 
     if variant == "marian":
         return MarianMTModel(marian_config(config))
@@ -102,51 +107,37 @@ def train_run(variant, seed, args, data, run_path: Path) -> dict:
     sampler = TokenBucketSampler(train_split.source_lengths, train_split.target_lengths, args.batch_tokens, seed=seed)
     collator = PairCollator(config.pad_token_id, config.decoder_start_token_id)
     state_path = run_path.with_suffix(".pt")
-    step, curve, window = 0, [], []
+    state, curve = TrainState(), []
     if state_path.exists():
         saved = torch.load(state_path, weights_only=False)
         model.load_state_dict(saved["model"])
         optimizer.load_state_dict(saved["optimizer"])
         scheduler.load_state_dict(saved["scheduler"])
-        sampler.load_state_dict(saved["sampler"])
         torch.set_rng_state(saved["rng"])
-        step, curve = saved["step"], saved["curve"]
-    batches = iter(pair_loader(train_split, sampler, collator))
+        state, curve = TrainState(**saved["state"]), saved["curve"]
+    model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+    batches = StepBatches(pair_loader(train_split, sampler, collator), state, per_step=1)
     model.train()
-    progress = tqdm(total=args.max_steps, initial=step, desc=f"{variant} seed {seed}", dynamic_ncols=True)
-    while step < args.max_steps:
-        batch = next(batches, None)
-        if batch is None:  # epoch done: the next epoch's batches
-            sampler.set_epoch(sampler.epoch + 1)
-            batches = iter(pair_loader(train_split, sampler, collator))
-            continue
-        sampler.position += 1
-        labels = batch.pop("labels")
-        logits = model(**batch).logits
-        smoothed, _ = label_smoothed_cross_entropy(logits, labels, args.label_smoothing)
-        loss = smoothed.sum() / labels.ne(-100).sum()
-        loss.backward()
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
-        step += 1
-        window.append(loss.item())
+    progress = tqdm(total=args.max_steps, initial=state.step, desc=f"{variant} seed {seed}", dynamic_ncols=True)
+    while state.step < args.max_steps:
+        started = time.perf_counter()
+        step = train_step(accelerator, model, optimizer, scheduler, next(batches), args.label_smoothing_factor)
+        state.add_step(step, time.perf_counter() - started)
         progress.update()
-        if step % args.eval_every == 0 or step == args.max_steps:
+        if state.step % args.eval_steps == 0 or state.step == args.max_steps:
+            train_loss = state.take_log_record(step.learning_rate)["loss"]
             val_nll = validate(accelerator, model, valid_loader)["val_loss"]
-            curve.append({"step": step, "train_loss": sum(window) / len(window), "val_nll": val_nll})
-            window = []
+            curve.append({"step": state.step, "train_loss": train_loss, "val_nll": val_nll})
             progress.set_postfix(val_nll=f"{val_nll:.3f}")
-            state = {
+            saved = {
                 "model": model.state_dict(),
                 "optimizer": optimizer.state_dict(),
                 "scheduler": scheduler.state_dict(),
-                "sampler": sampler.state_dict(),
                 "rng": torch.get_rng_state(),
-                "step": step,
+                "state": asdict(state),
                 "curve": curve,
             }
-            torch.save(state, state_path.with_suffix(".tmp"))
+            torch.save(saved, state_path.with_suffix(".tmp"))
             os.replace(state_path.with_suffix(".tmp"), state_path)
     progress.close()
     result = {"variant": variant, "seed": seed, "settings": asdict(args), "curve": curve}
@@ -163,6 +154,7 @@ def train_run(variant, seed, args, data, run_path: Path) -> dict:
         result.update(test_bleu=score.score, bleu_signature=signature, bleu_pairs=len(sources))
     run_path.write_text(json.dumps(result, indent=1))
     state_path.unlink()
+    accelerator.free_memory()  # the run's model and optimizer
     return result
 
 

@@ -1,21 +1,26 @@
 """Memory, start-up time and speed of the training data path at WMT scale: the old code against the new.
 
-    python3 docs/benchmarks/data_scale.py prepare    --dataset_dir BIBLE --workdir WORK [--sizes 100k,1M,4.5M]
-    python3 docs/benchmarks/data_scale.py memory     --dataset_dir BIBLE --workdir WORK
-                                                     [--sizes default,100k,1M,4.5M] [--codes old,new] [--processes 1,2]
-    python3 docs/benchmarks/data_scale.py throughput --dataset_dir BIBLE --workdir WORK [--rounds 3]
-    python3 docs/benchmarks/data_scale.py report
+    python -m benchmarks.data_scale prepare    --dataset_dir BIBLE --workdir WORK [--sizes 100k,1M,4.5M]
+    python -m benchmarks.data_scale memory     --dataset_dir BIBLE --workdir WORK
+                                               [--sizes default,100k,1M,4.5M] [--codes old,new] [--processes 1,2]
+    python -m benchmarks.data_scale throughput --dataset_dir BIBLE --workdir WORK [--rounds 3]
+    python -m benchmarks.data_scale report
 
-The two codes: "old" is scripts/train.py as of commit 9231e65, checked out as a git worktree in WORK/old_code; it
-imports the installed (editable) `vaswani`, so the model is the same and only the data path differs. "new" is this
-checkout's scripts/train.py. It caches the tokenized data in each split's folder as vaswani-* files: a "first run"
+Run from the root of a git checkout, with the package installed editable and its `test` extra (psutil samples the
+processes; benchmarks/README.md). BIBLE is a DatasetDict saved by scripts/prepare_data.py (the default corpus).
+
+The two codes: "old" is scripts/train.py as of commit 9231e65 (--old_commit), checked out as a git worktree in
+WORK/old_code; it imports the installed (editable) `vaswani`, so the model is the same and only the data path
+differs. "new" is this checkout's scripts/train.py. Both run with the same settings; the old commit's flags have the
+names they had before the training command took transformers' `TrainingArguments` names (OLD_FLAGS). The new code
+caches the tokenized data in each split's folder as vaswani-* files: a "first run"
 deletes those files before it starts, a "cached" run follows it and keeps them. The old code has no cache.
 
 What is prepared in WORK (each skipped when present; `memory` and `throughput` prepare what they need):
 - corpus_N: a DatasetDict whose train split holds N pairs, copies of BIBLE's train split; copy k > 0 has the words of
   each side shuffled (random.Random seeded by copy and row), ids read "c{k}.{id}"; validation and test as in BIBLE.
   Built with datasets alone (concatenate, select, a batched map over 2 processes, save_to_disk), never as Python
-  lists. Size "default" is BIBLE itself (27,732 train pairs for the Bible corpus; the issue calls it 31k).
+  lists. Size "default" is BIBLE itself (27,732 train pairs for the Bible corpus).
 - tok4000 (memory rows) and tok8000 (throughput rows, as in scripts/main_job.sh): shared BPE vocabularies trained on
   BIBLE with the old worktree's scripts/train_tokenizer.py, so that concurrent edits cannot change them.
 
@@ -23,17 +28,18 @@ One measurement is one launch of train.py, in a session of its own, with OMP_NUM
 TOKENIZERS_PARALLELISM=false: `python3 scripts/train.py ...` for 1 process, `python3 -m accelerate.commands.launch
 --multi_gpu --num_processes 2 ...` for 2 (gloo ranks without a GPU). A training process is one whose script is
 train.py, not the launcher; the processes it starts (tokenization or data-loader workers) are its children. Every
-0.2 s, /proc gives RssAnon, VmRSS and VmHWM of every process under the launch:
+0.2 s, psutil gives the processes under the launch (`Process(launcher).children(recursive=True)`) and the resident
+memory of each: RssAnon (`rss - shared`), RSS, and the kernel's peak, VmHWM (read from /proc/PID/status):
 - peak RssAnon per process: the highest RssAnon sampled in any training process. Anonymous memory only: the
   memory-mapped Arrow pages count in RSS but are file-backed and the kernel can drop them;
 - peak RSS per process: the highest of VmHWM (the kernel's own peak, last read at most 0.2 s before the kill) and
-  the sampled VmRSS, over the training processes;
+  the sampled RSS, over the training processes;
 - peak RssAnon of all: the highest sum of RssAnon over the training processes and their children at one sample
   (pages shared copy-on-write by a forked child count twice);
 - time to the first optimizer step: from the launch until train_log.jsonl holds the record of step 1 (to 0.05 s);
-- tokens/s (source + target, all processes): `memory` runs --log_every 1 --max_steps 40 and takes the median of the
-  per-step tokens_per_sec of steps 11 to 40; `throughput` runs like the main job (small preset, 8k vocabulary, 2
-  processes, --log_every 10 --max_steps 40), takes each run's median of the records after the first (steps 20, 30,
+- tokens/s (source + target, all processes): `memory` runs --logging_steps 1 --max_steps 40 and takes the median
+  of the per-step tokens_per_sec of steps 11 to 40; `throughput` runs like the main job (small preset, 8k vocabulary,
+  2 processes, --logging_steps 10 --max_steps 40), takes each run's median of the records after the first (steps 20, 30,
   40), and the median of --rounds runs per code, run in alternating order.
 Within 0.05 s of the last record needed, every process group of the launch gets SIGKILL, so that the final
 checkpoint, averaging and validation are not measured; a launch that runs past --timeout is killed the same way and
@@ -41,7 +47,7 @@ reported as a timeout. Measurements run one after the other. The OS page cache i
 
 The old code is not run above --old_max_rows pairs: its row gives a linear extrapolation of peak RSS and time to the
 first step from the two largest old-code rows measured with the same number of processes (or, until there are two,
-from the issue's figures: 100k pairs 1.33 GB / 51 s, 1M pairs 4.75 GB / 275 s).
+from reference figures of the old code: 100k pairs 1.33 GB / 51 s, 1M pairs 4.75 GB / 275 s).
 
 Results merge into docs/benchmarks/data_scale.json, keyed by (mode, code, corpus, processes, cache), so that a run
 over some sizes adds to earlier ones; docs/benchmarks/data_scale.md is rewritten from all of them. Each launch's
@@ -67,9 +73,11 @@ import tempfile
 import time
 from pathlib import Path
 
+import psutil
 
-REPO = Path(__file__).resolve().parents[2]
-RESULTS = Path(__file__).resolve().with_suffix("")  # docs/benchmarks/data_scale, for .json and .md
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "docs" / "benchmarks" / "data_scale"  # for .json and .md
 OLD_COMMIT = "9231e65"
 MEMORY_PRESET, MEMORY_VOCAB, MEMORY_STEPS, MEMORY_STEADY_AFTER = "tiny", 4000, 40, 10
 THROUGHPUT_PRESET, THROUGHPUT_VOCAB, THROUGHPUT_PROCESSES, THROUGHPUT_STEPS, THROUGHPUT_LOG_EVERY = (
@@ -80,9 +88,23 @@ THROUGHPUT_PRESET, THROUGHPUT_VOCAB, THROUGHPUT_PROCESSES, THROUGHPUT_STEPS, THR
     10,
 )
 SAMPLE_SECONDS, POLL_SECONDS = 0.2, 0.05  # memory samples; reads of train_log.jsonl
-# The old code in the issue this benchmark answers (tiny preset): train pairs -> (peak RSS, seconds to first steps).
-ISSUE_OLD_FIGURES = {100_000: (1.33e9, 51.0), 1_000_000: (4.75e9, 275.0)}
+# Reference figures of the old code (tiny preset): train pairs -> (peak RSS, seconds to the first steps).
+OLD_REFERENCE_FIGURES = {100_000: (1.33e9, 51.0), 1_000_000: (4.75e9, 275.0)}
 CODE_ORDER = ("old", "new")
+# The training command's flags took transformers' `TrainingArguments` names after the old commit: new -> old name.
+OLD_FLAGS = {
+    "--gradient_accumulation_steps": "--grad_accum",
+    "--adam_epsilon": "--adam_eps",
+    "--label_smoothing_factor": "--label_smoothing",
+    "--save_steps": "--save_every",
+    "--save_total_limit": "--keep_checkpoints",
+    "--resume_from_checkpoint": "--resume",
+    "--eval_steps": "--eval_every",
+    "--logging_steps": "--log_every",
+    "--generation_num_beams": "--eval_num_beams",
+    "--per_device_eval_batch_size": "--eval_batch_size",
+    "--use_cpu": "--cpu",
+}
 CACHE_ORDER = ("none", "first run", "cached", "as found")
 
 
@@ -243,43 +265,17 @@ def prepare(args, sizes, vocab_sizes):
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def process_stat(pid):
-    """(state, parent pid, start time) of a process from /proc/PID/stat; None once it is gone."""
+def peak_rss(process):
+    """The kernel's own peak of a process's resident memory (VmHWM of /proc/PID/status, which psutil does not
+    report), in bytes."""
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()  # what follows "(command name)"
+        status = Path(f"/proc/{process.pid}/status").read_text()
     except OSError:
-        return None
-    return fields[0], int(fields[1]), int(fields[19])
-
-
-def process_tree(root):
-    """{pid: (parent pid, argv, start time)} of `root` and all its descendants, read from /proc."""
-    stats = {int(entry): process_stat(entry) for entry in os.listdir("/proc") if entry.isdigit()}
-    children = {}
-    for pid, stat in stats.items():
-        if stat:
-            children.setdefault(stat[1], []).append(pid)
-    tree, pending = {}, [root]
-    while pending:
-        pid = pending.pop()
-        try:
-            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if stats.get(pid):
-            tree[pid] = (
-                stats[pid][1],
-                [argument.decode(errors="replace") for argument in argv if argument],
-                stats[pid][2],
-            )
-            pending += children.get(pid, [])
-    return tree
-
-
-def still_running(pid, start):
-    """Whether `pid` is still the process that started at `start` (not a reused pid) and not a zombie."""
-    stat = process_stat(pid)
-    return stat is not None and stat[2] == start and stat[0] != "Z"
+        raise psutil.NoSuchProcess(process.pid) from None
+    for line in status.splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise psutil.ZombieProcess(process.pid)  # a zombie's status has no memory lines
 
 
 def runs_train_script(argv):
@@ -288,71 +284,78 @@ def runs_train_script(argv):
     return Path(script).name == "train.py"
 
 
-def process_roles(tree):
-    """'training' for a process running train.py, 'child' for any process under one, 'other' (the launcher)."""
+def process_roles(commands, parents):
+    """'training' for a process running train.py, 'child' for any process under one, 'other' (the launcher); from
+    each process's command line and parent pid, over the processes of one launch."""
     roles = {}
-    for pid, (parent, argv, _) in tree.items():
-        ancestors = []
-        while parent in tree:
+    for pid, argv in commands.items():
+        ancestors, parent = [], parents[pid]
+        while parent in commands:
             ancestors.append(parent)
-            parent = tree[parent][0]
-        if any(runs_train_script(tree[ancestor][1]) for ancestor in ancestors):
+            parent = parents[parent]
+        if any(runs_train_script(commands[ancestor]) for ancestor in ancestors):
             roles[pid] = "child"
         else:
             roles[pid] = "training" if runs_train_script(argv) else "other"
     return roles
 
 
-def memory_status(pid):
-    """RssAnon, VmRSS and VmHWM of a process in bytes; None once it has exited (a zombie has none)."""
-    try:
-        text = Path(f"/proc/{pid}/status").read_text()
-    except OSError:
-        return None
-    fields = {}
-    for line in text.splitlines():
-        name, _, value = line.partition(":")
-        if name in ("RssAnon", "VmRSS", "VmHWM"):
-            fields[name] = int(value.split()[0]) * 1024
-    return fields if len(fields) == 3 else None
-
-
 class MemorySampler:
-    """Per-process peaks of the processes under one launch, and the peak of their summed anonymous memory."""
+    """Per-process peaks of the processes under one launch, and the peak of their summed anonymous memory.
+
+    The processes are psutil's: the launcher's tree (`children(recursive=True)`), each known by its pid and start
+    time, so that a pid reused after a process ended is never taken for it. RssAnon is psutil's `rss - shared` (the
+    resident pages that are neither file-backed nor shared memory)."""
 
     def __init__(self, root):
-        self.root, self.peaks, self.peak_anon_all, self.tree = root, {}, 0, {}
+        self.root, self.peaks, self.peak_anon_all, self.seen = root, {}, 0, {}
+
+    def launch(self):
+        """The launcher and its descendants now, and every process of the launch seen before (for the kill)."""
+        try:
+            launcher = psutil.Process(self.root)
+            self.seen.update((process.pid, process) for process in [launcher, *launcher.children(recursive=True)])
+        except psutil.NoSuchProcess:
+            pass
+        return list(self.seen.values())
 
     def sample(self):
-        self.tree = process_tree(self.root) or self.tree  # keep the last tree seen, for the kill
-        anon_all = 0
-        for pid, role in process_roles(self.tree).items():
-            status = memory_status(pid)
-            if status is None:
+        commands, parents, memory = {}, {}, {}
+        for process in self.launch():
+            try:
+                with process.oneshot():
+                    commands[process.pid], parents[process.pid] = process.cmdline(), process.ppid()
+                    info = process.memory_info()
+                    memory[process.pid] = (info.rss - info.shared, max(info.rss, peak_rss(process)))
+            except psutil.Error:  # gone, or a zombie
                 continue
+        anon_all = 0
+        for pid, role in process_roles(commands, parents).items():
+            rss_anon, rss = memory[pid]
             peak = self.peaks.get(pid)
             if peak is None or peak["role"] != role:  # a new process, or one that has just exec'd train.py
                 peak = self.peaks[pid] = {"pid": pid, "role": role, "rss_anon": 0, "rss": 0}
-            peak["rss_anon"] = max(peak["rss_anon"], status["RssAnon"])
-            peak["rss"] = max(peak["rss"], status["VmRSS"], status["VmHWM"])
+            peak["rss_anon"] = max(peak["rss_anon"], rss_anon)
+            peak["rss"] = max(peak["rss"], rss)
             if role != "other":
-                anon_all += status["RssAnon"]
+                anon_all += rss_anon
         self.peak_anon_all = max(self.peak_anon_all, anon_all)
 
     def of_role(self, role):
         return [peak for peak in self.peaks.values() if peak["role"] == role]
 
 
-def kill_launch(process, tree):
-    """SIGKILL every process group of the launch (accelerate starts each rank in a session of its own), then wait.
+def kill_launch(launcher, processes):
+    """SIGKILL every process group of the launch (accelerate starts each rank in a session of its own), then wait
+    until all its processes are gone.
 
-    Only processes of `tree` still running under their pid count, so that a pid reused meanwhile is left alone; so
-    does the launcher's own group while the launcher is not yet waited for (its pid cannot be reused until then)."""
-    running = [(pid, start) for pid, (_, _, start) in tree.items() if still_running(pid, start)]
-    groups = {process.pid} if process.returncode is None else set()
-    for pid, _ in running:
+    Only `processes` still running count (psutil compares their start times: a pid reused meanwhile is left alone);
+    so does the launcher's own group while the launcher is not yet waited for (its pid cannot be reused until then)."""
+    running = [process for process in processes if alive(process)]
+    groups = {launcher.pid} if launcher.returncode is None else set()
+    for process in running:
         try:
-            groups.add(os.getpgid(pid))
+            groups.add(os.getpgid(process.pid))
         except ProcessLookupError:
             pass
     for group in groups - {os.getpgrp()}:
@@ -360,10 +363,18 @@ def kill_launch(process, tree):
             os.killpg(group, signal.SIGKILL)
         except ProcessLookupError:
             pass
-    process.wait()
+    launcher.wait()
     deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and any(still_running(pid, start) for pid, start in running):
+    while time.monotonic() < deadline and any(alive(process) for process in running):
         time.sleep(0.1)  # orphaned ranks are reaped by init; their memory is free once they are gone
+
+
+def alive(process):
+    """Whether a process still runs under its pid (psutil compares start times) and is not a zombie."""
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def read_records(log_path):
@@ -424,21 +435,23 @@ def measure(args, *, code, corpus, processes, cache, preset, tokenizer, max_step
         "1e-3",
         "--warmup_steps",
         "130",
-        "--save_every",
+        "--save_steps",
         "100000",
         "--average_last",
         "1",
-        "--keep_checkpoints",
+        "--save_total_limit",
         "1",
-        "--eval_every",
+        "--eval_steps",
         "0",
         "--eval_bleu_samples",
         "0",
-        "--log_every",
+        "--logging_steps",
         str(log_every),
         "--report_to",
         "none",
     ]
+    if code == "old":
+        train_args = [OLD_FLAGS.get(argument, argument) for argument in train_args]
     if processes == 1:
         command = [sys.executable, "scripts/train.py", *train_args]
     else:
@@ -487,7 +500,7 @@ def measure(args, *, code, corpus, processes, cache, preset, tokenizer, max_step
             else:
                 time.sleep(POLL_SECONDS)
     finally:
-        kill_launch(process, {**sampler.tree, **process_tree(process.pid)})
+        kill_launch(process, sampler.launch())
         shutil.rmtree(output_dir, ignore_errors=True)
     wall_seconds = time.monotonic() - start
     training, children = sampler.of_role("training"), sampler.of_role("child")
@@ -634,14 +647,8 @@ def machine_description():
         ),
         platform.machine(),
     )
-    memory_kib = int(
-        next(
-            line.split()[1] for line in Path("/proc/meminfo").read_text().splitlines() if line.startswith("MemTotal:")
-        )
-    )
-    return (
-        f"{cpu}, nproc {len(os.sched_getaffinity(0))}, {memory_kib / 2**20:.1f} GiB memory, Linux {platform.release()}"
-    )
+    memory = psutil.virtual_memory().total
+    return f"{cpu}, nproc {len(os.sched_getaffinity(0))}, {memory / 2**30:.1f} GiB memory, Linux {platform.release()}"
 
 
 def versions():
@@ -702,7 +709,7 @@ def extrapolate_old(results, processes, rows):
     if len(measured) >= 2:
         points, source = measured[-2:], "the two largest old rows above"
     else:
-        points, source = [(size, *figures) for size, figures in ISSUE_OLD_FIGURES.items()], "the issue's 100k and 1M"
+        points, source = [(size, *figures) for size, figures in OLD_REFERENCE_FIGURES.items()], "reference 100k and 1M"
     (rows0, memory0, seconds0), (rows1, memory1, seconds1) = points
     fraction = (rows - rows0) / (rows1 - rows0)
     memory, seconds = memory0 + fraction * (memory1 - memory0), seconds0 + fraction * (seconds1 - seconds0)
@@ -772,7 +779,7 @@ def render_markdown(data):
     lines = [
         "# Training data path at scale: old code against new",
         "",
-        f"Written {datetime.date.today()} by `docs/benchmarks/data_scale.py` (its docstring says how each figure is "
+        f"Written {datetime.date.today()} by `benchmarks/data_scale.py` (its docstring says how each figure is "
         "measured)" + (f"; measured from {dates[0]} to {dates[-1]}." if dates else "."),
         "",
         "Machines and versions:",
@@ -786,7 +793,7 @@ def render_markdown(data):
         "",
         (
             f"## Memory and start-up: {MEMORY_PRESET} preset, {MEMORY_VOCAB}-token vocabulary, "
-            f"--batch_tokens 2000, --log_every 1 --max_steps {MEMORY_STEPS}"
+            f"--batch_tokens 2000, --logging_steps 1 --max_steps {MEMORY_STEPS}"
         ),
         "",
         (
@@ -819,7 +826,7 @@ def render_markdown(data):
         ),
         "",
         (
-            f"--log_every {THROUGHPUT_LOG_EVERY} --max_steps {THROUGHPUT_STEPS}; each run: the median tokens_per_sec "
+            f"--logging_steps {THROUGHPUT_LOG_EVERY} --max_steps {THROUGHPUT_STEPS}; each run: the median tokens_per_sec "
             "of its records after the first; the codes' runs alternate (old, new, old, new, ...)."
         ),
         "",
@@ -903,7 +910,7 @@ def parse_args(argv=None):
         "--results",
         type=Path,
         default=RESULTS,
-        help="where the results go, as RESULTS.json and RESULTS.md (default: next to this script)",
+        help="where the results go, as RESULTS.json and RESULTS.md (default: docs/benchmarks/data_scale)",
     )
     launches = argparse.ArgumentParser(add_help=False, parents=[results])
     launches.add_argument(
@@ -971,9 +978,7 @@ def parse_args(argv=None):
             setattr(args, name, getattr(args, name).resolve())
     if getattr(args, "dataset_dir", None) and not (args.dataset_dir / "dataset_dict.json").is_file():
         parser.error(f"--dataset_dir {args.dataset_dir} is not a DatasetDict saved with save_to_disk")
-    args.invocation = shlex.join(
-        ["python3", str(Path(__file__).resolve().relative_to(REPO)), *(sys.argv[1:] if argv is None else argv)]
-    )
+    args.invocation = shlex.join(["python3", "-m", "benchmarks.data_scale", *(sys.argv[1:] if argv is None else argv)])
     return args
 
 

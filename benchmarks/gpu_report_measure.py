@@ -1,0 +1,503 @@
+"""GPU report, step 2 of 3: the report's sections, measured on a GPU (or, with --quick, anywhere), into JSON.
+
+    python -m benchmarks.gpu_report_measure --device cuda --section NAME [NAME ...] --report_dir DIR
+                                            [--corpus_dir .gpu_carry/corpus] [--quick]
+
+Run from the root of a checkout with the `test` extra installed (on a machine without network access: after
+`bash .gpu_carry/setup.sh`, made by `benchmarks.gpu_report_prepare`). Each section writes SECTION.json into
+--report_dir within its time budget (Sizes.budget_minutes: 2 + 4.5 + 2.5 + 9 minutes), so that a run of several
+sections has a known length; what a budget leaves out, or what fails, is recorded as "not measured, because ...".
+`benchmarks.gpu_report_render` turns the JSON files into the page. `--quick` runs every section on tiny sizes: the
+code can be tested without a GPU (tests/test_benchmark.py), the figures mean nothing.
+
+Sections:
+- correctness: the GPU tests (tests/test_gpu.py: half-precision logits against float32, eager, sdpa and flash
+  attention, compiled static-cache generation, a bf16 autocast step) and the generation tests on the device in
+  bfloat16 and float16 (per-step logits with and without the cache, padded batches, beam search, sampling).
+- training: vaswani against MarianMTModel of the same sizes, each preset, eager and torch.compile'd: tokens/s, peak
+  memory, model FLOP utilisation against the bf16 matmul peak measured in the same run (benchmark.measure_training:
+  the recipe's `train_step` under `Accelerator(mixed_precision="bf16")` over float32 weights, fused AdamW, one batch
+  of random pairs of one length for both; on a CPU, float32 throughout); the sweep of the loss's chunk size; a
+  profile of one step of the largest preset.
+- generation: greedy and beam 4 at each batch size, eager, with a static cache and torch.compile, and CTranslate2 in
+  float16 and int8 on the same weights (benchmark.measure_generation, measure_ctranslate2).
+- time_to_bleu: the paper's recipe on the prepared corpus for a fixed training time, test BLEU every few minutes.
+"""
+
+import json
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ElementTree
+from dataclasses import asdict, dataclass, field, replace
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from benchmarks import benchmark
+from vaswani.training.checks import UsageError, tokenizer_ids
+from vaswani.training.cli import command, parse_arguments
+from vaswani.training.padding import pair_batch
+
+
+@dataclass(frozen=True)
+class Sizes:
+    presets: tuple[str, ...]
+    batch_tokens: int  # source tokens of a training batch (target alike)
+    train_length: int
+    repeats: int
+    warmup: int
+    chunk_sweep: tuple[int, ...]  # the loss's values per chunk on an accelerator
+    generation_preset: str
+    generation_batches: tuple[int, ...]
+    generation_length: int
+    bleu_preset: str
+    bleu_minutes: float  # training time, BLEU evaluations not counted
+    bleu_every_minutes: float
+    bleu_batch_tokens: int  # padded source + target tokens of a training batch
+    bleu_pairs: int
+    budget_minutes: dict  # each section's time on the device, start-up excluded
+    ceiling_size: int | None = None  # rows of the matmul the MFU is quoted against (None: the device's default)
+
+
+FULL = Sizes(
+    presets=("base", "big"),
+    batch_tokens=8192,
+    train_length=64,
+    repeats=10,
+    warmup=3,
+    chunk_sweep=(2**22, 2**24, 2**26, 2**28),
+    generation_preset="base",
+    generation_batches=(1, 64),
+    generation_length=32,
+    bleu_preset="base",
+    bleu_minutes=8,
+    bleu_every_minutes=2,
+    bleu_batch_tokens=50000,  # the paper's ~25,000 source + 25,000 target tokens a step
+    bleu_pairs=500,
+    budget_minutes={"correctness": 2, "training": 4.5, "generation": 2.5, "time_to_bleu": 9},
+)
+QUICK = Sizes(
+    presets=("tiny",),
+    batch_tokens=256,
+    train_length=16,
+    repeats=2,
+    warmup=1,
+    chunk_sweep=(2**10, 2**14),
+    generation_preset="tiny",
+    generation_batches=(1, 4),
+    generation_length=5,
+    bleu_preset="tiny",
+    bleu_minutes=0.3,
+    bleu_every_minutes=0.15,
+    bleu_batch_tokens=2000,
+    bleu_pairs=16,
+    budget_minutes=dict.fromkeys(("correctness", "training", "generation", "time_to_bleu"), 6),
+    ceiling_size=512,
+)
+
+
+class Deadline:
+    """A section's time budget: measurements ask how much is left, and are skipped (and said so) once it is gone."""
+
+    def __init__(self, minutes: float):
+        self.end = time.monotonic() + 60 * minutes
+
+    def left(self) -> float:
+        return self.end - time.monotonic()
+
+
+def measured(deadline: Deadline, measure) -> dict:
+    """`measure()`'s result, or why there is none."""
+    if deadline.left() <= 0:
+        return {"not_measured": "the section's time budget ran out before it"}
+    try:
+        return measure(deadline.left())
+    except subprocess.TimeoutExpired:
+        return {"not_measured": "the section's time budget ran out during it"}
+    except (RuntimeError, ImportError) as error:
+        return {"not_measured": f"it failed: {str(error).strip().splitlines()[-1][:300]}"}
+
+
+def environment(device: torch.device) -> dict:
+    import transformers
+
+    facts = {
+        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+    }
+    if device.type == "cuda":
+        smi = shutil.which("nvidia-smi")
+        driver = (
+            subprocess.run(
+                [smi, "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True, text=True
+            ).stdout.strip()
+            if smi
+            else "unknown (no nvidia-smi)"
+        )
+        facts.update(device=torch.cuda.get_device_name(), driver=driver, cuda=torch.version.cuda)
+    else:
+        facts.update(device=f"CPU ({platform.processor() or platform.machine()}), {torch.get_num_threads()} threads")
+    return facts
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Sections.
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def correctness(args, sizes: Sizes, deadline: Deadline) -> dict:
+    runs = {
+        "GPU tests (tests/test_gpu.py)": ["tests/test_gpu.py", "-m", "gpu"],
+        **{
+            f"generation tests in {dtype}": ["tests/test_generation.py", "--device", args.device, "--dtype", dtype]
+            for dtype in ("bfloat16", "float16")
+        },
+    }
+    return {name: measured(deadline, lambda left, a=a: run_pytest(a, left)) for name, a in runs.items()}
+
+
+def run_pytest(pytest_args: list[str], timeout: float) -> dict:
+    """pytest in a subprocess; its JUnit XML gives each test's outcome."""
+    report = Path(f"/tmp/vaswani-gpu-report-{time.monotonic_ns()}.xml")
+    command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", f"--junitxml={report}", *pytest_args]
+    done = subprocess.run(command, cwd=benchmark.REPO_ROOT, capture_output=True, text=True, timeout=timeout)
+    if not report.exists():
+        raise RuntimeError(
+            f"pytest wrote no report (exit {done.returncode}): {done.stdout[-500:]}{done.stderr[-500:]}"
+        )
+    outcomes = {"passed": 0, "failed": 0, "skipped": 0}
+    failures, skip_reasons = [], set()
+    for case in ElementTree.parse(report).getroot().iter("testcase"):
+        problem = case.find("failure") if case.find("failure") is not None else case.find("error")
+        if problem is not None:
+            outcomes["failed"] += 1
+            failures.append(f"{case.get('name')}: {(problem.get('message') or '').splitlines()[0][:200]}")
+        elif case.find("skipped") is not None:
+            outcomes["skipped"] += 1
+            skip_reasons.add((case.find("skipped").get("message") or "").strip()[:200])
+        else:
+            outcomes["passed"] += 1
+    report.unlink()
+    return {**outcomes, "failures": failures, "skip_reasons": sorted(skip_reasons), "command": " ".join(pytest_args)}
+
+
+def training(args, sizes: Sizes, deadline: Deadline) -> dict:
+    device = torch.device(args.device)
+    half = device.type == "cuda"  # bf16 mixed precision on a GPU; a CPU's bfloat16 matmuls are slow, float32 there
+    ceiling = benchmark.matmul_ceiling(device, torch.bfloat16 if half else torch.float32, sizes.ceiling_size)
+    setup = benchmark.BenchmarkArguments(
+        device=args.device,
+        dtype="float32",
+        autocast=half,
+        measure="train",
+        batch_tokens=sizes.batch_tokens,
+        train_length=sizes.train_length,
+        sweep_lengths=[sizes.train_length],
+        repeats=sizes.repeats,
+        warmup=sizes.warmup,
+    )
+
+    def train(implementation, **changes):
+        def measure(left):
+            result = benchmark.run_worker(replace(setup, **changes), implementation, timeout=left)["train"]
+            rate = benchmark.summarise(result["times"], result["tokens"])
+            flops = statistics.median(result["flops"] / t for t in result["times"])
+            return {
+                "tokens_per_s": rate,
+                "peak_memory_mib": result["peak_memory"] / 2**20,
+                "tflops_per_s": flops / 1e12,
+                "mfu": flops / ceiling["flops_per_s"],
+                "batch": result["batch"],
+                "length": result["length"],
+            }
+
+        return measured(deadline, measure)
+
+    # In the order of what matters most, since the budget may end the list: the eager comparison, where the time of
+    # the largest goes, the compiled comparison (largest first), the loss's chunk size.
+    largest = sizes.presets[-1]
+    order = [(preset, False) for preset in sizes.presets] + [(preset, True) for preset in reversed(sizes.presets)]
+    rows = []
+    for index, (preset, compiled) in enumerate(order):
+        rows += [
+            {"preset": preset, "implementation": implementation, "compiled": compiled}
+            | train(implementation, preset=preset, compile_training=compiled)
+            for implementation in ("vaswani", "marian")
+        ]
+        if index == len(sizes.presets) - 1:
+            profile = measured(
+                deadline,
+                lambda left: benchmark.run_worker(
+                    replace(setup, preset=largest, measure="profile"), "vaswani", timeout=left
+                ),
+            )
+    chunk_sweep = [
+        {"chunk_elements": elements} | train("vaswani", preset=largest, chunk_elements=elements)
+        for elements in sizes.chunk_sweep
+    ]
+    config = benchmark.build_model("vaswani", largest, sizes.train_length + 1).config
+    return {
+        "matmul_ceiling": ceiling,
+        "precision": "bf16 mixed precision over float32 weights" if half else "float32",
+        "rows": rows,
+        "chunk_sweep": chunk_sweep,
+        "profile": profile,
+        "profiled": f"vaswani {largest}, eager",
+        "flops_per_token": dict(
+            zip(("per_source_token", "per_target_token"), benchmark.flops_per_token(config, sizes.train_length)),
+            length=sizes.train_length,
+        ),
+        "sizes": {"batch_tokens": sizes.batch_tokens, "length": sizes.train_length},
+    }
+
+
+def generation(args, sizes: Sizes, deadline: Deadline) -> dict:
+    half = "bfloat16" if args.device == "cuda" else "float32"
+    setup = benchmark.BenchmarkArguments(
+        device=args.device,
+        preset=sizes.generation_preset,
+        measure="generate",
+        gen_source_length=sizes.generation_length,
+        gen_length=sizes.generation_length,
+        sweep_lengths=[2 * sizes.generation_length],
+        repeats=sizes.repeats,
+        warmup=sizes.warmup,
+    )
+    quantizations = ("float16", "int8_float16") if args.device == "cuda" else ("float32", "int8")
+    engines = [("eager", "vaswani", {"dtype": half}), ("static cache + compile", "vaswani", {"dtype": half})]
+    engines += [(f"CTranslate2 {q}", f"ctranslate2:{q}", {}) for q in quantizations]
+    rows = []
+    for batch in sizes.generation_batches:
+        for engine, implementation, changes in engines:
+            compiled = engine.startswith("static")
+
+            def measure(left, batch=batch, implementation=implementation, changes=changes, compiled=compiled):
+                if implementation.startswith("ctranslate2"):
+                    check_ctranslate2(args.device)
+                worker = replace(setup, gen_batch=batch, compile=compiled, **changes)
+                result = benchmark.run_worker(worker, implementation, timeout=left)
+                return {
+                    f"beam{beams}_sentences_per_s": benchmark.summarise(
+                        result[f"generate_beam{beams}"]["times"], result[f"generate_beam{beams}"]["sentences"]
+                    )
+                    for beams in (1, 4)
+                }
+
+            rows.append({"batch": batch, "engine": engine} | measured(deadline, measure))
+    return {"rows": rows, "dtype": half, "preset": sizes.generation_preset, "length": sizes.generation_length}
+
+
+def check_ctranslate2(device: str):
+    try:
+        import ctranslate2
+    except ImportError as error:
+        raise ImportError(
+            "ctranslate2 is not installed here (pip install ctranslate2: its CUDA build for a GPU)"
+        ) from error
+    if device == "cuda" and ctranslate2.get_cuda_device_count() == 0:
+        raise RuntimeError("ctranslate2 sees no CUDA device (a CPU-only build, or one for another CUDA)")
+
+
+class CarriedPairs(torch.utils.data.Dataset):
+    """The training pairs `benchmarks.gpu_report_prepare` wrote (train.npz: each side's ids end to end, and their
+    offsets), indexed by a batch's rows: `pairs[rows]` is the model's inputs for those pairs (`pair_batch`, as
+    `PairCollator` pads the Arrow pairs)."""
+
+    def __init__(self, path, pad_token_id, decoder_start_token_id):
+        arrays = np.load(path)
+        self.ids = {side: arrays[side].astype(np.int64) for side in ("source", "target")}
+        self.offsets = {side: arrays[f"{side}_offsets"] for side in ("source", "target")}
+        self.lengths = {side: np.diff(offsets) for side, offsets in self.offsets.items()}
+        self.pad_token_id, self.decoder_start_token_id = pad_token_id, decoder_start_token_id
+
+    def __len__(self):
+        return len(self.lengths["source"])
+
+    def __getitem__(self, rows):
+        ids = {
+            side: np.concatenate([self.ids[side][self.offsets[side][r] : self.offsets[side][r + 1]] for r in rows])
+            for side in ("source", "target")
+        }
+        return pair_batch(
+            ids["source"],
+            self.lengths["source"][rows],
+            ids["target"],
+            self.lengths["target"][rows],
+            self.pad_token_id,
+            self.decoder_start_token_id,
+        )
+
+
+def time_to_bleu(args, sizes: Sizes, deadline: Deadline) -> dict:
+    """The paper's recipe on the prepared corpus for `sizes.bleu_minutes` of training, test BLEU every few minutes.
+
+    The recipe's own step (`vaswani.training.step.train_step`: label smoothing 0.1, the loss summed over the step's
+    target tokens) over the numpy corpus: token-bucket batches of about 25,000 source and 25,000 target tokens
+    (`TokenBucketSampler`, taken a step at a time by `StepBatches` from a `TrainState`), Adam (0.9, 0.98, 1e-9), the
+    preset's dropout, `Accelerator(mixed_precision="bf16")` on a GPU. The schedule is the paper's
+    (`inverse_sqrt_schedule`), scaled to the run: the paper warms up for 4,000 of 100,000 steps and peaks at
+    d_model^-0.5 x 4000^-0.5; here the warmup is the same 4% of the steps the run will take (counted from the speed
+    of 10 calibration steps, on weights then thrown away), the peak the same. BLEU: `vaswani.training.evaluation`'s
+    `translate` with the model's default decoding (the paper's: beam 4, length penalty 0.6) and `corpus_bleu`
+    (sacreBLEU) on the first `bleu_pairs` test pairs; evaluation time is not counted.
+    """
+    from accelerate import Accelerator
+    from transformers import AutoTokenizer
+
+    from vaswani import VaswaniConfig, VaswaniForConditionalGeneration
+    from vaswani.training.batching import StepBatches, TokenBucketSampler
+    from vaswani.training.checkpoints import TrainState
+    from vaswani.training.evaluation import corpus_bleu, translate
+    from vaswani.training.schedule import inverse_sqrt_schedule, paper_peak_lr
+    from vaswani.training.step import train_step
+
+    corpus_dir = Path(args.corpus_dir)
+    if not (corpus_dir / "train.npz").exists():
+        raise UsageError(f"{corpus_dir} holds no corpus: run `python -m benchmarks.gpu_report_prepare` first.")
+    device = torch.device(args.device)
+    accelerator = Accelerator(cpu=device.type == "cpu", mixed_precision="bf16" if device.type == "cuda" else "no")
+    tokenizer = AutoTokenizer.from_pretrained(corpus_dir / "tokenizer")
+    test = json.loads((corpus_dir / "test.json").read_text())
+    test_sources, references = test["sources"][: sizes.bleu_pairs], test["references"][: sizes.bleu_pairs]
+    config = VaswaniConfig.from_preset(sizes.bleu_preset, **tokenizer_ids(tokenizer))
+    pairs = CarriedPairs(corpus_dir / "train.npz", config.pad_token_id, config.decoder_start_token_id)
+    sampler = TokenBucketSampler(
+        pairs.lengths["source"], pairs.lengths["target"], sizes.bleu_batch_tokens, seed=0, batches_per_step=1
+    )
+    loader = torch.utils.data.DataLoader(pairs, sampler=sampler, batch_size=None)
+
+    def fresh_run(warmup=None, peak=None):
+        """A new model from the same seed, prepared with Adam and, given a warmup, the paper's schedule; a new
+        `TrainState`, and the batches from its start."""
+        torch.manual_seed(0)
+        model = VaswaniForConditionalGeneration(config)
+        optimizer = torch.optim.Adam(
+            model.parameters(), lr=1.0 if warmup else 1e-4, betas=(0.9, 0.98), eps=1e-9, fused=device.type == "cuda"
+        )
+        scheduler = inverse_sqrt_schedule(optimizer, warmup, peak) if warmup else None
+        model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+        state = TrainState()
+        return model.train(), optimizer, scheduler, state, StepBatches(loader, state, 1)
+
+    def step(model, optimizer, scheduler, state, batches):
+        """One step of the recipe, counted in `state`; its loss per target token."""
+        start = time.perf_counter()
+        result = train_step(accelerator, model, optimizer, scheduler, next(batches), 0.1)
+        state.add_step(result, time.perf_counter() - start)  # train_step ends in a sync: the time is its own
+        return result.loss / result.target_tokens
+
+    calibration, step_times = fresh_run(), []
+    for _ in range(10):
+        before = calibration[3].train_seconds
+        step(*calibration)
+        step_times.append(calibration[3].train_seconds - before)
+    del calibration
+    accelerator.free_memory()  # the calibration's model and optimizer
+    seconds = 60 * sizes.bleu_minutes
+    planned_steps = max(10, int(seconds / statistics.median(step_times[2:])))
+    warmup = max(1, round(0.04 * planned_steps))
+    peak = paper_peak_lr(config.d_model, 4000)
+
+    run = fresh_run(warmup, peak)
+    model, state = accelerator.unwrap_model(run[0]), run[3]
+    points, next_evaluation, losses = [], 60 * sizes.bleu_every_minutes, []
+    signature = "n/a"
+
+    def evaluate():
+        nonlocal signature
+        with accelerator.autocast():
+            hypotheses = translate(model, tokenizer, test_sources, batch_size=64)
+        score, signature = corpus_bleu(hypotheses, references)
+        points.append(
+            {
+                "minutes": state.train_seconds / 60,
+                "steps": state.step,
+                "bleu": score.score,
+                "train_loss": statistics.mean(losses[-50:]),
+            }
+        )
+
+    # The last evaluation must fit in the budget too: the loop keeps the time the previous one took in reserve.
+    evaluation_seconds = 0.0
+    while state.train_seconds < seconds and deadline.left() > evaluation_seconds:
+        losses.append(step(*run))
+        if state.train_seconds >= next_evaluation:
+            started = time.perf_counter()
+            evaluate()
+            evaluation_seconds = time.perf_counter() - started
+            next_evaluation += 60 * sizes.bleu_every_minutes
+    if not points or points[-1]["steps"] != state.step:
+        evaluate()
+    return {
+        "points": points,
+        "preset": sizes.bleu_preset,
+        "batch_tokens": sizes.bleu_batch_tokens,
+        "planned_steps": planned_steps,
+        "warmup_steps": warmup,
+        "peak_lr": peak,
+        "test_pairs": len(test_sources),
+        "stopped_by_budget": state.train_seconds < seconds,
+        "signature": signature,
+    }
+
+
+SECTIONS = {
+    "correctness": correctness,
+    "training": training,
+    "generation": generation,
+    "time_to_bleu": time_to_bleu,
+}
+
+
+@dataclass
+class MeasureArguments:
+    section: list[str] = field(metadata={"help": f"sections to run: {', '.join(SECTIONS)}"})
+    device: str = field(default="cuda", metadata={"help": "cuda, or cpu (with --quick, to test the code)"})
+    quick: bool = field(default=False, metadata={"help": "every section on tiny sizes, in a few minutes"})
+    report_dir: str = field(default="gpu_report", metadata={"help": "where each section writes SECTION.json"})
+    corpus_dir: str = field(default=".gpu_carry/corpus", metadata={"help": "time_to_bleu's corpus (prepare's)"})
+
+    def __post_init__(self):
+        unknown = [name for name in self.section if name not in SECTIONS]
+        if unknown:
+            raise UsageError(f"unknown --section {', '.join(unknown)}; the sections are {', '.join(SECTIONS)}")
+
+
+@command
+def main(argv) -> dict:
+    (args,) = parse_arguments([MeasureArguments], argv, description=__doc__.split("\n\n")[0])
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise UsageError("--device cuda asked for, but torch sees no CUDA device.")
+    sizes = QUICK if args.quick else FULL
+    if args.device == "cuda" and args.quick:
+        print("--quick on a GPU: tiny sizes, figures that mean nothing", file=sys.stderr)
+    report_dir = Path(args.report_dir)
+    report_dir.mkdir(parents=True, exist_ok=True)
+    results = {}
+    for name in args.section:
+        deadline = Deadline(sizes.budget_minutes[name])
+        started = time.monotonic()
+        result = {
+            "section": name,
+            "quick": args.quick,
+            "environment": environment(torch.device(args.device)),
+            "sizes": asdict(sizes),
+            "results": SECTIONS[name](args, sizes, deadline),
+        }
+        result["minutes"] = (time.monotonic() - started) / 60
+        (report_dir / f"{name}.json").write_text(json.dumps(result, indent=1))
+        print(f"{name}: {result['minutes']:.1f} min, written {report_dir / name}.json")
+        results[name] = result
+    return results
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,258 @@
+"""GPU report, step 3 of 3: the page, docs/benchmarks/gpu.md and its PNGs, from the sections' JSON.
+
+    python -m benchmarks.gpu_report_render --report_dir DIR [--output_dir docs/benchmarks]
+
+Run from the root of a checkout with the `test` extra installed, on any machine: it reads the SECTION.json files
+that `benchmarks.gpu_report_measure` wrote into DIR (a section not there is listed as not measured yet) and writes
+gpu.md with the environment they were measured in, a table of targets (training at 1.2x Marian's tokens/s, 50% MFU
+for the big preset, 1.5x from a static cache and torch.compile at batch 1, the CTranslate2 speed-up, time to BLEU)
+beside published anchors, one section each, and at most 3 PNGs (gpu_*.png).
+"""
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from benchmarks.benchmark import fmt_rate
+from benchmarks.gpu_report_measure import SECTIONS
+from vaswani.training.checks import UsageError
+from vaswani.training.cli import command, parse_arguments
+
+
+# NVIDIA's fairseq-based recipe (DeepLearningExamples) trains the big model at about 82,000 tokens/s on one A100,
+# about a third of its bf16 peak; MLPerf Training's Transformer, with fused kernels, about 100,000 tokens/s per A100.
+ANCHORS = (
+    "NVIDIA DeepLearningExamples (fairseq), big, 1 A100: ~82,000 tokens/s (~1/3 of peak); MLPerf Transformer: ~100,000 "
+    "tokens/s per A100"
+)
+
+
+@dataclass
+class RenderArguments:
+    report_dir: str = field(default="gpu_report", metadata={"help": "the sections' JSON files"})
+    output_dir: str = field(default="docs/benchmarks", metadata={"help": "where gpu.md and its PNGs go"})
+
+
+def ratio(ours: dict, theirs: dict, key: str) -> float | None:
+    if key in ours and key in theirs:
+        return ours[key]["median"] / theirs[key]["median"]
+    return None
+
+
+@command
+def main(argv) -> dict:
+    (args,) = parse_arguments([RenderArguments], argv, description=__doc__.split("\n\n")[0])
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    report_dir, output_dir = Path(args.report_dir), Path(args.output_dir)
+    sections = {
+        name: json.loads((report_dir / f"{name}.json").read_text())
+        for name in SECTIONS
+        if (report_dir / f"{name}.json").exists()
+    }
+    if not sections:
+        raise UsageError(
+            f"{report_dir} holds no section's JSON: run `python -m benchmarks.gpu_report_measure --section NAME` first"
+        )
+    output_dir.mkdir(parents=True, exist_ok=True)
+    first = next(iter(sections.values()))
+    facts = first["environment"]
+    lines = [
+        "# GPU report",
+        "",
+        f"{facts['device']}; driver {facts.get('driver', 'n/a')}, CUDA {facts.get('cuda', 'n/a')}; torch "
+        f"{facts['torch']}, transformers {facts['transformers']}, Python {facts['python']}; {facts['date']}."
+        + (" **Quick mode: tiny sizes, the figures test the code and mean nothing.**" if first["quick"] else ""),
+        "",
+        "Written by `python -m benchmarks.gpu_report_render` from the sections' JSON (how each is measured: "
+        "`benchmarks/gpu_report_measure.py`).",
+        "",
+    ]
+    targets = []
+    for name in SECTIONS:
+        if name not in sections:
+            lines += [f"## {name}", "", f"Not measured yet: `--section {name}` has not run on a GPU.", ""]
+            continue
+        section = sections[name]
+        lines += [f"## {name} ({section['minutes']:.1f} min)", ""]
+        render = {"correctness": render_correctness, "training": render_training}.get(name)
+        render = render or {"generation": render_generation, "time_to_bleu": render_time_to_bleu}[name]
+        text, section_targets = render(section["results"], plt, output_dir)
+        lines += [text, ""]
+        targets += section_targets
+    lines[6:6] = [
+        "## Targets",
+        "",
+        "| target | measured | met |",
+        "| --- | --- | --- |",
+        *targets,
+        "",
+        f"Anchors: {ANCHORS}.",
+        "",
+    ]
+    (output_dir / "gpu.md").write_text("\n".join(lines))
+    pictures = sorted(path.name for path in output_dir.glob("gpu_*.png"))
+    print(f"written {output_dir / 'gpu.md'} and {len(pictures)} PNGs")
+    return {"pictures": pictures, "sections": sorted(sections)}
+
+
+def render_correctness(results, plt, output_dir):
+    lines = ["| run | passed | failed | skipped | failures, skip reasons |", "| --- | --- | --- | --- | --- |"]
+    for name, run in results.items():
+        if "not_measured" in run:
+            lines.append(f"| {name} | not measured, because {run['not_measured']} | | | |")
+            continue
+        notes = "; ".join(run["failures"] + [f"skipped: {reason}" for reason in run["skip_reasons"]])
+        lines.append(f"| {name} | {run['passed']} | {run['failed']} | {run['skipped']} | {notes} |")
+    return "\n".join(lines), []
+
+
+def saved(figure, plt, output_dir: Path, name: str, title: str) -> str:
+    """Write the figure as output_dir/name; the Markdown that shows it."""
+    figure.tight_layout()
+    figure.savefig(output_dir / name, dpi=110)
+    plt.close(figure)
+    return f"\n![{title}]({name})"
+
+
+def render_training(results, plt, output_dir):
+    ceiling = results["matmul_ceiling"]["flops_per_s"] / 1e12
+    precision = results.get("precision", "bf16 mixed precision over float32 weights")
+    dtype = "float32" if precision == "float32" else "bf16"
+    per_token = results["flops_per_token"]
+    lines = [
+        f"Batches of {results['sizes']['batch_tokens']:,} source + as many target tokens, pairs of "
+        f"{results['sizes']['length']} tokens; the recipe's training step (`train_step`) in {precision}, AdamW "
+        "(fused on a GPU). MFU: model FLOPs "
+        f"(matrix products, forward and backward: 3 x the forward's 2 x multiply-adds; attention over every key) per "
+        f"second over the {dtype} matmul peak measured in the same run, {ceiling:.3g} TFLOP/s. Per pair of "
+        f"{per_token['length']}-token sentences of the largest preset: {per_token['per_source_token'] / 1e6:,.1f} "
+        f"MFLOP per source token, {per_token['per_target_token'] / 1e6:,.1f} MFLOP per target token (output "
+        "projection included).",
+        "",
+        "| preset | implementation | torch.compile | tokens/s | vs Marian | peak memory MiB | TFLOP/s | MFU |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    targets = []
+    by_key = {(r["preset"], r["implementation"], r["compiled"]): r for r in results["rows"]}
+    for row in results["rows"]:
+        key = (row["preset"], row["implementation"], row["compiled"])
+        if "not_measured" in row:
+            lines.append(f"| {key[0]} | {key[1]} | {key[2]} | not measured, because {row['not_measured']} | | | | |")
+            continue
+        marian = by_key[(row["preset"], "marian", row["compiled"])]
+        speedup = ratio(row, marian, "tokens_per_s")
+        lines.append(
+            f"| {key[0]} | {key[1]} | {'yes' if key[2] else 'no'} | {fmt_rate(row['tokens_per_s'])} | "
+            f"{f'{speedup:.2f}x' if speedup else 'n/a'} | {row['peak_memory_mib']:,.0f} | {row['tflops_per_s']:.3g} "
+            f"| {row['mfu']:.1%} |"
+        )
+        if row["implementation"] == "vaswani":
+            label = f"{row['preset']} training, {'compiled' if row['compiled'] else 'eager'}: >= 1.2x Marian"
+            met = speedup is not None and speedup >= 1.2
+            targets.append(f"| {label} | {f'{speedup:.2f}x' if speedup else 'n/a'} | {'yes' if met else 'no'} |")
+            if row["preset"] == "big":
+                targets.append(
+                    f"| big, {'compiled' if row['compiled'] else 'eager'}: >= 50% MFU | {row['mfu']:.1%} "
+                    f"({fmt_rate(row['tokens_per_s'])} tokens/s) | {'yes' if row['mfu'] >= 0.5 else 'no'} |"
+                )
+    lines += ["", "The loss's chunk size (values per chunk on the device; the default is 2^26):", ""]
+    lines += ["| values per chunk | tokens/s | peak memory MiB |", "| --- | --- | --- |"]
+    for point in results["chunk_sweep"]:
+        size = f"2^{int(math.log2(point['chunk_elements']))}"
+        if "not_measured" in point:
+            lines.append(f"| {size} | not measured, because {point['not_measured']} | |")
+        else:
+            lines.append(f"| {size} | {fmt_rate(point['tokens_per_s'])} | {point['peak_memory_mib']:,.0f} |")
+    profile = results["profile"]
+    profile_text = profile.get("profile") or f"not measured, because {profile['not_measured']}"
+    lines += ["", f"Where the time of one step goes ({results['profiled']}):", "", "```", profile_text, "```"]
+
+    measured_rows = [r for r in results["rows"] if "tokens_per_s" in r]
+    figure, axis = plt.subplots(figsize=(8, 4))
+    labels = [
+        f"{r['preset']}\n{r['implementation']}\n{'compiled' if r['compiled'] else 'eager'}" for r in measured_rows
+    ]
+    axis.bar(
+        labels,
+        [r["tokens_per_s"]["median"] for r in measured_rows],
+        color=["C0" if r["implementation"] == "vaswani" else "C1" for r in measured_rows],
+    )
+    axis.set(ylabel="training tokens/s (source + target)", title=f"Training speed, {precision}")
+    return "\n".join(lines + [saved(figure, plt, output_dir, "gpu_training.png", "training speed")]), targets
+
+
+def render_generation(results, plt, output_dir):
+    lines = [
+        f"The {results['preset']} preset ({results['dtype']} for eager and compiled), random weights (the same for "
+        f"every engine), {results['length']}-token sources, exactly {results['length']} generated tokens.",
+        "",
+        "| batch | engine | greedy sentences/s | vs eager | beam-4 sentences/s | vs eager |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    targets = []
+    eager = {row["batch"]: row for row in results["rows"] if row["engine"] == "eager"}
+    for row in results["rows"]:
+        if "not_measured" in row:
+            lines.append(f"| {row['batch']} | {row['engine']} | not measured, because {row['not_measured']} | | | |")
+            continue
+        speedups = [ratio(row, eager[row["batch"]], f"beam{beams}_sentences_per_s") for beams in (1, 4)]
+        cells = [f"{s:.2f}x" if s else "n/a" for s in speedups]
+        lines.append(
+            f"| {row['batch']} | {row['engine']} | {fmt_rate(row['beam1_sentences_per_s'])} | {cells[0]} | "
+            f"{fmt_rate(row['beam4_sentences_per_s'])} | {cells[1]} |"
+        )
+        if row["engine"] == "static cache + compile" and row["batch"] == 1:
+            met = speedups[0] is not None and speedups[0] >= 1.5
+            targets.append(
+                f"| static cache + compile >= 1.5x eager at batch 1 | greedy {cells[0]}, beam 4 {cells[1]} | "
+                f"{'yes' if met else 'no'} |"
+            )
+        if row["engine"].startswith("CTranslate2"):
+            targets.append(
+                f"| {row['engine']} over eager, batch {row['batch']} (reported) | greedy {cells[0]}, "
+                f"beam 4 {cells[1]} | - |"
+            )
+    rows = [row for row in results["rows"] if "beam1_sentences_per_s" in row]
+    figure, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for axis, beams in zip(axes, (1, 4)):
+        axis.bar(
+            [f"{r['engine']}\nbatch {r['batch']}" for r in rows],
+            [r[f"beam{beams}_sentences_per_s"]["median"] for r in rows],
+        )
+        axis.set(title="greedy" if beams == 1 else "beam 4", ylabel="sentences/s", yscale="log")
+        axis.tick_params(axis="x", labelsize=7, rotation=45)
+    return "\n".join(lines + [saved(figure, plt, output_dir, "gpu_generation.png", "generation speed")]), targets
+
+
+def render_time_to_bleu(results, plt, output_dir):
+    lines = [
+        f"The {results['preset']} preset, batches of about {results['batch_tokens']:,} padded tokens, the paper's "
+        f"schedule scaled to the run ({results['planned_steps']:,} steps planned, warmup {results['warmup_steps']}, "
+        f"peak learning rate {results['peak_lr']:.2e}); BLEU of beam 4 on {results['test_pairs']} test pairs, "
+        f"`{results['signature']}`"
+        + (" (stopped early by the section's time budget)" if results["stopped_by_budget"] else "")
+        + ".",
+        "",
+        "| training minutes | steps | training loss | test BLEU |",
+        "| --- | --- | --- | --- |",
+    ]
+    lines += [
+        f"| {p['minutes']:.1f} | {p['steps']:,} | {p['train_loss']:.3f} | {p['bleu']:.2f} |" for p in results["points"]
+    ]
+    last = results["points"][-1] if results["points"] else None
+    reached = f"{last['bleu']:.2f} after {last['minutes']:.1f} min" if last else "n/a"
+    targets = [f"| time to BLEU (recorded) | {reached} | - |"]
+    figure, axis = plt.subplots(figsize=(6, 4))
+    axis.plot([p["minutes"] for p in results["points"]], [p["bleu"] for p in results["points"]], marker="o")
+    axis.set(xlabel="training minutes", ylabel="test BLEU", title=f"{results['preset']} preset, default corpus")
+    axis.grid(alpha=0.3)
+    return "\n".join(lines + [saved(figure, plt, output_dir, "gpu_time_to_bleu.png", "BLEU against minutes")]), targets
+
+
+if __name__ == "__main__":
+    main()
