@@ -8,7 +8,9 @@ them (Trainer, pipelines, generation) find what they look for. The defaults are 
 import hashlib
 import importlib.metadata
 from pathlib import Path
+from typing import Literal
 
+from huggingface_hub.dataclasses import strict
 from transformers import PreTrainedConfig
 from transformers.activations import ACT2FN
 
@@ -72,9 +74,6 @@ INIT_SCHEMES = {
     "bart": "projections and embeddings N(0, 0.02), padding embedding 0",
 }
 
-# Where the sines and cosines of the positional encoding sit (VaswaniConfig's docstring).
-SINUSOID_LAYOUTS = ("interleaved", "concatenated")
-
 # A saved folder or Hub repo holds the code beside the weights, flat, as `trust_remote_code=True` expects.
 AUTO_MAP = {
     "AutoConfig": "configuration_vaswani.VaswaniConfig",
@@ -96,6 +95,7 @@ CUSTOM_PIPELINES = {
 }
 
 
+@strict
 class VaswaniConfig(PreTrainedConfig):
     r"""Hyperparameters of the encoder-decoder Transformer (section 3, Table 3).
 
@@ -156,10 +156,12 @@ class VaswaniConfig(PreTrainedConfig):
     dropout: float | int = 0.1
     attention_dropout: float | int = 0.0
     activation_dropout: float | int = 0.0
-    activation_function: str = "relu"
+    # The string options are Literals: @strict refuses any other value, on construction and on assignment, naming the
+    # field and the values it takes.
+    activation_function: Literal[tuple(ACT2FN)] = "relu"
     max_position_embeddings: int = 1024
-    init_scheme: str = "fairseq"
-    sinusoid_layout: str = "interleaved"
+    init_scheme: Literal[tuple(INIT_SCHEMES)] = "fairseq"
+    sinusoid_layout: Literal["interleaved", "concatenated"] = "interleaved"
     position_offset: int = 0
     attention_bias: bool = False
     share_encoder_decoder_embeddings: bool = True
@@ -198,17 +200,6 @@ class VaswaniConfig(PreTrainedConfig):
             rate = getattr(self, rate_field)
             if not 0.0 <= rate < 1.0:
                 raise ValueError(f"{rate_field} must be in [0, 1), got {rate}.")
-        if self.activation_function not in ACT2FN:
-            raise ValueError(
-                f"activation_function {self.activation_function!r} is unknown; "
-                f"the paper uses 'relu' (known: {', '.join(sorted(ACT2FN))})."
-            )
-        if self.init_scheme not in INIT_SCHEMES:
-            raise ValueError(f"init_scheme {self.init_scheme!r} is unknown; choose one of {', '.join(INIT_SCHEMES)}.")
-        if self.sinusoid_layout not in SINUSOID_LAYOUTS:
-            raise ValueError(
-                f"sinusoid_layout {self.sinusoid_layout!r} is unknown; choose one of {', '.join(SINUSOID_LAYOUTS)}."
-            )
         if self.position_offset < 0:
             raise ValueError(f"position_offset must be 0 or more, got {self.position_offset}.")
         for id_field in ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id"):

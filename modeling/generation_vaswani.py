@@ -20,6 +20,20 @@ from transformers.generation.utils import GenerateBeamEncoderDecoderOutput
 EXTRA_OUTPUT_TOKENS = 50
 
 
+def holds_library_defaults(generation_config) -> bool:
+    """Whether the config's `max_length` is transformers' default filled in, not a limit anyone set.
+
+    `Seq2SeqTrainer.prediction_step` (`predict_with_generate=True`) fills every unset field of the model's generation
+    config with the library's defaults (`GenerationConfig._get_default_generation_params()`), max_length=20 among
+    them, and `save_model` saves them: the model would then stop every translation at 20 tokens. Such a config holds
+    that max_length and every other default too; a max_length set by hand leaves the other fields unset, and is a limit.
+    """
+    defaults = generation_config._get_default_generation_params()
+    return generation_config.max_length == defaults["max_length"] and all(
+        getattr(generation_config, key, None) is not None for key, value in defaults.items() if value is not None
+    )
+
+
 def gnmt_length_penalty(length: torch.Tensor | int, alpha: float) -> torch.Tensor | float:
     """Wu et al. (2016), eq. 14: lp(Y) = ((5 + |Y|) / 6) ** alpha."""
     return ((5 + length) / 6) ** alpha

@@ -30,7 +30,7 @@ from transformers.utils.generic import merge_with_config_defaults
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
 from ..configuration.configuration_vaswani import VaswaniConfig
-from .generation_vaswani import EXTRA_OUTPUT_TOKENS, SourceLengthLimit, gnmt_beam_search
+from .generation_vaswani import EXTRA_OUTPUT_TOKENS, SourceLengthLimit, gnmt_beam_search, holds_library_defaults
 
 
 logger = logging.get_logger(__name__)
@@ -171,8 +171,6 @@ class VaswaniAttention(nn.Module):
         self.k_proj = nn.Linear(config.d_model, config.d_model, bias=config.attention_bias)
         self.v_proj = nn.Linear(config.d_model, config.d_model, bias=config.attention_bias)
         self.out_proj = nn.Linear(config.d_model, config.d_model, bias=config.attention_bias)
-        for projection in (self.q_proj, self.k_proj, self.v_proj):
-            projection.projects_attention_input = True  # drawn apart by the "fairseq" init_scheme (_init_weights)
 
     def forward(
         self,
@@ -349,18 +347,31 @@ class VaswaniPreTrainedModel(PreTrainedModel):
             return super().get_expanded_tied_weights_keys(all_submodels=True)
         return dict(getattr(self, "_tied_weights_keys", None) or {})
 
+    def _initialize_weights(self, module: nn.Module, is_custom_code: bool = False) -> None:
+        # For code outside the library (this package, and remote code) transformers skips a module whose own parameters
+        # are all loaded, and so every module that has none of its own: the attention, the feed-forward network and the
+        # top model, which draw their projections in `_init_weights`. Their draws go through
+        # transformers.initialization, which leaves each loaded tensor alone by itself.
+        if isinstance(module, (VaswaniAttention, VaswaniFeedForward, VaswaniForConditionalGeneration)):
+            is_custom_code = False
+        super()._initialize_weights(module, is_custom_code)
+
     def _init_weights(self, module: nn.Module) -> None:
         # The paper does not state its initialisation; config.init_scheme names one (configuration's INIT_SCHEMES).
+        # A projection is drawn by the module it belongs to, which knows what it projects: a bare nn.Linear does not.
+        # Modules are visited after their sublayers, so the projections are drawn in the order they were before.
         scheme = self.config.init_scheme
-        if isinstance(module, nn.Linear):
-            if scheme == "bart":
-                init.normal_(module.weight, mean=0.0, std=0.02)
-            elif scheme == "fairseq" and getattr(module, "projects_attention_input", False):
-                init.xavier_uniform_(module.weight, gain=2**-0.5)
-            else:
-                init.xavier_uniform_(module.weight)
-            if module.bias is not None:
-                init.zeros_(module.bias)
+        if isinstance(module, VaswaniAttention):
+            # fairseq's query, key and value projections: Glorot-uniform at gain 1/sqrt(2); its output projection: 1.
+            gain = 2**-0.5 if scheme == "fairseq" else 1.0
+            for projection in (module.q_proj, module.k_proj, module.v_proj):
+                self._init_projection(projection, gain)
+            self._init_projection(module.out_proj)
+        elif isinstance(module, VaswaniFeedForward):
+            self._init_projection(module.fc1)
+            self._init_projection(module.fc2)
+        elif isinstance(module, VaswaniForConditionalGeneration):
+            self._init_projection(module.lm_head)
         elif isinstance(module, nn.Embedding):
             init.normal_(module.weight, mean=0.0, std=0.02 if scheme == "bart" else self.config.d_model**-0.5)
             # A row is a view without the flag that marks loaded weights, hence the explicit check.
@@ -369,6 +380,16 @@ class VaswaniPreTrainedModel(PreTrainedModel):
         elif isinstance(module, nn.LayerNorm):
             init.ones_(module.weight)
             init.zeros_(module.bias)
+
+    def _init_projection(self, projection: nn.Linear, gain: float = 1.0) -> None:
+        """One linear projection of the config's init_scheme: N(0, 0.02) for "bart", else Glorot-uniform at `gain`; a
+        zero bias."""
+        if self.config.init_scheme == "bart":
+            init.normal_(projection.weight, mean=0.0, std=0.02)
+        else:
+            init.xavier_uniform_(projection.weight, gain=gain)
+        if projection.bias is not None:
+            init.zeros_(projection.bias)
 
 
 class VaswaniEncoder(VaswaniPreTrainedModel):
@@ -625,7 +646,7 @@ class VaswaniLabelSmoothedCrossEntropy(torch.autograd.Function):
 
     # Values per chunk: 2^21 float32 values (8 MiB) measured fastest on the CPU; on accelerators, where every chunk is
     # a handful of kernel launches, chunks are larger and only bound the float32 temporaries (256 MiB; the GPU report,
-    # scripts/benchmark.py --section training, sweeps it).
+    # benchmarks/gpu_report_measure.py's training section, sweeps it).
     cpu_chunk_elements = 2**21
     accelerator_chunk_elements = 2**26
 
@@ -773,11 +794,15 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
         beam search scores finished hypotheses with the GNMT length penalty and each sentence stops at its own
         source length + 50 tokens (generation_vaswani.py). Otherwise `generate()` is transformers' own, and the
         limit is the padded source length + 50 for the whole batch. A config without the attribute (saved before it
-        existed) decodes as transformers does, as it did when it was saved.
+        existed) decodes as transformers does, as it did when it was saved. A config's max_length that is transformers'
+        default filled in with all the others (as Seq2SeqTrainer's `predict_with_generate` does to the model's, and
+        `save_model` saves) is no limit: `holds_library_defaults`.
         """
         config = generation_config if generation_config is not None else self.generation_config
         paper_decoding = kwargs.pop("paper_decoding", getattr(config, "paper_decoding", False))
-        limits = (kwargs.get("max_length"), kwargs.get("max_new_tokens"), config.max_length, config.max_new_tokens)
+        filled_in = config.max_length is not None and holds_library_defaults(config)
+        config_max_length = None if filled_in else config.max_length
+        limits = (kwargs.get("max_length"), kwargs.get("max_new_tokens"), config_max_length, config.max_new_tokens)
         source = inputs if inputs is not None else kwargs.get("input_ids", kwargs.get("inputs_embeds"))
         if all(limit is None for limit in limits) and source is not None:
             longest_source = source.shape[1]
@@ -797,6 +822,8 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
             kwargs["max_new_tokens"] = min(
                 longest_source + EXTRA_OUTPUT_TOKENS, self.config.max_position_embeddings - 1
             )
+        if filled_in and kwargs.get("max_new_tokens") is not None:
+            kwargs.setdefault("max_length", None)  # else transformers warns that both limits were set
         # The decoder refuses a position past max_position_embeddings at the step that reaches it; a compiled
         # decoding step cannot raise a clean error, so a limit it could never honour is refused here, before any work.
         new_tokens = kwargs.get("max_new_tokens", config.max_new_tokens)

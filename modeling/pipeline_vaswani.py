@@ -165,7 +165,8 @@ class VaswaniTranslationPipeline(Pipeline):
         `num_return_sequences` answers per text when that is more than one (the removed built-in's shapes).
 
         Options besides `generate()`'s: `return_scores`, `return_alignments` (and `alignment_layer`, default the
-        last), `prefix` (a text every translation begins with; one per text for a list), `max_source_length`.
+        last), `prefix` (a text every translation begins with; one per text for a list), `max_source_length`, and
+        `truncation=True`, which cuts sources to the longest the model takes.
         """
         prefix = kwargs.pop("prefix", None)
         if prefix is not None:
@@ -188,8 +189,13 @@ class VaswaniTranslationPipeline(Pipeline):
         return_alignments=None,
         alignment_layer=None,
         generate_kwargs=None,
+        truncation=None,
         **generation_parameters,
     ):
+        # The built-in pipeline's `truncation` (evaluate's evaluator passes True): sources longer than the model takes
+        # are cut to that, as `max_source_length` cuts them.
+        if truncation not in (None, False, "do_not_truncate") and max_source_length is None:
+            max_source_length = min(self.tokenizer.model_max_length, self.model.config.max_position_embeddings)
         options = {
             "max_source_length": max_source_length,
             "return_scores": return_scores,

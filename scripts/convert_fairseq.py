@@ -24,13 +24,16 @@ import argparse
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-
-import vaswani  # noqa: F401  (registers the model with the Auto classes)
-from vaswani import FairseqMosesTokenizer, VaswaniConfig, VaswaniForConditionalGeneration
 from vaswani.training.checks import UsageError, check_writable_dir
 from vaswani.training.cli import command, parse_arguments
+
+
+if TYPE_CHECKING:  # imported where they are used, after the arguments parse
+    import torch
+
+    from vaswani import VaswaniConfig
 
 
 @dataclass
@@ -71,6 +74,8 @@ UNSUPPORTED = {
 def read_checkpoint(path: str) -> tuple[dict, dict, dict | None, dict]:
     """(model options, task options, tokenizer options or None, state dict) of a fairseq checkpoint, old (`args`) or
     new (`cfg`) style."""
+    import torch
+
     with torch.serialization.safe_globals([argparse.Namespace]):
         try:
             state = torch.load(path, map_location="cpu", weights_only=True)
@@ -134,7 +139,9 @@ def check_supported(options: dict) -> None:
         )
 
 
-def vaswani_config(options: dict, vocab_size: int) -> VaswaniConfig:
+def vaswani_config(options: dict, vocab_size: int) -> "VaswaniConfig":
+    from vaswani import VaswaniConfig
+
     check_supported(options)
     return VaswaniConfig(
         vocab_size=vocab_size,
@@ -167,7 +174,7 @@ def vaswani_config(options: dict, vocab_size: int) -> VaswaniConfig:
     )
 
 
-def vaswani_state_dict(fairseq_state: dict, config: VaswaniConfig) -> dict[str, torch.Tensor]:
+def vaswani_state_dict(fairseq_state: dict, config: "VaswaniConfig") -> "dict[str, torch.Tensor]":
     """fairseq's tensor names to vaswani's; every fairseq tensor must be used, every vaswani tensor filled."""
     renamed = {}
     for name, tensor in fairseq_state.items():
@@ -226,6 +233,8 @@ def write_tokenizer(output_dir: Path, symbols: list[str], bpe_codes: Path, moses
     merges = dict.fromkeys(" ".join(line.split()[:2]) for line in lines)
     merges_file = output_dir / "fairseq_merges.txt"
     merges_file.write_text("".join(merge + "\n" for merge in merges), encoding="utf-8")
+    from vaswani import FairseqMosesTokenizer
+
     tokenizer = FairseqMosesTokenizer(
         src_vocab_file=str(vocabulary_file),
         tgt_vocab_file=str(vocabulary_file),
@@ -239,7 +248,7 @@ def write_tokenizer(output_dir: Path, symbols: list[str], bpe_codes: Path, moses
     return tokenizer
 
 
-@command
+@command(extra="fairseq", needs=("sacremoses",))
 def main(argv):
     (args,) = parse_arguments([ConversionArguments], argv, description=__doc__.split("\n\n")[0])
     output_dir = check_writable_dir(args.output_dir)
@@ -270,6 +279,8 @@ def main(argv):
         raise UsageError(f"{bpe_codes} does not exist: pass the model's BPE codes with --bpe_codes.")
 
     config = vaswani_config(model_options, rows)
+    from vaswani import VaswaniForConditionalGeneration
+
     model = VaswaniForConditionalGeneration(config)
     result = model.load_state_dict(vaswani_state_dict(fairseq_state, config), strict=False)
     tied = set(model.all_tied_weights_keys)

@@ -6,7 +6,8 @@ transformers' beam search, whose length penalty divides by |Y|^alpha). The score
 detokenized text, printed with its signature so that it can be compared with other runs, and beside it the paper's
 own: tokenized BLEU with compounds split (tensor2tensor's get_ende_bleu.sh), the figure Table 2 reports. The
 hypotheses are written one per line next to the model, and the scores into its eval_results.json (which the model
-card reads).
+card reads). Both scores come from the package's `evaluate` metric (metrics/vaswani_bleu, `load_metric`), which
+`evaluate.load` and `evaluate.evaluator("translation")` also take.
 
 Usage:
   python scripts/evaluate_bleu.py --model OUT --dataset_dir DIR --split test      (or: vaswani-evaluate ...)
@@ -18,17 +19,17 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import vaswani  # noqa: F401  (registers model_type "vaswani" with the Auto classes)
-from vaswani.training.checks import UsageError
-from vaswani.training.cli import command, parse_arguments
-from vaswani.training.evaluation import (
-    DecodingArguments,
-    corpus_bleu,
-    load_pairs,
-    load_translation_model,
-    tokenized_bleu,
-    translate,
+from vaswani.training.arguments import DecodingArguments
+from vaswani.training.checks import (
+    UsageError,
+    check_dataset_exists,
+    check_model_folder,
+    check_output_file,
+    check_source_lengths,
+    check_tokenizer_folder,
+    seq2seq_model_types,
 )
+from vaswani.training.cli import command, parse_arguments
 
 
 @dataclass
@@ -45,11 +46,19 @@ class EvaluationArguments:
     num_examples: int = field(default=3, metadata={"help": "example translations to print"})
 
 
-@command
+@command(extra="train", needs=("datasets", "sacrebleu", "sacremoses", "evaluate"))
 def main(argv):
     args, decoding = parse_arguments(
         [EvaluationArguments, DecodingArguments], argv, description=__doc__.split("\n\n")[0]
     )
+    check_dataset_exists(args.dataset_dir)
+    check_model_folder(args.model, model_types=seq2seq_model_types())
+    if args.tokenizer is not None:
+        check_tokenizer_folder(args.tokenizer)
+    output = Path(args.output) if args.output else Path(args.model) / f"hypotheses.{args.split}.txt"
+    check_output_file(output)
+    from vaswani.training.evaluation import load_metric, load_pairs, load_translation_model, translate
+
     model, tokenizer = load_translation_model(args.model, args.tokenizer, decoding.device)
     sources, references, without_text = load_pairs(
         args.dataset_dir, args.split, args.source_lang, args.target_lang, args.max_samples
@@ -58,15 +67,16 @@ def main(argv):
         print(f"skipped {without_text} pairs of {args.split} without text on both sides")
     if not len(sources):
         raise UsageError(f"no pair to translate in the {args.split} split of {args.dataset_dir}.")
+    limit = getattr(model.config, "max_position_embeddings", None)
+    check_source_lengths(tokenizer, sources, limit, decoding.max_source_length, f"the {args.split} split's sources")
 
     start = time.time()
     hypotheses = translate(model, tokenizer, sources, **decoding.options(), progress=True)
     seconds = time.time() - start
-    score, signature = corpus_bleu(hypotheses, references.to_pylist(), tokenize=args.tokenize)
-    paper_score = tokenized_bleu(hypotheses, references.to_pylist(), args.target_lang)
+    bleu = load_metric(args.target_lang).compute(
+        predictions=hypotheses, references=references.to_pylist(), tokenize=args.tokenize
+    )
 
-    output = Path(args.output) if args.output else Path(args.model) / f"hypotheses.{args.split}.txt"
-    output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text("".join(h.replace("\n", " ") + "\n" for h in hypotheses), encoding="utf-8")
 
     for i in range(min(args.num_examples, len(sources))):
@@ -76,19 +86,20 @@ def main(argv):
         f"(num_beams={decoding.num_beams}, length_penalty={decoding.length_penalty}, "
         f"paper_decoding={decoding.paper_decoding}); hypotheses in {output}"
     )
-    print(score)  # "BLEU = 27.30 58.1/33.0/20.9/13.6 (BP = ... ratio = ... hyp_len = ... ref_len = ...)"
-    print(f"sacreBLEU signature: {signature}")
+    print(bleu_line(bleu))  # "BLEU = 27.30 58.1/33.0/20.9/13.6 (BP = ... ratio = ... hyp_len = ... ref_len = ...)"
+    print(f"sacreBLEU signature: {bleu['signature']}")
     print(
-        f"Tokenized BLEU, compounds split (the paper's Table 2 measure, tensor2tensor's get_ende_bleu.sh): {paper_score}"
+        "Tokenized BLEU, compounds split (the paper's Table 2 measure, tensor2tensor's get_ende_bleu.sh): "
+        f"BLEU = {bleu['tokenized_bleu']:.2f}"
     )
 
     results_file = Path(args.model) / "eval_results.json"
     results = json.loads(results_file.read_text()) if results_file.exists() else {}
     results[args.split] = {
         "dataset_dir": args.dataset_dir,
-        "bleu": round(score.score, 2),
-        "signature": signature,
-        "tokenized_bleu": round(paper_score.score, 2),
+        "bleu": round(bleu["score"], 2),
+        "signature": bleu["signature"],
+        "tokenized_bleu": round(bleu["tokenized_bleu"], 2),
         "paper_decoding": decoding.paper_decoding,
         "sentences": len(sources),
         "num_beams": decoding.num_beams,
@@ -98,7 +109,17 @@ def main(argv):
         "device": model.device.type,
     }
     results_file.write_text(json.dumps(results, indent=2))
-    return score
+    return bleu
+
+
+def bleu_line(bleu):
+    """sacreBLEU's one-line report of a score, from the metric's result."""
+    precisions = "/".join(f"{precision:.1f}" for precision in bleu["precisions"])
+    ratio = bleu["sys_len"] / bleu["ref_len"] if bleu["ref_len"] else 0.0
+    return (
+        f"BLEU = {bleu['score']:.2f} {precisions} (BP = {bleu['bp']:.3f} ratio = {ratio:.3f} "
+        f"hyp_len = {bleu['sys_len']:d} ref_len = {bleu['ref_len']:d})"
+    )
 
 
 if __name__ == "__main__":

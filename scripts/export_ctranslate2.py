@@ -9,14 +9,8 @@ With --check, a few sentences are translated both ways, and the command fails un
 from dataclasses import dataclass, field
 from typing import Literal
 
-import ctranslate2
-import torch
-from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
-
-import vaswani  # noqa: F401  (registers the model with the Auto classes)
-from vaswani.training.checks import UsageError
+from vaswani.training.checks import UsageError, check_model_folder, check_writable_dir
 from vaswani.training.cli import command, parse_arguments
-from vaswani.training.export import export, translate_ids, vocabulary
 
 
 CHECK_SENTENCES = [
@@ -35,11 +29,25 @@ class ExportArguments:
     check_sentences: list[str] = field(default_factory=lambda: list(CHECK_SENTENCES))
 
 
-@command
+@command(extra="export", needs=("ctranslate2",))
 def main(argv):
     (args,) = parse_arguments([ExportArguments], argv, description=__doc__.split("\n\n")[0])
-    tokenizer = AutoTokenizer.from_pretrained(args.model)
-    model = AutoModelForSeq2SeqLM.from_pretrained(args.model).eval()
+    check_model_folder(args.model, model_types={"vaswani"}, hub=True)
+    check_writable_dir(args.output_dir)
+    import ctranslate2
+    import torch
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+    import vaswani  # noqa: F401  (registers the model with the Auto classes)
+    from vaswani.training.export import export, translate_ids, vocabulary
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(args.model)
+        model = AutoModelForSeq2SeqLM.from_pretrained(args.model).eval()
+    except OSError as error:  # a Hub id that cannot be fetched (offline, no such repo), a damaged folder
+        raise UsageError(f"cannot load --model {args.model}: {str(error).splitlines()[0]}") from error
+    if model.config.model_type != "vaswani":  # a Hub id, which the folder check could not look into
+        raise UsageError(f"--model {args.model} is a {model.config.model_type!r} model; only vaswani models export.")
     output = export(model, args.output_dir, tokenizer, args.quantization)
     print(f"CTranslate2 model written to {output}")
     if not args.check:

@@ -1,8 +1,10 @@
 """Fine-tune a trained Transformer on a new sentence-pair set with the `transformers` Seq2SeqTrainer.
 
 Every Seq2SeqTrainingArguments flag is accepted (see --help); this script's defaults differ from the library's where
-the paper or translation asks for it: label smoothing 0.1, evaluation every 500 steps by beam search (4 beams) scored
-with sacreBLEU, batches of 32 pairs, at most 3 checkpoints kept, bfloat16 when the GPU supports it. The data is a
+the paper or translation asks for it: label smoothing 0.1, evaluation every 500 steps by beam search (4 beams, and a
+vaswani model's own decoding: the GNMT length penalty, each sentence's own limit of its source length + 50, as
+vaswani-evaluate decodes) scored with the package's BLEU metric (sacreBLEU, and the paper's tokenized BLEU), batches
+of 32 pairs, at most 3 checkpoints kept, bfloat16 when the GPU supports it. The data is a
 DatasetDict of {"translation": {SOURCE_LANG: str, TARGET_LANG: str}} rows, saved by scripts/prepare_data.py
 (--dataset_dir) or loaded with datasets.load_dataset (--dataset); without the evaluation split, a part of the training
 split is held out for it. OUTPUT_DIR ends with the model, its tokenizer, eval_results.json and trainer_state.json.
@@ -19,23 +21,22 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
-import torch
-from transformers import (
-    AutoModelForSeq2SeqLM,
-    AutoTokenizer,
-    DataCollatorForSeq2Seq,
-    Seq2SeqTrainer,
-    Seq2SeqTrainingArguments,
-    TrainerCallback,
-)
+# What the arguments need only (the training arguments are transformers' own): the model, the data and the metric
+# are imported by the functions that use them, after the arguments parse.
+from transformers import Seq2SeqTrainingArguments, TrainerCallback
 from transformers.trainer_utils import IntervalStrategy, get_last_checkpoint
 from transformers.training_args import OptimizerNames
 
-from vaswani.training.checks import UsageError, check_tokenizer_matches_config
+from vaswani.training.checks import (
+    UsageError,
+    check_dataset_exists,
+    check_model_folder,
+    check_tokenizer_folder,
+    check_tokenizer_matches_config,
+    check_writable_dir,
+    seq2seq_model_types,
+)
 from vaswani.training.cli import command, parse_arguments
-from vaswani.training.data import check_translation_split, load_translation_dataset
-from vaswani.training.evaluation import corpus_bleu
 
 
 def default(name, value, **metadata):
@@ -95,7 +96,12 @@ class FinetuningArguments(Seq2SeqTrainingArguments):
     generation_num_beams: int | None = default(
         "generation_num_beams", 4, help="evaluation beam size (paper: 4)", aliases=["--num_beams"]
     )
-    generation_max_length: int | None = default("generation_max_length", None, help="default: --max_target_length")
+    generation_max_length: int | None = default(
+        "generation_max_length",
+        None,
+        help="one limit for every evaluation translation (tokens); default: the model's own (a vaswani model: each "
+        "sentence's source length + 50, section 6.1), else --max_target_length",
+    )
     resume_from_checkpoint: str | None = default(
         "resume_from_checkpoint",
         None,
@@ -106,6 +112,8 @@ class FinetuningArguments(Seq2SeqTrainingArguments):
     )
 
     def __post_init__(self):
+        import torch
+
         if self.bf16 is None:
             self.bf16 = not self.use_cpu and torch.cuda.is_available() and torch.cuda.is_bf16_supported()
         super().__post_init__()
@@ -118,6 +126,8 @@ def parse_args(argv=None):
 
 def load_splits(data, seed):
     """The raw training and evaluation splits; without the evaluation split, part of the training split."""
+    from vaswani.training.data import check_translation_split, load_translation_dataset
+
     name, flag = (data.dataset_dir, "--dataset_dir") if data.dataset_dir else (data.dataset, "--dataset")
     dataset = load_translation_dataset(
         name,
@@ -155,9 +165,15 @@ def tokenize_function(tokenizer, source_lang, target_lang, max_source_length, ma
     return tokenize
 
 
-def bleu_metrics(tokenizer):
-    """`compute_metrics` for predict_with_generate: BLEU as every command of this package scores it, its sacreBLEU
-    signature, and the mean translation length in tokens."""
+def bleu_metrics(tokenizer, target_lang=None):
+    """`compute_metrics` for predict_with_generate: BLEU as every command of this package scores it (the metric of
+    `load_metric`), its sacreBLEU signature, the paper's tokenized BLEU (with `target_lang`), and the mean translation
+    length in tokens."""
+    import numpy as np
+
+    from vaswani.training.evaluation import load_metric
+
+    metric = load_metric(target_lang)
 
     def compute_metrics(eval_prediction):
         predictions, labels = eval_prediction.predictions, eval_prediction.label_ids
@@ -168,9 +184,12 @@ def bleu_metrics(tokenizer):
         labels = np.where(labels != -100, labels, tokenizer.pad_token_id)
         hypotheses = [text.strip() for text in tokenizer.batch_decode(predictions, skip_special_tokens=True)]
         references = [text.strip() for text in tokenizer.batch_decode(labels, skip_special_tokens=True)]
-        score, signature = corpus_bleu(hypotheses, references)
+        bleu = metric.compute(predictions=hypotheses, references=references)
         lengths = (predictions != tokenizer.pad_token_id).sum(axis=1)
-        return {"bleu": score.score, "bleu_signature": signature, "gen_len": float(lengths.mean())}
+        metrics = {"bleu": bleu["score"], "bleu_signature": bleu["signature"], "gen_len": float(lengths.mean())}
+        if "tokenized_bleu" in bleu:
+            metrics["tokenized_bleu"] = bleu["tokenized_bleu"]
+        return metrics
 
     return compute_metrics
 
@@ -179,8 +198,9 @@ class KeepGenerationConfig(TrainerCallback):
     """Put the model's generation config back after each evaluation.
 
     Seq2SeqTrainer.prediction_step fills every unset field of `model.generation_config` with the library defaults,
-    max_length=20 among them; that would switch off the model's own limit (source length + 50, section 6.1) and be
-    saved with every later checkpoint and with the final model.
+    max_length=20 among them, and they would be saved with every later checkpoint and with the final model. A vaswani
+    model takes that filled-in max_length for no limit (its generate() keeps each sentence's own, section 6.1); a
+    model of another class would stop every translation at 20 tokens.
     """
 
     def __init__(self, generation_config):
@@ -206,11 +226,20 @@ def checkpoint_to_resume(choice, output_dir):
 
 def build_trainer(data_args, training_args, model, tokenizer, train_raw, eval_raw):
     """Tokenize the two splits and put them, the model and the training arguments into a Seq2SeqTrainer."""
+    from transformers import DataCollatorForSeq2Seq, Seq2SeqTrainer
+
     # The positional encoding stops at max_position_embeddings: no input, label or translation may be longer.
     longest = getattr(model.config, "max_position_embeddings", None) or sys.maxsize
     max_source_length = min(data_args.max_source_length, longest)
     max_target_length = min(data_args.max_target_length, longest)
-    training_args.generation_max_length = min(training_args.generation_max_length or max_target_length, longest)
+    # Without a limit asked for, a vaswani model decodes as vaswani-evaluate does: each sentence stops at its own
+    # source length + 50 (its generate()); a model of another class without a limit of its own, at max_target_length.
+    limit = training_args.generation_max_length
+    generation = model.generation_config
+    own_limit = model.config.model_type == "vaswani" or generation.max_length or generation.max_new_tokens
+    if limit is None and not own_limit:
+        limit = max_target_length
+    training_args.generation_max_length = None if limit is None else min(limit, longest)
     tokenize = tokenize_function(
         tokenizer, data_args.source_lang, data_args.target_lang, max_source_length, max_target_length
     )
@@ -227,19 +256,47 @@ def build_trainer(data_args, training_args, model, tokenizer, train_raw, eval_ra
         train_dataset=train_dataset,
         eval_dataset=eval_dataset,
         processing_class=tokenizer,
-        compute_metrics=bleu_metrics(tokenizer),
+        compute_metrics=bleu_metrics(tokenizer, data_args.target_lang),
         callbacks=[KeepGenerationConfig(model.generation_config)],
     )
 
 
-@command
+def check_model_arguments(model_args):
+    """--model and --tokenizer, before any time is spent: folders that exist and hold what they should, or Hub ids."""
+    # A folder whose code runs (--trust_remote_code) may be of any type; otherwise one the library's classes load.
+    types = None if model_args.trust_remote_code else seq2seq_model_types()
+    check_model_folder(model_args.model, model_types=types, hub=True)
+    if model_args.tokenizer is not None:
+        check_tokenizer_folder(model_args.tokenizer, hub=True)
+
+
+def load_model(model_args):
+    """The model and tokenizer to fine-tune, from folders or the Hub; what cannot be loaded is named."""
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+    remote_code = model_args.trust_remote_code
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(
+            model_args.tokenizer or model_args.model, trust_remote_code=remote_code
+        )
+        model = AutoModelForSeq2SeqLM.from_pretrained(model_args.model, trust_remote_code=remote_code)
+    except OSError as error:  # a Hub id that cannot be fetched (offline, no such repo), files missing from a folder
+        raise UsageError(f"cannot load --model {model_args.model}: {str(error).splitlines()[0]}") from error
+    return model, tokenizer
+
+
+@command(extra="train", needs=("accelerate", "datasets", "sacrebleu", "sacremoses", "evaluate"))
 def main(argv=None):
     model_args, data_args, training_args = parse_args(argv)
+    check_writable_dir(training_args.output_dir)
     resume_from = checkpoint_to_resume(training_args.resume_from_checkpoint, training_args.output_dir)
+    if data_args.dataset_dir is not None:
+        check_dataset_exists(data_args.dataset_dir)
+    else:
+        check_dataset_exists(data_args.dataset, "--dataset")
+    check_model_arguments(model_args)
     train_raw, eval_raw = load_splits(data_args, training_args.seed)
-    remote_code = model_args.trust_remote_code
-    tokenizer = AutoTokenizer.from_pretrained(model_args.tokenizer or model_args.model, trust_remote_code=remote_code)
-    model = AutoModelForSeq2SeqLM.from_pretrained(model_args.model, trust_remote_code=remote_code)
+    model, tokenizer = load_model(model_args)
     check_tokenizer_matches_config(tokenizer, model.config, f"the model {model_args.model}")
     print(
         f"{len(train_raw)} training and {len(eval_raw)} evaluation pairs, {data_args.source_lang} -> "

@@ -4,32 +4,23 @@ The default corpus is an English-Spanish Bible aligned verse by verse and split 
 fetched from Debian's sword-text-web and sword-text-sparv packages. Other sources get the same cleaning, filters and
 output layout (vaswani.training.corpus), split by source sentence:
   --files SRC TGT     two plain-text files, one sentence per line, line N of one translating line N of the other.
-  --dataset NAME      any Hugging Face dataset with a `translation` column: a Hub name such as wmt14 (with
-                      --dataset_config de-en), a local folder of Parquet or JSON files, or a saved DatasetDict.
+  --dataset NAME      any Hugging Face dataset with a `translation` column: a Hub name such as wmt/wmt14 (with
+                      --dataset_config de-en), a local folder of Parquet or JSON files (in the Hub's layout too: the
+                      configuration is its subfolder, de-en/), or a saved DatasetDict.
 The result is a DatasetDict saved with save_to_disk(--output_dir), each row {"id", "translation": {lang: text}}.
 
 Usage:
   python scripts/prepare_data.py --output_dir data/bible                 (or: vaswani-prepare-data ...)
   python scripts/prepare_data.py --output_dir data/mine --files train.en train.es
-  python scripts/prepare_data.py --output_dir data/wmt14 --dataset wmt14 --dataset_config de-en --target_lang de
+  python scripts/prepare_data.py --output_dir data/wmt14 --dataset wmt/wmt14 --dataset_config de-en --target_lang de
 """
 
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from vaswani.training.bible import bible_dataset
-from vaswani.training.checks import UsageError
+from vaswani.training.checks import UsageError, check_dataset_exists
 from vaswani.training.cli import command, parse_arguments
-from vaswani.training.corpus import (
-    check_splits_not_empty,
-    distinct_sources,
-    parallel_files_dataset,
-    prepare_translation_dataset,
-    scratch_dir,
-    summary,
-)
-from vaswani.training.data import load_translation_dataset
 
 
 @dataclass
@@ -40,8 +31,8 @@ class PrepareDataArguments:
     dataset: str | None = field(
         default=None,
         metadata={
-            "help": "a Hugging Face translation dataset (Hub name or local folder of Parquet or JSON files) instead "
-            "of the Bible"
+            "help": "a Hugging Face translation dataset (Hub name, or local folder of Parquet or JSON files, in the Hub's "
+            "layout too) instead of the Bible"
         },
     )
     files: list[str] | None = field(
@@ -75,6 +66,10 @@ class PrepareDataArguments:
 
 def build(args, scratch):
     """The corpus the arguments name -> (DatasetDict, dropped counts, units per split, what the units are)."""
+    from vaswani.training.bible import bible_dataset
+    from vaswani.training.corpus import distinct_sources, parallel_files_dataset, prepare_translation_dataset
+    from vaswani.training.data import load_translation_dataset
+
     filters = {"max_chars": args.max_chars, "max_ratio": args.max_ratio}
     split_by = {"seed": args.seed, "valid_fraction": args.valid_fraction, "test_fraction": args.test_fraction}
     if args.files is None and args.dataset is None:
@@ -102,9 +97,13 @@ def build(args, scratch):
     return dataset, dropped, sources, "distinct sources"
 
 
-@command
+@command(extra="data", needs=("datasets",))
 def main(argv):
     (args,) = parse_arguments([PrepareDataArguments], argv, description=__doc__.split("\n\n")[0])
+    if args.dataset is not None:
+        check_dataset_exists(args.dataset, "--dataset")
+    from vaswani.training.corpus import check_splits_not_empty, scratch_dir, summary
+
     with scratch_dir(args.output_dir) as scratch:
         dataset, dropped, groups, group_label = build(args, scratch)
         print(summary(dataset, dropped, groups, group_label))

@@ -12,7 +12,6 @@ Usage:
 from dataclasses import dataclass, field
 
 from vaswani.training.cli import command, parse_arguments
-from vaswani.training.hub import push_to_hub
 
 
 @dataclass
@@ -28,9 +27,11 @@ class PushArguments:
     )
 
 
-@command
+@command(extra="hub", needs=("jinja2",))
 def main(argv):
     (args,) = parse_arguments([PushArguments], argv, description=__doc__.split("\n\n")[0])
+    from vaswani.training.hub import push_to_hub
+
     print(
         push_to_hub(
             args.model_dir,

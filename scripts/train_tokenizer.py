@@ -18,10 +18,8 @@ import time
 import unicodedata
 from dataclasses import dataclass, field
 
-from vaswani.training.checks import UsageError, check_writable_dir
+from vaswani.training.checks import UsageError, check_dataset_exists, check_writable_dir
 from vaswani.training.cli import command, parse_arguments
-from vaswani.training.data import load_translation_dataset
-from vaswani.training.tokenizer import SplitSentences, load_tokenizer, sample_pairs, train_bpe_tokenizer
 
 
 @dataclass
@@ -43,9 +41,13 @@ class TrainTokenizerArguments:
             raise UsageError("--max_sentences must be at least 1")
 
 
-@command
+@command(extra="data", needs=("datasets",))
 def main(argv):
     (args,) = parse_arguments([TrainTokenizerArguments], argv, description=__doc__.split("\n\n")[0])
+    check_dataset_exists(args.dataset_dir)
+    from vaswani.training.data import load_translation_dataset
+    from vaswani.training.tokenizer import SplitSentences, load_tokenizer, sample_pairs, train_bpe_tokenizer
+
     start = time.time()
     languages = (args.source_lang, args.target_lang)
     # The input first, so that a mistake in it leaves no empty output folder behind; both before the training.

@@ -1,4 +1,4 @@
-"""Translate a text file, one sentence per line, with a vaswani model (a folder or a Hub id).
+"""Translate a text file, one sentence per line, with a saved vaswani model folder (needs the `train` extra).
 
     python scripts/translate.py --model M --input F --output G [--num_beams 4] [--nbest 3 --scores] [--alignments]
                                 [--prefixes P] [--max_source_length 250]        (or: vaswani-translate ...)
@@ -15,17 +15,22 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import vaswani  # noqa: F401  (registers the model with the Auto classes)
-from vaswani.training.checks import UsageError
+from vaswani.training.arguments import DecodingArguments
+from vaswani.training.checks import (
+    UsageError,
+    check_model_folder,
+    check_output_file,
+    check_source_lengths,
+    seq2seq_model_types,
+)
 from vaswani.training.cli import command, parse_arguments
-from vaswani.training.evaluation import DecodingArguments, load_translation_model, translations
 
 
 @dataclass
 class TranslateArguments:
     model: str = field(metadata={"help": "a model folder (saved with save_pretrained)"})
     input: str = field(metadata={"help": "text file, one source sentence per line"})
-    output: str = field(metadata={"help": "where the translations go (overwritten)"})
+    output: str = field(metadata={"help": "where the translations go (overwritten; its folder must exist)"})
     nbest: int = field(default=1, metadata={"help": "hypotheses written per sentence (at most --num_beams)"})
     scores: bool = field(default=False, metadata={"help": "write each hypothesis' score"})
     alignments: bool = field(default=False, metadata={"help": "write source-target word alignments"})
@@ -51,18 +56,24 @@ def format_answer(index: int, rank: int, answer: dict, args: TranslateArguments)
     return "\t".join(fields)
 
 
-@command
+@command(extra="train", needs=("pyarrow", "datasets", "sacrebleu", "sacremoses"))
 def main(argv):
     args, decoding = parse_arguments(
         [TranslateArguments, DecodingArguments], argv, description=__doc__.split("\n\n")[0]
     )
     if not 1 <= args.nbest <= decoding.num_beams:
         raise UsageError(f"--nbest must be between 1 and --num_beams ({decoding.num_beams}), got {args.nbest}.")
+    check_output_file(args.output)
     sources = read_lines(args.input, "--input")
     prefixes = read_lines(args.prefixes, "--prefixes") if args.prefixes else None
     if prefixes is not None and len(prefixes) != len(sources):
         raise UsageError(f"--prefixes has {len(prefixes)} lines but --input {len(sources)}: give one per sentence.")
+    check_model_folder(args.model, model_types=seq2seq_model_types())
+    from vaswani.training.evaluation import load_translation_model, translations
+
     model, tokenizer = load_translation_model(args.model, device=decoding.device)
+    limit = getattr(model.config, "max_position_embeddings", None)
+    check_source_lengths(tokenizer, sources, limit, decoding.max_source_length)
 
     start = time.time()
     answers = translations(
@@ -83,7 +94,6 @@ def main(argv):
         for i, hypotheses in enumerate(answers)
         for rank, answer in enumerate(hypotheses)
     ]
-    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
     Path(args.output).write_text("".join(line.replace("\n", " ") + "\n" for line in lines), encoding="utf-8")
     cut = [i for i, hypotheses in enumerate(answers) if "source_tokens_dropped" in hypotheses[0]]
     if cut:

@@ -17,20 +17,14 @@ Without --target, the model's own greedy translation of --text is used.
 """
 
 from dataclasses import dataclass, field
-from pathlib import Path
 
-import matplotlib
-
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import torch  # noqa: E402
-from transformers import AutoModelForSeq2SeqLM, AutoTokenizer  # noqa: E402
-
-import vaswani  # noqa: E402, F401  (registers model_type "vaswani" with the Auto classes)
-from vaswani.training.checks import check_safetensors_weights  # noqa: E402
-from vaswani.training.cli import command, parse_arguments  # noqa: E402
-from vaswani.training.evaluation import translate  # noqa: E402
+from vaswani.training.checks import (
+    check_model_folder,
+    check_safetensors_weights,
+    check_tokenizer_folder,
+    check_writable_dir,
+)
+from vaswani.training.cli import command, parse_arguments
 
 
 @dataclass
@@ -45,14 +39,27 @@ class VisualizeArguments:
     num_positions: int = field(default=100, metadata={"help": "positions shown in the encoding plot"})
 
 
+def pyplot():
+    """matplotlib's pyplot, drawing into files (no display needed)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
 def positional_encoding(model, num_positions):
     """The (num_positions, d_model) matrix the model adds to its embeddings, computed by the model itself."""
+    import torch
+
     encoder = model.get_encoder()
     return encoder.embed_positions(torch.arange(num_positions), torch.float32)
 
 
 def plot_positional_encoding(encoding, path):
     num_positions, d_model = encoding.shape
+    plt = pyplot()
     fig, (heat, curves) = plt.subplots(1, 2, figsize=(14, 5), gridspec_kw={"width_ratios": [3, 2]})
     image = heat.imshow(encoding.numpy(), aspect="auto", cmap="RdBu", vmin=-1, vmax=1, interpolation="nearest")
     heat.set(xlabel="dimension i", ylabel="position", title=f"Sinusoidal positional encoding (d_model = {d_model})")
@@ -72,6 +79,7 @@ def plot_attention_grid(attentions, row_labels, column_labels, title, path):
     """One heat map per layer (rows of the grid) and head (columns); `attentions` is a tuple of (1, heads, q, k)."""
     layers, heads = len(attentions), attentions[0].shape[1]
     cell = max(2.2, 0.28 * max(len(row_labels), len(column_labels)))
+    plt = pyplot()
     fig, axes = plt.subplots(layers, heads, figsize=(cell * heads + 1, cell * layers + 1), squeeze=False)
     for layer, weights in enumerate(attentions):
         for head in range(heads):
@@ -86,16 +94,18 @@ def plot_attention_grid(attentions, row_labels, column_labels, title, path):
     plt.close(fig)
 
 
-@torch.no_grad()
 def attention_maps(model, tokenizer, text, target):
     """Attention weights of every layer and head for one (source, target) pair, and the token labels of both."""
+    import torch
+
     encoded = tokenizer([text], text_target=[target], return_tensors="pt")
-    output = model(
-        input_ids=encoded["input_ids"],
-        attention_mask=encoded["attention_mask"],
-        labels=encoded["labels"],
-        output_attentions=True,
-    )
+    with torch.no_grad():
+        output = model(
+            input_ids=encoded["input_ids"],
+            attention_mask=encoded["attention_mask"],
+            labels=encoded["labels"],
+            output_attentions=True,
+        )
     source_tokens = tokenizer.convert_ids_to_tokens(encoded["input_ids"][0].tolist())
     decoder_input = model.prepare_decoder_input_ids_from_labels(encoded["labels"])[0].tolist()
     decoder_tokens = tokenizer.convert_ids_to_tokens(decoder_input)
@@ -107,12 +117,19 @@ def readable(tokens):
     return [token.replace("Ġ", "_").replace("▁", "_") for token in tokens]
 
 
-@command
+@command(extra="train", needs=("matplotlib", "datasets", "sacrebleu", "sacremoses"))
 def main(argv):
     (args,) = parse_arguments([VisualizeArguments], argv, description=__doc__.split("\n\n")[0])
+    check_model_folder(args.model, model_types={"vaswani"})
     check_safetensors_weights(args.model)
-    output_dir = Path(args.output_dir)
-    output_dir.mkdir(parents=True, exist_ok=True)
+    if args.tokenizer is not None:
+        check_tokenizer_folder(args.tokenizer)
+    output_dir = check_writable_dir(args.output_dir)
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+    import vaswani  # noqa: F401  (registers model_type "vaswani" with the Auto classes)
+    from vaswani.training.evaluation import translate
+
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or args.model)
     # The fused attention kernels never form the weight matrix; the eager implementation returns it.
     model = AutoModelForSeq2SeqLM.from_pretrained(args.model, attn_implementation="eager", use_safetensors=True)

@@ -1,18 +1,13 @@
 """Shared fixtures: tiny models for fast CPU tests."""
 
 import copy
-from pathlib import Path
 
 import pytest
 import torch
+from helpers import PAIRS, VOCAB_SIZE, make_translation_pairs, pad_pairs, tiny_model_config
 
 from vaswani import VaswaniConfig, VaswaniForConditionalGeneration
 from vaswani.training.tokenizer import train_bpe_tokenizer
-
-
-REPO_ROOT = Path(__file__).resolve().parent.parent  # for the files the tests run or read: scripts, configs, docs
-
-VOCAB_SIZE = 100
 
 
 def pytest_addoption(parser):
@@ -33,7 +28,7 @@ def dtype(request) -> torch.dtype:
 @pytest.fixture
 def tiny_config() -> VaswaniConfig:
     """The tiny preset without dropout, so that training-mode and evaluation-mode outputs can be compared."""
-    return VaswaniConfig.from_preset("tiny", vocab_size=VOCAB_SIZE, dropout=0.0, max_position_embeddings=128)
+    return tiny_model_config()
 
 
 @pytest.fixture
@@ -53,26 +48,6 @@ def source_batch() -> tuple[torch.Tensor, torch.Tensor]:
     return input_ids, attention_mask
 
 
-def make_translation_pairs() -> list[tuple[list[int], list[int]]]:
-    """Eight (source, target) pairs of 3 to 8 tokens + end-of-sentence: the target is the source reversed and mapped
-    through a fixed permutation, so that translating needs the positions, the source mask and every source token."""
-    generator = torch.Generator().manual_seed(7)
-    pairs = []
-    for length in (3, 4, 5, 5, 6, 7, 8, 8):
-        source = torch.randint(4, VOCAB_SIZE, (length,), generator=generator).tolist()
-        target = [(token * 37) % (VOCAB_SIZE - 4) + 4 for token in reversed(source)]
-        pairs.append((source + [2], target + [2]))
-    return pairs
-
-
-def pad_pairs(pairs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(input_ids right-padded with 0, attention_mask, labels padded with -100)."""
-    source_length, target_length = (max(len(pair[side]) for pair in pairs) for side in (0, 1))
-    input_ids = torch.tensor([source + [0] * (source_length - len(source)) for source, _ in pairs])
-    labels = torch.tensor([target + [-100] * (target_length - len(target)) for _, target in pairs])
-    return input_ids, (input_ids != 0).long(), labels
-
-
 @pytest.fixture(scope="session")
 def translation_pairs() -> list[tuple[list[int], list[int]]]:
     return make_translation_pairs()
@@ -86,7 +61,7 @@ def trained_tiny_model_once(translation_pairs) -> VaswaniForConditionalGeneratio
     changes its tokens; this one is confident, and each position's logits depend on the position and the source.
     Use `trained_tiny_model`, a copy per test; this session-wide original must not be changed.
     """
-    config = VaswaniConfig.from_preset("tiny", vocab_size=VOCAB_SIZE, dropout=0.0, max_position_embeddings=128)
+    config = tiny_model_config()
     input_ids, attention_mask, labels = pad_pairs(translation_pairs)
     with torch.random.fork_rng():
         torch.manual_seed(0)
@@ -105,14 +80,6 @@ def trained_tiny_model_once(translation_pairs) -> VaswaniForConditionalGeneratio
 @pytest.fixture
 def trained_tiny_model(trained_tiny_model_once) -> VaswaniForConditionalGeneration:
     return copy.deepcopy(trained_tiny_model_once)
-
-
-PAIRS = [
-    ("In the beginning God created the heavens and the earth.", "En el principio creó Dios los cielos y la tierra."),
-    ("Jesus wept.", "Y lloró Jesús."),
-    ("The Lord is my shepherd.", "El Señor es mi pastor."),
-    ("Love is patient and kind.", "El amor es sufrido, es benigno."),
-]
 
 
 @pytest.fixture(scope="session")

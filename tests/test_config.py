@@ -1,9 +1,14 @@
 """VaswaniConfig: the paper's presets, the ecosystem's names, and clear errors for impossible values."""
 
+import json
+
 import pytest
+from huggingface_hub.errors import StrictDataclassFieldValidationError
 from transformers import AutoConfig
+from transformers.activations import ACT2FN
 
 from vaswani import PRESETS, VaswaniConfig
+from vaswani.configuration.configuration_vaswani import INIT_SCHEMES
 
 
 def test_defaults_are_the_paper_base_model():
@@ -49,7 +54,6 @@ def test_auto_config_knows_the_model_type():
         ({"d_model": 96, "encoder_attention_heads": 4, "decoder_attention_heads": 5}, "decoder_attention_heads"),
         ({"dropout": -0.1}, "dropout"),
         ({"attention_dropout": 1.5}, "attention_dropout"),
-        ({"activation_function": "swishy"}, "activation_function"),
         ({"vocab_size": 2}, "eos_token_id"),
         ({"vocab_size": 100, "pad_token_id": 100}, "pad_token_id"),
         ({"encoder_layers": 0}, "encoder_layers"),
@@ -59,6 +63,40 @@ def test_auto_config_knows_the_model_type():
 def test_invalid_values_raise_a_value_error_naming_the_field(overrides, field):
     with pytest.raises(ValueError, match=field):
         VaswaniConfig(**overrides)
+
+
+STRING_OPTIONS = {
+    "init_scheme": tuple(INIT_SCHEMES),
+    "sinusoid_layout": ("interleaved", "concatenated"),
+    "activation_function": tuple(ACT2FN),
+}
+
+
+@pytest.mark.parametrize("field, choices", STRING_OPTIONS.items())
+def test_a_string_option_refuses_any_other_value_naming_the_field_and_its_choices(field, choices, tmp_path):
+    for choice in choices:
+        assert getattr(VaswaniConfig.from_preset("tiny", **{field: choice}), field) == choice
+
+    def assert_refused(refused):
+        message = str(refused.value)
+        assert f"field '{field}'" in message and "swishy" in message
+        assert all(repr(choice) in message for choice in choices), message
+
+    with pytest.raises(StrictDataclassFieldValidationError) as refused:  # constructed
+        VaswaniConfig.from_preset("tiny", **{field: "swishy"})
+    assert_refused(refused)
+    config = VaswaniConfig()
+    default = getattr(config, field)
+    with pytest.raises(StrictDataclassFieldValidationError) as refused:  # assigned
+        setattr(config, field, "swishy")
+    assert_refused(refused)
+    assert getattr(config, field) == default
+    config.save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**saved, field: "swishy"}))
+    with pytest.raises(StrictDataclassFieldValidationError) as refused:  # loaded
+        AutoConfig.from_pretrained(tmp_path)
+    assert_refused(refused)
 
 
 def test_config_round_trips_through_json(tmp_path):

@@ -13,7 +13,7 @@ import textwrap
 import datasets
 import pytest
 import torch
-from conftest import REPO_ROOT
+from helpers import REPO_ROOT
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, LogitsProcessorList, pipeline
 
 from vaswani.modeling.generation_vaswani import SourceLengthLimit

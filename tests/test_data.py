@@ -1,19 +1,16 @@
 """vaswani.training.corpus and .bible, and scripts/prepare_data.py: OSIS cleaning, filtering, chapter-level splits,
 --files, Hugging Face datasets."""
 
-import subprocess
 import sys
-from pathlib import Path
 
 import datasets
 import pytest
+from helpers import run_command, run_script, write_wmt14_folder
 
 from vaswani.scripts import prepare_data
 from vaswani.training import bible, corpus
 from vaswani.training.checks import UsageError
 
-
-SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 
 BOOKS = ("Gen", "Ps", "Matt", "Rev")
 
@@ -177,21 +174,13 @@ def write_corpus(folder, n=60):
     return source, target
 
 
-def run_script(*args):
-    return subprocess.run(
-        [sys.executable, str(SCRIPTS / "prepare_data.py"), *map(str, args)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-
-
 def test_script_with_files_writes_a_loadable_dataset_dict(tmp_path):
     write_corpus(tmp_path)
     out = tmp_path / "data"
     files = ["--files", tmp_path / "train.en", tmp_path / "train.es"]
-    result = run_script("--output_dir", out, *files, *"--valid_fraction 0.2 --test_fraction 0.2".split())
-    assert result.returncode == 0, result.stderr
+    result = run_script(
+        "prepare_data", "--output_dir", out, *files, *"--valid_fraction 0.2 --test_fraction 0.2".split()
+    )
     assert "kept 59 pairs" in result.stdout and "empty" in result.stdout
 
     dataset = datasets.load_from_disk(str(out))
@@ -236,9 +225,7 @@ def test_flags_that_cannot_work_together_are_usage_errors(tmp_path, capsys):
 
 
 def test_the_command_runs_as_a_module_of_the_package(tmp_path):
-    result = subprocess.run(
-        [sys.executable, "-m", "vaswani.scripts.prepare_data", "--help"], capture_output=True, text=True, timeout=120
-    )
+    result = run_command([sys.executable, "-m", "vaswani.scripts.prepare_data", "--help"], timeout=120)
     assert result.returncode == 0, result.stderr
     for flag in ("--output_dir", "--files SRC [TGT ...]", "--dataset_config", "salt of the split hash (default: 0)"):
         assert flag in result.stdout
@@ -288,44 +275,11 @@ def test_hf_dataset_errors_name_the_missing_language_or_column():
         corpus.prepare_translation_dataset(plain, "en", "es")
 
 
-WMT14_CARD = """---
-configs:
-- config_name: de-en
-  data_files:
-  - split: train
-    path: de-en/train-*
-  - split: validation
-    path: de-en/validation-*
-  - split: test
-    path: de-en/test-*
-dataset_info:
-  config_name: de-en
-  features:
-  - name: translation
-    dtype:
-      translation:
-        languages:
-        - de
-        - en
----
-"""
-
-
-def write_wmt14_folder(folder, pairs_per_split):
-    """A local folder in the layout of the Hub's wmt14 (a card naming the configs, Parquet files per config)."""
-    (folder / "de-en").mkdir(parents=True)
-    (folder / "README.md").write_text(WMT14_CARD)
-    for split, count in pairs_per_split.items():
-        rows = [{"translation": {"de": f"Satz {split} {i}.", "en": f"Sentence {split} {i}."}} for i in range(count)]
-        datasets.Dataset.from_list(rows).to_parquet(str(folder / "de-en" / f"{split}-00000-of-00001.parquet"))
-
-
 def test_a_local_folder_in_the_wmt14_layout_goes_through_load_dataset_like_a_hub_name(tmp_path, capsys):
     write_wmt14_folder(tmp_path / "wmt14", {"train": 300, "validation": 7, "test": 9})
     out = tmp_path / "data"
     options = "--dataset_config de-en --source_lang en --target_lang de --num_proc 2".split()
-    result = run_script("--output_dir", out, "--dataset", tmp_path / "wmt14", *options)
-    assert result.returncode == 0, result.stderr
+    result = run_script("prepare_data", "--output_dir", out, "--dataset", tmp_path / "wmt14", *options)
     assert "kept 316 pairs, dropped 0" in result.stdout
     dataset = datasets.load_from_disk(str(out))
     assert {name: len(rows) for name, rows in dataset.items()} == {"train": 300, "validation": 7, "test": 9}

@@ -13,15 +13,26 @@ Every test here launches processes, so the module is marked slow, to keep the de
 import json
 import os
 import signal
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import pytest
-from conftest import REPO_ROOT
+import torch
+from helpers import (
+    FAST,
+    REPO_ROOT,
+    SCRIPTS,
+    accelerate_launch,
+    make_dataset,
+    max_difference,
+    patched_train,
+    read_log,
+    run_command,
+    script_env,
+    train_arguments,
+    two_process_launch,
+    word_tokenizer,
+)
 from safetensors.torch import load_file
-from test_training import FAST, free_port, make_dataset, make_tokenizer, max_difference, read_log
 
 from vaswani import VaswaniForConditionalGeneration
 from vaswani.training.batching import TokenBucketSampler
@@ -46,7 +57,9 @@ KILLED_AFTER_STEP_6 = """
     import os
     import signal
 
-    add_step = train.TrainState.add_step
+    from vaswani.training.checkpoints import TrainState
+
+    add_step = TrainState.add_step
 
     def add_step_then_die(self, *args, **kwargs):
         add_step(self, *args, **kwargs)
@@ -54,12 +67,12 @@ KILLED_AFTER_STEP_6 = """
         if self.step == 6 and first_life and os.environ["RANK"] == "1":
             os.kill(os.getpid(), signal.SIGKILL)
 
-    train.TrainState.add_step = add_step_then_die
+    TrainState.add_step = add_step_then_die
 """
 
 # Eight steps of two processes, checkpoints and validation every four, BLEU on one sentence (so one process has
 # none to translate): as every launch below trains.
-STEPS = ["--max_steps", 8, "--save_every", 4, "--average_last", 2, "--eval_every", 4, "--eval_bleu_samples", 1]
+STEPS = ["--max_steps", 8, "--save_steps", 4, "--average_last", 2, "--eval_steps", 4, "--eval_bleu_samples", 1]
 
 
 @pytest.fixture(scope="module")
@@ -67,39 +80,20 @@ def corpus(tmp_path_factory):
     """A corpus whose validation split gives the two processes unequal numbers of batches."""
     root = tmp_path_factory.mktemp("distributed")
     data = make_dataset(root / "data", {"train": 400, "validation": 13})
-    tokenizer = make_tokenizer(root / "tokenizer")
+    tokenizer = word_tokenizer(root / "tokenizer")
     return data, tokenizer
 
 
 def arguments(corpus, output_dir, *extra):
-    data, tokenizer = corpus
-    return [
-        "--dataset_dir", data, "--tokenizer", tokenizer, "--output_dir", output_dir, *FAST, "--batch_tokens", 300,
-        *STEPS, "--report_to", "none", "--ddp_timeout", 60, *extra,
-    ]  # fmt: skip
+    return train_arguments(
+        *corpus, output_dir, *FAST, "--batch_tokens", 300, *STEPS, "--report_to", "none", "--ddp_timeout", 60, *extra
+    )
 
 
 def launch(config, *script_and_arguments, launcher_options=(), env=None, timeout=300, check=True):
     """`accelerate launch` of two processes with a config of configs/ (or --multi_gpu for DDP) and float32."""
-    which = ["--multi_gpu"] if config is None else ["--config_file", str(REPO_ROOT / "configs" / config)]
-    command = [
-        sys.executable, "-m", "accelerate.commands.launch", *which, "--num_processes", "2", "--num_machines", "1",
-        "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port()),
-        *launcher_options, *map(str, script_and_arguments),
-    ]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", **(env or {})}
-    result = subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=REPO_ROOT, env=env)
-    if check:
-        assert result.returncode == 0, f"{' '.join(command)} failed:\n{result.stdout[-3000:]}\n{result.stderr[-5000:]}"
-    return result
-
-
-def patched_train(folder, *patches):
-    """A script that runs `patches`, then scripts/train.py's main (accelerate launch takes a file)."""
-    script = Path(folder) / "patched_train.py"
-    body = "".join(textwrap.dedent(patch) for patch in patches)
-    script.write_text(f"import sys\nfrom vaswani.scripts import train\n{body}\ntrain.main(sys.argv[1:])\n")
-    return script
+    command = [*two_process_launch(config), *launcher_options, *script_and_arguments]
+    return run_command(command, env=script_env(**(env or {})), timeout=timeout, check=check)
 
 
 def final_weights(output_dir, name="model.safetensors"):
@@ -109,7 +103,7 @@ def final_weights(output_dir, name="model.safetensors"):
 @pytest.fixture(scope="module")
 def ddp_run(corpus, tmp_path_factory):
     output_dir = tmp_path_factory.mktemp("ddp") / "out"
-    launch(None, REPO_ROOT / "scripts" / "train.py", *arguments(corpus, output_dir))
+    launch(None, SCRIPTS / "train.py", *arguments(corpus, output_dir))
     return output_dir
 
 
@@ -133,12 +127,30 @@ def test_ddp_validates_with_unequal_shares_and_says_which_strategy_ran(ddp_run):
 
 
 def test_a_launch_that_asks_for_fsdp_on_a_cpu_stops_at_once_saying_why(corpus, tmp_path):
-    result = launch("fsdp.yaml", REPO_ROOT / "scripts" / "train.py", *arguments(corpus, tmp_path / "out"), check=False)
+    result = launch("fsdp.yaml", SCRIPTS / "train.py", *arguments(corpus, tmp_path / "out"), check=False)
     assert result.returncode != 0
     assert (
         "train.py: error: the launch asks for FSDP, but accelerate set up NO on the CPU (accelerate runs FSDP on GPUs "
         "only). On a CPU, train with plain data parallelism (`accelerate launch --multi_gpu ...`) or DeepSpeed ZeRO-2 "
         "(configs/deepspeed_zero2.yaml)."
+    ) in result.stderr
+    assert not (tmp_path / "out" / "checkpoints").exists()
+
+
+def test_a_gpu_config_on_a_machine_without_gpus_stops_saying_how_to_launch_on_the_cpu(corpus, tmp_path):
+    """configs/multi_gpu.yaml starts its 8 processes (one per GPU) wherever it is launched: on a CPU with fewer cores
+    each of them stops at once, saying how many to launch."""
+    if torch.cuda.is_available() or len(os.sched_getaffinity(0)) >= 8:
+        pytest.skip("needs a machine without a GPU and with fewer than 8 cores")
+    launcher = accelerate_launch("--config_file", REPO_ROOT / "configs" / "multi_gpu.yaml")
+    command = [*launcher, SCRIPTS / "train.py", *arguments(corpus, tmp_path / "out")]
+    result = run_command(command)
+    assert result.returncode != 0
+    cores = len(os.sched_getaffinity(0))
+    assert (
+        f"train.py: error: 8 processes were launched on this machine, which has no GPU and {cores} CPU cores: the "
+        f"launcher config is for GPUs (a process per GPU). On the CPU, launch one process per core: accelerate launch "
+        f"--multi_gpu --num_processes {cores} --num_machines 1 --mixed_precision no scripts/train.py ..."
     ) in result.stderr
     assert not (tmp_path / "out" / "checkpoints").exists()
 
@@ -158,7 +170,7 @@ def test_fsdp2_trains_as_ddp_does_and_resumes_exactly(corpus, ddp_run, tmp_path,
     assert [r["val_loss"] for r in ours] == pytest.approx([r["val_loss"] for r in theirs], abs=1e-4)
 
     launch("fsdp.yaml", script, *arguments(corpus, stopped, "--stop_after", 4), launcher_options=options)
-    launch("fsdp.yaml", script, *arguments(corpus, stopped, "--resume"), launcher_options=options)
+    launch("fsdp.yaml", script, *arguments(corpus, stopped, "--resume_from_checkpoint"), launcher_options=options)
     for name in ("checkpoints/step_0000008/model.safetensors", "model.safetensors"):
         assert max_difference(final_weights(straight, name), final_weights(stopped, name)) == 0, name
 
@@ -170,7 +182,7 @@ def test_fsdp2_trains_as_ddp_does_and_resumes_exactly(corpus, ddp_run, tmp_path,
 
 
 def test_a_killed_process_restarts_the_job_from_the_last_checkpoint(corpus, ddp_run, tmp_path):
-    """`accelerate launch --max_restarts 1 ... --resume` as the README writes it: rank 1 is SIGKILLed after step 6
+    """`accelerate launch --max_restarts 1 ... --resume_from_checkpoint` as the README writes it: rank 1 is SIGKILLed after step 6
     (mid-epoch, two steps past the last checkpoint); the launcher restarts both processes, which resume from step 4
     and end with the weights of the run that was never interrupted. TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 gives each
     restart a store of its own: in the one torchrun shares by default, the restarted processes find the addresses
@@ -180,7 +192,7 @@ def test_a_killed_process_restarts_the_job_from_the_last_checkpoint(corpus, ddp_
     result = launch(
         None,
         script,
-        *arguments(corpus, output_dir, "--resume"),
+        *arguments(corpus, output_dir, "--resume_from_checkpoint"),
         launcher_options=["--max_restarts", "1", "--rdzv_backend", "c10d"],
         env={"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"},
     )
@@ -193,7 +205,7 @@ def test_a_killed_process_restarts_the_job_from_the_last_checkpoint(corpus, ddp_
 def test_deepspeed_zero2_trains_as_ddp_does_and_resumes_exactly(corpus, ddp_run, tmp_path):
     """configs/deepspeed_zero2.yaml on a machine without a GPU: ZeRO-2 for real (DeepSpeed's CPU accelerator, gloo),
     no clipping as --max_grad_norm 0 says (DeepSpeed's default would clip at 1.0), DDP's weights, exact resume."""
-    train_py = REPO_ROOT / "scripts" / "train.py"
+    train_py = SCRIPTS / "train.py"
     straight, stopped = tmp_path / "straight", tmp_path / "stopped"
     result = launch("deepspeed_zero2.yaml", train_py, *arguments(corpus, straight))
     assert "strategy: DeepSpeed ZeRO stage 2, 2 processes on cpu, mixed precision no" in result.stdout
@@ -205,6 +217,6 @@ def test_deepspeed_zero2_trains_as_ddp_does_and_resumes_exactly(corpus, ddp_run,
     assert [r["val_loss"] for r in ours] == pytest.approx([r["val_loss"] for r in theirs], abs=1e-5)
 
     launch("deepspeed_zero2.yaml", train_py, *arguments(corpus, stopped, "--stop_after", 4))
-    launch("deepspeed_zero2.yaml", train_py, *arguments(corpus, stopped, "--resume"))
+    launch("deepspeed_zero2.yaml", train_py, *arguments(corpus, stopped, "--resume_from_checkpoint"))
     for name in ("checkpoints/step_0000008/model.safetensors", "model.safetensors"):
         assert max_difference(final_weights(straight, name), final_weights(stopped, name)) == 0, name

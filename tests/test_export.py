@@ -6,7 +6,7 @@ import sys
 import ctranslate2
 import pytest
 import torch
-from conftest import PAIRS, REPO_ROOT
+from helpers import PAIRS, REPO_ROOT
 
 from vaswani import VaswaniConfig, VaswaniForConditionalGeneration
 from vaswani.scripts import export_ctranslate2

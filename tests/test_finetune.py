@@ -8,19 +8,26 @@ import json
 import shutil
 
 import datasets
+import numpy as np
 import pytest
 import torch
+from helpers import save_pairs, word_tokenizer
 from safetensors.torch import load_file
-from tokenizers import Tokenizer, models, pre_tokenizers, processors
-from transformers import AutoTokenizer, GenerationConfig, PreTrainedTokenizerFast, Seq2SeqTrainingArguments
+from transformers import (
+    AutoTokenizer,
+    DataCollatorForSeq2Seq,
+    GenerationConfig,
+    LogitsProcessor,
+    Seq2SeqTrainer,
+    Seq2SeqTrainingArguments,
+)
 from transformers.trainer_pt_utils import LabelSmoother
 
 from vaswani import VaswaniConfig, VaswaniForConditionalGeneration
-from vaswani.scripts import finetune
+from vaswani.scripts import evaluate_bleu, finetune
 from vaswani.training.checks import UsageError
 
 
-SPECIAL_TOKENS = ["<pad>", "<s>", "</s>", "<unk>"]  # ids 0-3, the model's defaults
 NOUNS = {"cat": "gato", "dog": "perro", "boy": "niño", "bird": "pájaro", "horse": "caballo", "man": "hombre"}
 VERBS = {"eats": "come", "runs": "corre", "sleeps": "duerme", "sings": "canta", "jumps": "salta", "reads": "lee"}
 # 36 pairs of 5 and 6 words: long enough for 4-grams, so that BLEU can be above zero.
@@ -32,17 +39,9 @@ PAIRS = [
 WORDS = sorted({word for pair in PAIRS for sentence in pair.values() for word in sentence.split()})
 
 
-def word_tokenizer(special_tokens=SPECIAL_TOKENS, extra_words=()):
-    """A fast tokenizer with one token per word that ends every sequence in </s>, like scripts/train_tokenizer.py's."""
-    vocab = {token: i for i, token in enumerate([*special_tokens, *WORDS, *extra_words])}
-    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tokenizer.post_processor = processors.TemplateProcessing(
-        single="$A </s>", special_tokens=[("</s>", vocab["</s>"])]
-    )
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer, pad_token="<pad>", bos_token="<s>", eos_token="</s>", unk_token="<unk>"
-    )
+def finetune_tokenizer(**options):
+    """The word-level tokenizer of these pairs, without a decoder (the same ids as another tokenizer)."""
+    return word_tokenizer(words=WORDS, decoder=False, **options)
 
 
 def save_model(folder, tokenizer, seed=0, vocab_size=None, dropout=0.1):
@@ -53,13 +52,6 @@ def save_model(folder, tokenizer, seed=0, vocab_size=None, dropout=0.1):
     )
     VaswaniForConditionalGeneration(config).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
-    return folder
-
-
-def save_pairs(folder, pairs):
-    """The layout of scripts/prepare_data.py: a DatasetDict with a `translation` column; here validation = train."""
-    split = datasets.Dataset.from_dict({"translation": pairs})
-    datasets.DatasetDict(train=split, validation=split).save_to_disk(folder)
     return folder
 
 
@@ -77,7 +69,7 @@ def run_finetune(model, dataset_dir, output_dir, *flags):
 def workspace(tmp_path_factory):
     """A tokenizer, a tiny pretrained model and the pair set, saved once for the module."""
     root = tmp_path_factory.mktemp("finetune")
-    tokenizer = word_tokenizer()
+    tokenizer = finetune_tokenizer()
     return {
         "root": root,
         "tokenizer": tokenizer,
@@ -110,6 +102,124 @@ def test_finetuning_lowers_eval_loss_and_raises_bleu(workspace, tmp_path):
     assert (saved.max_length, saved.num_beams) == (pretrained.max_length, 4), (
         "evaluation changed the generation config"
     )
+
+
+def long_pair(k):
+    """Four clauses in one sentence, 20 words to 24: a translation longer than transformers' default max_length (20)."""
+    nouns, verbs = list(NOUNS.items()), list(VERBS.items())
+    clauses = [(nouns[(k + c) % len(nouns)], verbs[(2 * k + c) % len(verbs)]) for c in range(4)]
+    return {
+        "en": " ".join(f"the {noun} {verb} every day" for (noun, _), (verb, _) in clauses),
+        "es": " ".join(f"el {noun} {verb} todos los días" for (_, noun), (_, verb) in clauses),
+    }
+
+
+class DiscourageEnd(LogitsProcessor):
+    """Takes 30 nats from </s>, so that no hypothesis ends before its limit makes it."""
+
+    def __call__(self, input_ids, scores):
+        scores[:, 2] -= 30.0
+        return scores
+
+
+def test_a_users_seq2seq_trainer_leaves_the_papers_decoding_in_the_model_it_saves(workspace, tmp_path):
+    """A plain Seq2SeqTrainer with predict_with_generate=True, as a user writes it: its evaluation fills the model's
+    generation config with transformers' defaults, max_length=20 among them, and save_model saves them. The model
+    still decodes as section 6.1 says, during that evaluation and once reloaded: beam 4, length penalty 0.6, and
+    each sentence's own limit of its source length + 50, so that a translation longer than 20 tokens is whole."""
+    tokenizer = workspace["tokenizer"]
+    pairs = [long_pair(0), long_pair(1)]
+
+    def tokenize(batch):
+        features = tokenizer([pair["en"] for pair in batch["translation"]])
+        features["labels"] = tokenizer([pair["es"] for pair in batch["translation"]])["input_ids"]
+        return features
+
+    data = datasets.Dataset.from_dict({"translation": pairs}).map(
+        tokenize, batched=True, remove_columns=["translation"]
+    )
+    model = VaswaniForConditionalGeneration.from_pretrained(save_model(tmp_path / "start", tokenizer, dropout=0.0))
+    translations = []
+
+    def compute_metrics(prediction):
+        ids = np.where(prediction.predictions != -100, prediction.predictions, tokenizer.pad_token_id)
+        translations.extend(tokenizer.batch_decode(ids, skip_special_tokens=True))
+        return {}
+
+    args = Seq2SeqTrainingArguments(
+        output_dir=str(tmp_path / "trained"),
+        predict_with_generate=True,
+        use_cpu=True,
+        report_to="none",
+        max_steps=30,
+        learning_rate=5e-3,
+        lr_scheduler_type="constant",
+        per_device_train_batch_size=2,
+        per_device_eval_batch_size=1,  # two evaluation batches: the second decodes with the filled-in config
+        save_strategy="no",
+        logging_strategy="no",
+        disable_tqdm=True,
+    )
+    trainer = Seq2SeqTrainer(
+        model=model,
+        args=args,
+        train_dataset=data,
+        eval_dataset=data,
+        data_collator=DataCollatorForSeq2Seq(tokenizer, model=model),
+        processing_class=tokenizer,
+        compute_metrics=compute_metrics,
+    )
+    trainer.train()
+    trainer.evaluate()
+    trainer.save_model()
+
+    targets = [pair["es"] for pair in pairs]
+    assert translations == targets, "the evaluation cut its translations"
+    saved = GenerationConfig.from_pretrained(tmp_path / "trained")
+    assert saved.max_length == 20 and saved.top_k == 50  # what the Trainer filled in: the library's defaults
+
+    reloaded = VaswaniForConditionalGeneration.from_pretrained(tmp_path / "trained")
+    config = reloaded.generation_config
+    assert (config.num_beams, config.length_penalty, config.paper_decoding) == (4, 0.6, True)
+    source = tokenizer([pairs[1]["en"]], return_tensors="pt")
+    output = reloaded.generate(**source)
+    assert output.shape[1] - 1 == len(targets[1].split()) + 1 > 20  # 24 words and </s>
+    assert tokenizer.decode(output[0], skip_special_tokens=True) == targets[1]
+
+    # Each sentence of a padded batch stops at its own source length + 50 (within the 64 positions).
+    batch = tokenizer([pairs[1]["en"], "the cat eats every day"], padding=True, return_tensors="pt")
+    assert batch["attention_mask"].sum(1).tolist() == [21, 6]
+    forced = reloaded.generate(**batch, logits_processor=[DiscourageEnd()])
+    assert (forced[:, 1:] != tokenizer.pad_token_id).sum(1).tolist() == [63, 6 + 50]
+    # A max_length set by hand in the generation config, 20 included, is a limit.
+    reloaded.generation_config = GenerationConfig.from_pretrained(tmp_path / "start")
+    reloaded.generation_config.max_length = 20
+    assert reloaded.generate(**source).shape[1] == 20
+
+
+def test_finetune_evaluates_with_the_decoding_and_score_of_vaswani_evaluate(workspace, tmp_path):
+    """vaswani-finetune's evaluation decodes as vaswani-evaluate does (beam 4, the GNMT penalty, each sentence's own
+    limit of its source length + 50, not one limit for all) and scores with the same metric: on the same model and
+    sentences, the same BLEU. The model has random weights: its translations run to their limits, which decide the
+    score."""
+    model_dir = shutil.copytree(workspace["model"], tmp_path / "model")  # vaswani-evaluate writes next to it
+    expected = evaluate_bleu.main(
+        ["--model", model_dir, "--dataset_dir", workspace["data"], "--split", "validation", "--max_samples", "8"]
+    )
+
+    flags = "--use_cpu --report_to none --per_device_eval_batch_size 4 --max_eval_samples 8"
+    paths = ["--model", str(model_dir), "--dataset_dir", str(workspace["data"]), "--output_dir", str(tmp_path / "ft")]
+    _, data_args, args = finetune.parse_args([*paths, *flags.split()])
+    train, evaluation = finetune.load_splits(data_args, args.seed)
+    model = VaswaniForConditionalGeneration.from_pretrained(model_dir)
+    metrics = finetune.build_trainer(data_args, args, model, workspace["tokenizer"], train, evaluation).evaluate()
+
+    assert 0 < expected["score"] < 5
+    assert metrics["eval_bleu"] == pytest.approx(expected["score"], abs=1e-9)
+    assert metrics["eval_tokenized_bleu"] == pytest.approx(expected["tokenized_bleu"], abs=1e-9)
+    assert metrics["eval_bleu_signature"] == expected["signature"]
+    # The mean length: the start token and each sentence's 6 + 50 tokens (a random model rarely ends sooner).
+    assert metrics["eval_gen_len"] <= 1 + 6 + 50
 
 
 def final_weights(folder):
@@ -259,12 +369,12 @@ def test_missing_target_language_is_named(workspace, tmp_path):
     ("tokenizer", "vocab_size", "message"),
     [
         (
-            word_tokenizer(extra_words=("extra",)),
+            finetune_tokenizer(extra_words=("extra",)),
             len(WORDS) + 4,
             rf"tokenizer has {len(WORDS) + 5} tokens but the vocabulary of the model .* only {len(WORDS) + 4}",
         ),
         (
-            word_tokenizer(special_tokens=["<s>", "<pad>", "</s>", "<unk>"]),
+            finetune_tokenizer(special_tokens=["<s>", "<pad>", "</s>", "<unk>"]),
             None,
             r"config.pad_token_id of the model .* is 0 but the tokenizer's id is 1",
         ),
@@ -272,7 +382,7 @@ def test_missing_target_language_is_named(workspace, tmp_path):
     ids=["tokenizer_bigger_than_model", "pad_id_differs"],
 )
 def test_tokenizer_that_disagrees_with_the_model_is_refused(workspace, tmp_path, tokenizer, vocab_size, message):
-    model_dir = save_model(tmp_path / "model", word_tokenizer(), vocab_size=vocab_size)
+    model_dir = save_model(tmp_path / "model", finetune_tokenizer(), vocab_size=vocab_size)
     tokenizer.save_pretrained(tmp_path / "tokenizer")
     with pytest.raises(SystemExit, match=message):
         run_finetune(model_dir, workspace["data"], tmp_path / "out", "--tokenizer", str(tmp_path / "tokenizer"))

@@ -10,7 +10,6 @@ module (torch, transformers) once; the ranks write what they observed to files, 
 """
 
 import multiprocessing
-import socket
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -20,6 +19,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 import torch.multiprocessing as mp
+from helpers import free_port, max_difference
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -251,12 +251,6 @@ def _run_rank(rank: int, job, port: int, work_dir: Path) -> None:
 # The tests' side.
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def run_on_two_ranks(job, work_dir: Path) -> list[dict]:
     """Runs job on WORLD_SIZE processes and returns each rank's result; kills them after JOB_TIMEOUT_S.
 
@@ -268,7 +262,7 @@ def run_on_two_ranks(job, work_dir: Path) -> list[dict]:
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("OMP_NUM_THREADS", "1")  # read when the fork server imports torch
         context = mp.start_processes(
-            _run_rank, args=(job, _free_port(), work_dir), nprocs=WORLD_SIZE, join=False, start_method="forkserver"
+            _run_rank, args=(job, free_port(), work_dir), nprocs=WORLD_SIZE, join=False, start_method="forkserver"
         )
     deadline = time.monotonic() + JOB_TIMEOUT_S
     try:
@@ -308,11 +302,6 @@ def grouped_training(job_dir) -> dict:
 @pytest.fixture(scope="module")
 def checkpoint_runs(job_dir) -> dict:
     return run_on_two_ranks(checkpoint_job, job_dir())[0]
-
-
-def max_difference(first: dict[str, torch.Tensor], second: dict[str, torch.Tensor]) -> float:
-    assert first.keys() == second.keys()
-    return max((first[key] - second[key]).abs().max().item() for key in first)
 
 
 def test_grouped_embedding_holders_train_like_the_unsharded_model(grouped_training, initial_state):

@@ -12,7 +12,7 @@ import itertools
 
 import pytest
 import torch
-from conftest import pad_pairs
+from helpers import pad_pairs, word_tokenizer
 from transformers import EncoderDecoderCache
 
 from vaswani import VaswaniForConditionalGeneration
@@ -408,12 +408,11 @@ def test_generation_config_round_trips(tiny_model, tmp_path):
 
 def test_translation_pipeline_returns_every_requested_hypothesis(tmp_path):
     """num_return_sequences=n: n answers for one text, and n answers for each text of a list (none dropped)."""
-    from test_training import make_tokenizer
     from transformers import AutoTokenizer
 
     from vaswani import VaswaniConfig, VaswaniTranslationPipeline
 
-    tokenizer = AutoTokenizer.from_pretrained(make_tokenizer(tmp_path / "tokenizer"))
+    tokenizer = AutoTokenizer.from_pretrained(word_tokenizer(tmp_path / "tokenizer"))
     torch.manual_seed(0)
     model = VaswaniForConditionalGeneration(VaswaniConfig.from_preset("tiny", vocab_size=len(tokenizer))).eval()
     translate = VaswaniTranslationPipeline(model=model, tokenizer=tokenizer)

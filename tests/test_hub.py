@@ -23,15 +23,14 @@ from urllib.parse import urlsplit
 
 import pytest
 import torch
-from conftest import VOCAB_SIZE
+from helpers import VOCAB_SIZE, run_command, script_command, tiny_model_config, word_tokenizer
 from hub_server import HubServer
 from huggingface_hub import CommitOperationAdd, HfApi, ModelCard
 from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError
 from huggingface_hub.utils.sha import git_hash
-from tokenizers import Tokenizer, models, pre_tokenizers, processors
 from transformers import PreTrainedTokenizerFast
 
-from vaswani import VaswaniConfig, VaswaniForConditionalGeneration
+from vaswani import VaswaniForConditionalGeneration
 from vaswani.training.checks import UsageError
 from vaswani.training.hub import PushError, check_model_dir, push_to_hub, step
 from vaswani.training.model_card import render_model_card
@@ -40,8 +39,6 @@ from vaswani.training.model_card import render_model_card
 ALICE_TOKEN = "hf_aliceSecretToken0123456789"
 BOB_TOKEN = "hf_bobSecretToken9876543210"
 REPO = "alice/vaswani-tiny"
-SCRIPTS = resources.files("vaswani.scripts")  # run as files, as `python scripts/push_to_hub.py` is
-PUSH_SCRIPT = SCRIPTS / "push_to_hub.py"
 TEXTS = ["w5 w17 w33 w60 w7", "w8 w9"]
 DECODER_INPUT_IDS = torch.tensor([[1, 5, 6, 7], [1, 9, 10, 11]])
 TRAINING_SUMMARY = {
@@ -59,25 +56,13 @@ def tiny_tokenizer() -> PreTrainedTokenizerFast:
     """A word-level tokenizer over the model's 100 ids: <pad>=0, <s>=1, </s>=2, <unk>=3, then "w4" ... "w99";
     like the project's BPE tokenizer, it appends </s> to every sequence (that one cannot be used here: its 256 byte
     tokens alone do not fit the tiny model's vocabulary)."""
-    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, "<unk>": 3, **{f"w{i}": i for i in range(4, VOCAB_SIZE)}}
-    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tokenizer.post_processor = processors.TemplateProcessing(
-        single="$A </s>", pair="$A </s> $B </s>", special_tokens=[("</s>", 2)]
-    )
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer,
-        pad_token="<pad>",
-        bos_token="<s>",
-        eos_token="</s>",
-        unk_token="<unk>",
-        model_input_names=["input_ids", "attention_mask"],
-    )
+    words = [f"w{i}" for i in range(4, VOCAB_SIZE)]
+    return word_tokenizer(words=words, decoder=False, pair=True, model_input_names=["input_ids", "attention_mask"])
 
 
 def seeded_model(seed: int) -> VaswaniForConditionalGeneration:
     """The conftest's tiny model (module-scoped fixtures cannot use its function-scoped fixture), seeded."""
-    config = VaswaniConfig.from_preset("tiny", vocab_size=VOCAB_SIZE, dropout=0.0, max_position_embeddings=128)
+    config = tiny_model_config()
     torch.manual_seed(seed)
     return VaswaniForConditionalGeneration(config).eval()
 
@@ -112,8 +97,16 @@ def client_env(hub: HubServer, home: Path, token: str | None = ALICE_TOKEN) -> d
 
 
 def run_push(hub, home, folder, repo=REPO, *options, token=ALICE_TOKEN) -> subprocess.CompletedProcess:
-    command = [sys.executable, str(PUSH_SCRIPT), "--model_dir", str(folder), "--repo_id", repo, *options]
-    return subprocess.run(command, env=client_env(hub, home, token), capture_output=True, text=True, timeout=300)
+    command = script_command("push_to_hub", "--model_dir", folder, "--repo_id", repo, *options)
+    return run_command(command, env=client_env(hub, home, token))
+
+
+def pushed_by_script(command, hub, api, home, repo) -> tuple[str, set[str]]:
+    """Run a script that pushes `repo` to the Hub as alice: its output (which must not show her token) and the files
+    of the repo."""
+    done = run_command(command, env={**client_env(hub, home), "OMP_NUM_THREADS": "1"}, timeout=600, check=True)
+    assert ALICE_TOKEN not in done.stdout + done.stderr
+    return done.stdout + done.stderr, {entry.path for entry in api.list_repo_tree(repo, recursive=True)}
 
 
 @pytest.fixture(scope="module")
@@ -260,9 +253,9 @@ def run_records(**changes) -> dict:
         "peak_lr": 0.001,
         "adam_beta1": 0.9,
         "adam_beta2": 0.98,
-        "adam_eps": 1e-9,
-        "label_smoothing": 0.1,
-        "eval_num_beams": 1,
+        "adam_epsilon": 1e-9,
+        "label_smoothing_factor": 0.1,
+        "generation_num_beams": 1,
         "eval_length_penalty": 0.6,
     }
     return {
@@ -649,13 +642,8 @@ def test_refuses_a_folder_that_is_not_a_vaswani_model(tiny_model, tmp_path):
     (folder / "config.json").unlink()
     refused(folder, "it has no config.json")
 
-    push = subprocess.run(
-        [sys.executable, str(PUSH_SCRIPT), "--model_dir", str(folder), "--repo_id", REPO],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "HF_TOKEN": ALICE_TOKEN},
-        timeout=120,
-    )
+    command = script_command("push_to_hub", "--model_dir", folder, "--repo_id", REPO)
+    push = run_command(command, env={**os.environ, "HF_TOKEN": ALICE_TOKEN}, timeout=120)
     assert push.returncode == 1 and "Traceback" not in push.stderr
     assert push.stderr.startswith("push_to_hub.py: error: ") and "it has no config.json" in push.stderr
 
@@ -776,30 +764,40 @@ def save_tiny_corpus(folder: Path) -> Path:
     return folder
 
 
+# What a model pushed by a script holds at least: weights, config, the remote code and the tokenizer.
+MODEL_FILES = {
+    "model.safetensors",
+    "config.json",
+    "generation_vaswani.py",
+    "modeling_vaswani.py",
+    "pipeline_vaswani.py",
+    "tokenizer.json",
+}
+
+
 def test_train_script_pushes_its_final_model(hub, api, tmp_path):
     """`scripts/train.py --push_to_hub --hub_model_id ...` shares the averaged model, its records and plots."""
     tiny_tokenizer().save_pretrained(tmp_path / "tokenizer")
     save_tiny_corpus(tmp_path / "data")
-    command = [
-        sys.executable,
-        str(SCRIPTS / "train.py"),
+    command = script_command(
+        "train",
         "--dataset_dir",
-        str(tmp_path / "data"),
+        tmp_path / "data",
         "--tokenizer",
-        str(tmp_path / "tokenizer"),
+        tmp_path / "tokenizer",
         "--output_dir",
-        str(tmp_path / "out"),
+        tmp_path / "out",
         "--preset",
         "tiny",
         "--max_steps",
         "4",
-        "--save_every",
+        "--save_steps",
         "2",
         "--average_last",
         "2",
         "--batch_tokens",
         "200",
-        "--eval_every",
+        "--eval_steps",
         "0",
         "--eval_bleu_samples",
         "2",
@@ -808,39 +806,24 @@ def test_train_script_pushes_its_final_model(hub, api, tmp_path):
         "--push_to_hub",
         "--hub_model_id",
         "alice/trained-by-script",
-    ]
-    env = {**client_env(hub, tmp_path / "home"), "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "pushed to the Hub" in done.stdout + done.stderr
-    assert ALICE_TOKEN not in done.stdout + done.stderr
-    files = {entry.path for entry in api.list_repo_tree("alice/trained-by-script", recursive=True)}
-    assert {
-        "model.safetensors",
-        "config.json",
-        "generation_vaswani.py",
-        "modeling_vaswani.py",
-        "pipeline_vaswani.py",
-        "tokenizer.json",
-        "training_summary.json",
-        "training_curves.png",
-        "README.md",
-    } <= files
+    )
+    output, files = pushed_by_script(command, hub, api, tmp_path / "home", "alice/trained-by-script")
+    assert "pushed to the Hub" in output
+    assert {*MODEL_FILES, "training_summary.json", "training_curves.png", "README.md"} <= files
 
 
 def test_finetune_script_pushes_through_the_trainer(hub, api, tmp_path):
     """`scripts/finetune.py --push_to_hub` uses Seq2SeqTrainer's own push; the result loads from the Hub."""
     folder = save_model_folder(tmp_path / "model", seeded_model(0), records=False)
     save_tiny_corpus(tmp_path / "data")
-    command = [
-        sys.executable,
-        str(SCRIPTS / "finetune.py"),
+    command = script_command(
+        "finetune",
         "--model",
-        str(folder),
+        folder,
         "--dataset_dir",
-        str(tmp_path / "data"),
+        tmp_path / "data",
         "--output_dir",
-        str(tmp_path / "ft"),
+        tmp_path / "ft",
         "--max_steps",
         "2",
         "--per_device_train_batch_size",
@@ -855,17 +838,6 @@ def test_finetune_script_pushes_through_the_trainer(hub, api, tmp_path):
         "--push_to_hub",
         "--hub_model_id",
         "alice/finetuned",
-    ]
-    env = {**client_env(hub, tmp_path / "home"), "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert ALICE_TOKEN not in done.stdout + done.stderr
-    files = {entry.path for entry in api.list_repo_tree("alice/finetuned", recursive=True)}
-    assert {
-        "model.safetensors",
-        "config.json",
-        "generation_vaswani.py",
-        "modeling_vaswani.py",
-        "pipeline_vaswani.py",
-        "tokenizer.json",
-    } <= files
+    )
+    _, files = pushed_by_script(command, hub, api, tmp_path / "home", "alice/finetuned")
+    assert MODEL_FILES <= files

@@ -12,7 +12,7 @@ import math
 
 import pytest
 import torch
-from conftest import VOCAB_SIZE
+from helpers import VOCAB_SIZE
 from torch import nn
 
 from vaswani import VaswaniConfig, VaswaniForConditionalGeneration, VaswaniModel, label_smoothed_cross_entropy
@@ -469,6 +469,54 @@ def test_init_schemes_draw_the_weights_their_sources_do(scheme):
     assert layer.feed_forward.fc1.bias.abs().max() == 0
     padding_row = model.model.shared.weight[config.pad_token_id]
     assert (padding_row.abs().max() == 0) == (scheme != "tensor2tensor")
+
+
+def assert_attention_projections_drawn_by(scheme: str, attention: nn.Module, d_model: int) -> None:
+    """The distributions INIT_SCHEMES documents for one attention's projections: Glorot-uniform (bound sqrt(6 / (d +
+    d))), the query, key and value at gain 1/sqrt(2) under "fairseq"; N(0, 0.02) under "bart"; zero biases."""
+    glorot = (6 / (d_model + d_model)) ** 0.5
+    input_bound = glorot * 2**-0.5 if scheme == "fairseq" else glorot
+    bounds = {"q_proj": input_bound, "k_proj": input_bound, "v_proj": input_bound, "out_proj": glorot}
+    for name, bound in bounds.items():
+        projection = getattr(attention, name)
+        weight, largest = projection.weight, projection.weight.abs().max().item()
+        if scheme == "bart":
+            assert weight.std().item() == pytest.approx(0.02, rel=0.05), name
+            assert largest > 2.5 * 0.02, name  # a normal's tails, which a uniform of that spread (bound 0.035) lacks
+        else:
+            # The largest of d_model^2 uniform draws lies within 2% of the bound; torch's own default (bound
+            # d_model^-0.5) or the other gain would not.
+            assert 0.98 * bound < largest <= bound, name
+            assert weight.std().item() == pytest.approx(bound / 3**0.5, rel=0.05), name
+        assert projection.bias.abs().max() == 0, name
+
+
+@pytest.mark.parametrize("scheme", ["tensor2tensor", "fairseq", "bart"])
+def test_each_attention_draws_its_projections_as_its_init_scheme_says_new_and_loaded(scheme, tmp_path):
+    """`_init_weights` draws the projections of every VaswaniAttention (encoder self-attention, decoder self- and
+    encoder-decoder attention) by the module's type: in a new model, and for a checkpoint that lacks a layer."""
+    config = VaswaniConfig.from_preset("tiny", vocab_size=VOCAB_SIZE, init_scheme=scheme, attention_bias=True)
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        model = VaswaniForConditionalGeneration(config)
+    attentions = [module for module in model.modules() if type(module).__name__ == "VaswaniAttention"]
+    assert len(attentions) == 3 * 2  # 2 encoder layers with one attention, 2 decoder layers with two
+    for attention in attentions:
+        assert_attention_projections_drawn_by(scheme, attention, config.d_model)
+
+    model.save_pretrained(tmp_path)
+    with torch.random.fork_rng():
+        deeper = VaswaniForConditionalGeneration.from_pretrained(tmp_path, encoder_layers=3, decoder_layers=3)
+    new_attentions = [
+        deeper.model.encoder.layers[2].self_attn,
+        deeper.model.decoder.layers[2].self_attn,
+        deeper.model.decoder.layers[2].encoder_attn,
+    ]
+    for attention in new_attentions:
+        assert_attention_projections_drawn_by(scheme, attention, config.d_model)
+    loaded = deeper.state_dict()
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(loaded[name], tensor), name
 
 
 @pytest.mark.parametrize("implementation", ["eager", "sdpa"])

@@ -9,7 +9,7 @@ import functools
 
 import pytest
 import torch
-from conftest import VOCAB_SIZE, pad_pairs
+from helpers import VOCAB_SIZE, pad_pairs
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

@@ -2,13 +2,16 @@
 
 import ast
 import importlib.metadata
+import importlib.util
+import re
 import sys
 from pathlib import Path
 
+import pytest
+from helpers import REPO_ROOT
 from packaging.requirements import Requirement
 
 
-ROOT = Path(__file__).resolve().parent.parent
 BASE = {"torch", "transformers", "safetensors", "huggingface-hub", "tokenizers"}
 
 
@@ -25,7 +28,11 @@ def test_the_model_imports_only_the_base_install():
     """configuration/, modeling/ and the package's __init__ import the standard library, the base install and
     themselves: `import vaswani` works without any extra."""
     allowed = {name.replace("-", "_") for name in BASE} | set(sys.stdlib_module_names)
-    files = [ROOT / "__init__.py", *sorted((ROOT / "configuration").glob("*.py")), *(ROOT / "modeling").glob("*.py")]
+    files = [
+        REPO_ROOT / "__init__.py",
+        *sorted((REPO_ROOT / "configuration").glob("*.py")),
+        *(REPO_ROOT / "modeling").glob("*.py"),
+    ]
     for file in files:
         for node in ast.walk(ast.parse(file.read_text())):
             if isinstance(node, ast.Import):
@@ -47,7 +54,25 @@ def test_each_extra_holds_what_its_commands_import():
     assert {"accelerate", "datasets", "sacrebleu", "matplotlib", "tensorboard"} <= extras["train"]
     assert {"datasets", "pysword"} <= extras["data"]
     assert "jinja2" in extras["hub"] and "ctranslate2" in extras["export"]
-    assert "evaluate" not in set().union(*extras.values())  # BLEU is sacreBLEU, called directly (README)
+    assert (
+        "evaluate" in extras["train"]
+    )  # the BLEU metric module (metrics/vaswani_bleu) that every command scores with
+
+
+def test_the_package_holds_no_development_tools():
+    """The benchmarks, the GPU report and the studies behind docs/benchmarks/ live in benchmarks/, run from a
+    checkout: pyproject.toml packages none of it and has no console script for it, and no installed module is one."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11
+    config = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())
+    packages = config["tool"]["setuptools"]["packages"]
+    assert "benchmarks" not in {name.split(".")[-1] for name in packages}
+    assert not [name for name, target in config["project"]["scripts"].items() if "benchmark" in name + target]
+    tool = re.compile(r"benchmark|gpu_report|data_scale|learning_curves")
+    for package in packages:
+        folder = REPO_ROOT.joinpath(*package.split(".")[1:])
+        assert not [path.name for path in folder.glob("*.py") if tool.search(path.stem)], package
+    for module in ("vaswani.scripts.benchmark", "vaswani.scripts.gpu_report"):
+        assert importlib.util.find_spec(module) is None, module
 
 
 def test_the_tests_import_the_installed_package_once():

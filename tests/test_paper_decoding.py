@@ -6,7 +6,7 @@ import math
 
 import pytest
 import torch
-from conftest import pad_pairs
+from helpers import pad_pairs
 from transformers import GenerationConfig, GenerationMixin, LogitsProcessor
 
 from vaswani import VaswaniConfig, VaswaniForConditionalGeneration

@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 import torch
-from test_training import make_tokenizer
+from helpers import word_tokenizer
 from transformers import AutoConfig, AutoTokenizer, pipeline
 
 from vaswani import VaswaniConfig, VaswaniForConditionalGeneration, VaswaniTranslationPipeline
@@ -17,7 +17,7 @@ OPTIONS = {"num_beams": 2, "max_new_tokens": 6}
 
 
 def saved_model(folder):
-    tokenizer = AutoTokenizer.from_pretrained(make_tokenizer(folder))
+    tokenizer = AutoTokenizer.from_pretrained(word_tokenizer(folder))
     torch.manual_seed(0)
     model = VaswaniForConditionalGeneration(VaswaniConfig.from_preset("tiny", vocab_size=len(tokenizer))).eval()
     model.save_pretrained(folder)

@@ -1,15 +1,14 @@
 """The README's examples run as they stand."""
 
 import re
-from pathlib import Path
 
-from test_training import make_dataset, make_tokenizer
+from helpers import REPO_ROOT, make_dataset, word_tokenizer
 from transformers import AutoModelForSeq2SeqLM
 
 from vaswani.training.checkpoints import load_checkpoint_weights
 
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+README = REPO_ROOT / "README.md"
 
 
 def readme_block(heading):
@@ -21,7 +20,7 @@ def readme_block(heading):
 def test_your_own_training_loop_runs_and_averages_its_checkpoints(tmp_path, monkeypatch):
     """The library is enough to write a loop: data, batches, schedule, loss, checkpoints and their average."""
     make_dataset(tmp_path / "outputs" / "main_job" / "data", {"train": 400, "validation": 20})
-    make_tokenizer(tmp_path / "outputs" / "main_job" / "tokenizer")
+    word_tokenizer(tmp_path / "outputs" / "main_job" / "tokenizer")
     monkeypatch.chdir(tmp_path)
     exec(readme_block("### Your own training loop"), {"__name__": "readme"})
     steps = [load_checkpoint_weights(tmp_path / "my-run" / f"step_{step}") for step in (40, 80, 120)]

@@ -13,9 +13,7 @@ import re
 import shlex
 import shutil
 import signal
-import subprocess
 import sys
-import tempfile
 import time
 from fnmatch import fnmatch
 from pathlib import Path
@@ -25,19 +23,24 @@ import datasets
 import pytest
 import torch
 from accelerate.utils import DistributedType
-from safetensors.torch import load_file
-from test_training import (
-    ENGLISH,
-    SPANISH,
+from helpers import (
+    SCRIPTS,
+    TINY,
+    exit_message,
+    finish,
     make_dataset,
-    make_tokenizer,
     max_difference,
+    patched_train,
     read_log,
+    run_command,
+    save_pairs,
+    start,
+    train_arguments,
     train_command,
     two_process_launch,
+    word_tokenizer,
 )
-from tokenizers import Tokenizer, models, pre_tokenizers, processors
-from transformers import PreTrainedTokenizerFast
+from safetensors.torch import load_file
 
 from vaswani import VaswaniConfig, VaswaniForConditionalGeneration
 from vaswani.scripts import evaluate_bleu, prepare_data, train, train_tokenizer
@@ -57,58 +60,30 @@ from vaswani.training.faults import StopSignal, check_free_space, resume_command
 from vaswani.training.tokenizer import load_tokenizer
 
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-SCRIPTS = REPO_ROOT / "scripts"
-
-# One thread per process: the machine may be busy, and the tiny model gains nothing from more.
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
 # 30 steps of the tiny preset, checkpoints every 6 (the last 2 kept and averaged), dropout on, several epochs.
 RUN = [
-    "--preset",
-    "tiny",
-    "--lr_schedule",
-    "short",
-    "--peak_lr",
-    "3e-3",
+    *TINY,
     "--warmup_steps",
     "5",
     "--batch_tokens",
     "800",
     "--max_steps",
     "30",
-    "--save_every",
+    "--save_steps",
     "6",
-    "--keep_checkpoints",
+    "--save_total_limit",
     "2",
     "--average_last",
     "2",
-    "--eval_every",
+    "--eval_steps",
     "0",
     "--eval_bleu_samples",
     "0",
-    "--log_every",
+    "--logging_steps",
     "4",
     "--report_to",
     "none",
 ]
-
-
-def start(command):
-    """Start a run in the background. Its output goes to files: a full pipe would block it."""
-    stdout, stderr = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
-    process = subprocess.Popen(command, cwd=REPO_ROOT, env=ENV, stdout=stdout, stderr=stderr, text=True)
-    process.output_files = stdout, stderr
-    return process
-
-
-def finish(process, timeout=120):
-    """Wait for a process from start(); its stdout and stderr."""
-    process.wait(timeout=timeout)
-    return tuple(file.seek(0) or file.read() for file in process.output_files)
-
-
-def run(command, timeout=300):
-    return subprocess.run(command, cwd=REPO_ROOT, env=ENV, capture_output=True, text=True, timeout=timeout)
 
 
 def wait_for(condition, process, what, timeout=180):
@@ -138,19 +113,18 @@ def logged_step(output_dir):
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
     root = tmp_path_factory.mktemp("reliability")
-    return make_dataset(root / "data", {"train": 300, "validation": 12}), make_tokenizer(root / "tokenizer")
+    return make_dataset(root / "data", {"train": 300, "validation": 12}), word_tokenizer(root / "tokenizer")
 
 
 def arguments_for(corpus, output_dir, *extra):
-    data, tokenizer = corpus
-    return ["--dataset_dir", data, "--tokenizer", tokenizer, "--output_dir", output_dir, *RUN, *extra]
+    return train_arguments(*corpus, output_dir, *RUN, *extra)
 
 
 @pytest.fixture(scope="module")
 def straight(corpus, tmp_path_factory):
     """The uninterrupted run every interrupted one must end like."""
     output_dir = tmp_path_factory.mktemp("straight") / "out"
-    result = run(train_command(*arguments_for(corpus, output_dir)))
+    result = run_command(train_command(*arguments_for(corpus, output_dir)))
     assert result.returncode == 0, result.stderr[-3000:]
     return output_dir
 
@@ -193,7 +167,7 @@ def test_sigterm_checkpoints_the_step_under_way_and_the_printed_command_resumes_
     assert state["step"] == step and state["interim"] == (step % 6 != 0)
     assert not (output_dir / "model.safetensors").exists()  # stopped before the end: no final model
 
-    resumed = run(shlex.split(message[3]))  # exactly the command the message gives
+    resumed = run_command(shlex.split(message[3]))  # exactly the command the message gives
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"resumed from {checkpoint}: step {step}" in resumed.stdout
     assert_ends_like(straight, output_dir)
@@ -225,26 +199,39 @@ def test_a_second_ctrl_c_stops_at_once_and_the_handlers_are_given_back():
 
 def test_the_resume_command_repeats_the_arguments_with_resume_once(monkeypatch):
     monkeypatch.setattr(sys, "argv", [str(SCRIPTS / "train.py")])
-    for given in ([], ["--resume"], ["--resume", "o/checkpoints/step_0000006"], ["--resume=o/step_0000006"]):
+    for given in (
+        [],
+        ["--resume_from_checkpoint"],
+        ["--resume_from_checkpoint", "o/checkpoints/step_0000006"],
+        ["--resume_from_checkpoint=o/step_0000006"],
+    ):
         command = resume_command(["--output_dir", "o", *given, "--max_steps", "9"])
         python, script, *arguments = shlex.split(command)
         assert (python, Path(script).resolve()) == (sys.executable, SCRIPTS / "train.py")
-        assert arguments == ["--output_dir", "o", "--max_steps", "9", "--resume"]
+        assert arguments == ["--output_dir", "o", "--max_steps", "9", "--resume_from_checkpoint"]
     monkeypatch.setattr(sys, "argv", ["/usr/local/bin/vaswani-train"])  # the console entry point
-    assert shlex.split(resume_command(["--output_dir", "o"])) == ["vaswani-train", "--output_dir", "o", "--resume"]
+    assert shlex.split(resume_command(["--output_dir", "o"])) == [
+        "vaswani-train",
+        "--output_dir",
+        "o",
+        "--resume_from_checkpoint",
+    ]
 
 
 @pytest.mark.slow
 def test_two_processes_stop_after_the_same_step_when_the_launcher_gets_sigterm(corpus, tmp_path):
-    def launcher():
-        return [*two_process_launch(), str(SCRIPTS / "train.py")]
+    def launched(output_dir, *extra):
+        return [
+            *two_process_launch(),
+            SCRIPTS / "train.py",
+            *arguments_for(corpus, output_dir, "--batch_tokens", 400, *extra),
+        ]
 
-    arguments = [str(argument) for argument in arguments_for(corpus, "OUT", "--batch_tokens", "400")]
-    straight = run([*launcher(), *[str(tmp_path / "straight") if a == "OUT" else a for a in arguments]], timeout=600)
+    straight = run_command(launched(tmp_path / "straight"), timeout=600)
     assert straight.returncode == 0, straight.stderr[-3000:]
 
     output_dir = tmp_path / "stopped"
-    process = start([*launcher(), *[str(output_dir) if a == "OUT" else a for a in arguments]])
+    process = start(launched(output_dir))
     wait_for(lambda: logged_step(output_dir) >= 4, process, "step 4")
     process.send_signal(signal.SIGTERM)  # to the launcher, as a cluster does; it passes SIGTERM on to both ranks
     _, stderr = finish(process)
@@ -254,7 +241,7 @@ def test_two_processes_stop_after_the_same_step_when_the_launcher_gets_sigterm(c
     assert (checkpoint / "random_states_0.pkl").is_file() and (checkpoint / "random_states_1.pkl").is_file()
     assert json.loads((checkpoint / "train_state.json").read_text())["step"] == step  # both ranks saved one step
 
-    resumed = run([*launcher(), *[str(output_dir) if a == "OUT" else a for a in arguments], "--resume"], timeout=600)
+    resumed = run_command(launched(output_dir, "--resume_from_checkpoint"), timeout=600)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert_ends_like(tmp_path / "straight", output_dir)
 
@@ -300,18 +287,18 @@ def test_a_full_disk_and_a_kill_during_a_checkpoint_lose_only_the_steps_since_th
     arguments = arguments_for(corpus, output_dir)
 
     # The disk is full at step 12's checkpoint: a clear error, the half-written folder removed, step 6 intact.
-    result = run(train_command(*arguments, patch=FULL_DISK_AT_STEP_12))
+    result = run_command(train_command(*arguments, patch=FULL_DISK_AT_STEP_12))
     assert result.returncode == 1, result.stderr[-3000:]
     assert re.search(
         r"could not write the checkpoint of step 12 in \S+ \(\[Errno 28\] No space left on device.*\)\. "
         r"The steps since \S+step_0000006 are lost, nothing else\. Free some space, then continue with:\n"
-        r"  vaswani-train .*--resume",
+        r"  vaswani-train .*--resume_from_checkpoint",
         result.stderr,
     ), result.stderr[-3000:]
     assert sorted(path.name for path in checkpoints.iterdir()) == ["step_0000006"]
 
     # Resumed, it is killed (SIGKILL) while step 24's optimizer state is half written.
-    process = start(train_command(*arguments, "--resume", patch=KILLABLE_AT_STEP_24))
+    process = start(train_command(*arguments, "--resume_from_checkpoint", patch=KILLABLE_AT_STEP_24))
     wait_for((output_dir / "halfway").exists, process, "the checkpoint of step 24 half written")
     process.kill()
     finish(process)
@@ -319,10 +306,10 @@ def test_a_full_disk_and_a_kill_during_a_checkpoint_lose_only_the_steps_since_th
     assert sorted(path.name for path in checkpoints.iterdir()) == ["step_0000012", "step_0000018", "tmp_step_0000024"]
     assert not (checkpoints / "tmp_step_0000024" / "train_state.json").exists()
 
-    # --resume takes step 18, never the half-written 24, deletes the leftovers (also an old checkpoint a kill left
+    # --resume_from_checkpoint takes step 18, never the half-written 24, deletes the leftovers (also an old checkpoint a kill left
     # half deleted) and ends exactly like the uninterrupted run.
     (checkpoints / "tmp_step_0000006.old").mkdir()
-    result = run(train_command(*arguments, "--resume"))
+    result = run_command(train_command(*arguments, "--resume_from_checkpoint"))
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"resumed from {checkpoints / 'step_0000018'}: step 18" in result.stdout
     assert_ends_like(straight, output_dir)
@@ -332,7 +319,9 @@ FILES_LIMITED_AT_STEP_12 = """
     import resource
     import signal
 
-    save_checkpoint = train.save_checkpoint
+    from vaswani.training import checkpoints
+
+    save_checkpoint = checkpoints.save_checkpoint  # train.py imports it from there when it saves
 
     def limited(accelerator, model, config, checkpoint_root, train_state, *args, **kwargs):
         if train_state.step == 12:  # from here on the kernel refuses to grow a file past 64 KiB (EFBIG)
@@ -340,7 +329,7 @@ FILES_LIMITED_AT_STEP_12 = """
             resource.setrlimit(resource.RLIMIT_FSIZE, (2**16, resource.RLIM_INFINITY))
         return save_checkpoint(accelerator, model, config, checkpoint_root, train_state, *args, **kwargs)
 
-    train.save_checkpoint = limited
+    checkpoints.save_checkpoint = limited
 """
 
 
@@ -351,17 +340,17 @@ def test_writes_the_kernel_refuses_during_a_checkpoint_keep_the_last_one_and_end
     """Not a simulated error: the kernel fails the checkpoint's writes (RLIMIT_FSIZE), and safetensors and torch
     report it in their own exception types. One process, or two DDP ranks: all exit non-zero, soon."""
     output_dir = tmp_path / "out"
-    command = train_command(*arguments_for(corpus, output_dir), patch=FILES_LIMITED_AT_STEP_12)
+    arguments = arguments_for(corpus, output_dir)
     if processes == 2:
-        script = tmp_path / "limited_train.py"
-        script.write_text(command[2])
-        command = [*two_process_launch(), str(script), *command[3:]]
+        command = [*two_process_launch(), patched_train(tmp_path, FILES_LIMITED_AT_STEP_12), *arguments]
+    else:
+        command = train_command(*arguments, patch=FILES_LIMITED_AT_STEP_12)
     started = time.monotonic()
-    result = run(command, timeout=240)
+    result = run_command(command, timeout=240)
     assert result.returncode != 0 and time.monotonic() - started < 200
     assert re.search(
         r"could not write the checkpoint of step 12 in \S+ \(.*\)\. The steps since \S+step_0000006 "
-        r"are lost, nothing else\. Free some space, then continue with:\n  .*(train\.py|vaswani-train) .*--resume",
+        r"are lost, nothing else\. Free some space, then continue with:\n  .*(train\.py|vaswani-train) .*--resume_from_checkpoint",
         result.stderr,
     ), result.stderr[-3000:]
     assert sorted(path.name for path in (output_dir / "checkpoints").iterdir()) == ["step_0000006"]
@@ -388,8 +377,8 @@ def test_a_kill_while_an_old_checkpoint_is_deleted_leaves_no_checkpoint_without_
 
 
 def test_an_interim_checkpoint_stays_only_until_the_next_one(tmp_path):
-    """A checkpoint written on a signal (off the --save_every grid) must not push a regular one out of the last
-    --keep_checkpoints, or the averaged model of a stopped and resumed run would differ from an uninterrupted one."""
+    """A checkpoint written on a signal (off the --save_steps grid) must not push a regular one out of the last
+    --save_total_limit, or the averaged model of a stopped and resumed run would differ from an uninterrupted one."""
 
     class OneProcess:  # what save_checkpoint asks of the Accelerator, for one process
         is_main_process, distributed_type = True, DistributedType.NO
@@ -415,7 +404,9 @@ def test_an_interim_checkpoint_stays_only_until_the_next_one(tmp_path):
 NAN_AT_STEPS_3_4_AND_FROM_9 = """
     import math
 
-    compute = train.label_smoothed_cross_entropy
+    from vaswani.training import step as training_step
+
+    compute = training_step.label_smoothed_cross_entropy
     steps = 0
 
     def loss(logits, labels, label_smoothing):
@@ -427,26 +418,20 @@ NAN_AT_STEPS_3_4_AND_FROM_9 = """
                 return smoothed * math.nan, plain * math.nan
         return smoothed, plain
 
-    train.label_smoothed_cross_entropy = loss
+    training_step.label_smoothed_cross_entropy = loss
 """
 
 
 def test_non_finite_losses_are_skipped_and_counted_and_too_many_in_a_row_stop_the_run(corpus, tmp_path):
     output_dir = tmp_path / "out"
-    result = run(
-        train_command(
-            *arguments_for(
-                corpus, output_dir, "--save_every", 2, "--keep_checkpoints", 5, "--log_every", 2, "--max_bad_steps", 3
-            ),
-            patch=NAN_AT_STEPS_3_4_AND_FROM_9,
-        )
-    )
+    flags = "--save_steps 2 --save_total_limit 5 --logging_steps 2 --max_bad_steps 3".split()
+    result = run_command(train_command(*arguments_for(corpus, output_dir, *flags), patch=NAN_AT_STEPS_3_4_AND_FROM_9))
     assert result.returncode == 1, result.stderr[-3000:]
     checkpoints = output_dir / "checkpoints"
     assert (
         f"the loss was not finite for 3 steps in a row; stopped at step 11 (--max_bad_steps 3). The weights of "
         f"step 7 are the last known to give a finite loss: the last good checkpoint is {checkpoints}/step_0000006. "
-        f"Continue from it with --resume {checkpoints}/step_0000006"
+        f"Continue from it with --resume_from_checkpoint {checkpoints}/step_0000006"
     ) in result.stderr
     assert "step 3: the loss is nan; step skipped, weights unchanged" in result.stdout + result.stderr
 
@@ -468,13 +453,8 @@ def test_non_finite_losses_are_skipped_and_counted_and_too_many_in_a_row_stop_th
 def test_a_learning_rate_that_blows_up_the_weights_stops_the_run_at_max_bad_steps(corpus, tmp_path):
     """No injection: a learning rate of 1e30 makes the weights overflow after the first step, and the loss NaN."""
     output_dir = tmp_path / "out"
-    result = run(
-        train_command(
-            *arguments_for(
-                corpus, output_dir, "--peak_lr", "1e30", "--warmup_steps", 1, "--log_every", 1, "--max_bad_steps", 3
-            )
-        )
-    )
+    flags = "--peak_lr 1e30 --warmup_steps 1 --logging_steps 1 --max_bad_steps 3".split()
+    result = run_command(train_command(*arguments_for(corpus, output_dir, *flags)))
     assert result.returncode == 1, result.stderr[-3000:]
     assert (
         "the loss was not finite for 3 steps in a row; stopped at step 4 (--max_bad_steps 3). The weights of "
@@ -490,9 +470,7 @@ def test_a_learning_rate_that_blows_up_the_weights_stops_the_run_at_max_bad_step
 
 
 def error_of(arguments, function=train.main):
-    with pytest.raises(SystemExit) as raised:
-        function([str(argument) for argument in arguments])
-    return str(raised.value)
+    return exit_message(function, arguments)
 
 
 @pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux /proc")
@@ -520,7 +498,7 @@ def test_a_disk_too_small_for_the_checkpoints_is_an_error_before_training(corpus
     config = VaswaniConfig.from_preset("tiny", vocab_size=36)
     parameters = VaswaniForConditionalGeneration(config).num_parameters()
     checkpoint = int(parameters * 12 * 1.1) + 2**20
-    needed = 3 * checkpoint + 4 * parameters  # --keep_checkpoints 2: three at once, then the final model
+    needed = 3 * checkpoint + 4 * parameters  # --save_total_limit 2: three at once, then the final model
 
     def disk_with(free):
         monkeypatch.setattr(shutil, "disk_usage", lambda path: SimpleNamespace(total=10**12, free=free))
@@ -592,16 +570,8 @@ def test_pairs_without_text_are_dropped_and_counted(corpus, tmp_path):
     assert dropped == {"invalid_text": 3} and splits["train"]["translation"] == [{"en": "the cat", "es": "el gato"}]
 
 
-def word_tokenizer(folder, special_tokens):
-    """test_training.make_tokenizer's vocabulary, with the special tokens in another order (other ids)."""
-    vocab = {word: i for i, word in enumerate(dict.fromkeys([*special_tokens, *ENGLISH, *SPANISH]))}
-    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    backend.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", vocab["</s>"])])
-    PreTrainedTokenizerFast(
-        tokenizer_object=backend, pad_token="<pad>", bos_token="<s>", eos_token="</s>", unk_token="<unk>"
-    ).save_pretrained(folder)
-    return folder
+# The corpus's tokenizer with <s> at id 0 and <pad> at id 1 (and no decoder).
+SWAPPED_SPECIAL_TOKENS = ["<s>", "<pad>", "</s>", "<unk>"]
 
 
 def copy_checkpoint(
@@ -625,7 +595,7 @@ def copy_checkpoint(
 
 def test_resume_refuses_checkpoints_that_do_not_fit(corpus, straight, tmp_path):
     source = list_checkpoints(straight / "checkpoints")[-1]
-    resume = ["--dataset_dir", corpus[0], "--tokenizer", corpus[1], "--preset", "tiny", "--resume"]
+    resume = ["--dataset_dir", corpus[0], "--tokenizer", corpus[1], "--preset", "tiny", "--resume_from_checkpoint"]
 
     # Another size in the weights (config.json says tiny): the tensors that differ are named.
     other = VaswaniForConditionalGeneration(
@@ -682,7 +652,7 @@ def test_resume_refuses_checkpoints_that_do_not_fit(corpus, straight, tmp_path):
     assert "has no model.safetensors; it cannot be resumed" in error_of([*resume, "--output_dir", tmp_path / "d"])
 
     # A tokenizer whose special ids are not the checkpoint's (same vocabulary size).
-    swapped = word_tokenizer(tmp_path / "swapped", ["<s>", "<pad>", "</s>", "<unk>"])
+    swapped = word_tokenizer(tmp_path / "swapped", special_tokens=SWAPPED_SPECIAL_TOKENS, decoder=False)
     checkpoint = copy_checkpoint(source, tmp_path / "e")
     message = error_of(
         [
@@ -692,7 +662,7 @@ def test_resume_refuses_checkpoints_that_do_not_fit(corpus, straight, tmp_path):
             swapped,
             "--preset",
             "tiny",
-            "--resume",
+            "--resume_from_checkpoint",
             "--output_dir",
             tmp_path / "e",
         ]
@@ -706,33 +676,62 @@ def test_resume_refuses_checkpoints_that_do_not_fit(corpus, straight, tmp_path):
 def test_resume_refuses_settings_that_change_the_steps_unless_told(corpus, straight, tmp_path):
     source = list_checkpoints(straight / "checkpoints")[-1]
     copy_checkpoint(source, tmp_path / "out")
-    resume = [*arguments_for(corpus, tmp_path / "out"), "--resume"]
-    refused = run(train_command(*resume, "--batch_tokens", "900", "--seed", "3", "--grad_accum", "2"))
+    resume = [*arguments_for(corpus, tmp_path / "out"), "--resume_from_checkpoint"]
+    refused = run_command(
+        train_command(*resume, "--batch_tokens", "900", "--seed", "3", "--gradient_accumulation_steps", "2")
+    )
     assert refused.returncode == 1
     assert (
         "was written with other settings that decide the steps: batch_tokens was 800 and is now 900; "
-        "grad_accum was 1 and is now 2; seed was 0 and is now 3. Resume with those, or pass "
+        "gradient_accumulation_steps was 1 and is now 2; seed was 0 and is now 3. Resume with those, or pass "
         "--resume_with_changes"
     ) in refused.stderr, refused.stderr[-2000:]
     # The same word ids from a tokenizer that is not the same tokenizer (it decodes differently).
-    same_ids = word_tokenizer(tmp_path / "same_ids", ["<pad>", "<s>", "</s>", "<unk>"])
-    other = run(train_command(*[same_ids if a == corpus[1] else a for a in resume]))
+    same_ids = word_tokenizer(tmp_path / "same_ids", decoder=False)
+    other = run_command(train_command(*[same_ids if a == corpus[1] else a for a in resume]))
     assert other.returncode == 1 and re.search(
         r"settings that decide the steps: tokenizer was '\w+' and is now", other.stderr
     ), other.stderr[-2000:]
     # Every setting the doc names is compared (scripts/train.py's STEP_SETTINGS and the run's own facts).
     saved = json.loads((source / "train_state.json").read_text())["settings"]
-    assert {"batch_tokens", "grad_accum", "seed", "max_source_length", "max_target_length", "long_pairs"} <= set(saved)
-    assert {"lr_schedule", "warmup_steps", "peak_lr", "adam_beta1", "adam_beta2", "adam_eps"} <= set(saved)
-    assert {"label_smoothing", "max_grad_norm", "num_processes", "mixed_precision", "dataset", "tokenizer"} <= set(
+    assert {"batch_tokens", "gradient_accumulation_steps", "seed", "max_source_length", "max_target_length"} <= set(
         saved
     )
+    assert {"long_pairs", "lr_schedule", "warmup_steps", "peak_lr", "adam_beta1", "adam_beta2", "adam_epsilon"} <= set(
+        saved
+    )
+    assert {"label_smoothing_factor", "max_grad_norm", "num_processes", "mixed_precision", "dataset", "tokenizer"} <= (
+        set(saved)
+    )
     # Told: it resumes, and says what changed.
-    allowed = run(train_command(*resume, "--seed", "3", "--resume_with_changes"))
+    allowed = run_command(train_command(*resume, "--seed", "3", "--resume_with_changes"))
     assert allowed.returncode == 0, allowed.stderr[-2000:]
     assert "warning: resuming with changed settings (--resume_with_changes): seed was 0 and is now 3" in (
         allowed.stdout
     )
+
+
+def test_a_checkpoint_written_under_the_old_flag_names_resumes_exactly(corpus, straight, tmp_path):
+    """Checkpoints written before the flags took `TrainingArguments`' names record grad_accum, adam_eps and
+    label_smoothing: they resume, and a changed value is still caught under its new name."""
+    output_dir = tmp_path / "out"
+    first = run_command(train_command(*arguments_for(corpus, output_dir, "--stop_after", "12")))
+    assert first.returncode == 0, first.stderr[-3000:]
+    state_file = list_checkpoints(output_dir / "checkpoints")[-1] / "train_state.json"
+    state = json.loads(state_file.read_text())
+    for new, old in (
+        ("gradient_accumulation_steps", "grad_accum"),
+        ("adam_epsilon", "adam_eps"),
+        ("label_smoothing_factor", "label_smoothing"),
+    ):
+        state["settings"][old] = state["settings"].pop(new)
+    state_file.write_text(json.dumps(state))
+    resume = arguments_for(corpus, output_dir, "--resume_from_checkpoint")
+    changed = run_command(train_command(*resume, "--label_smoothing_factor", "0.2"))
+    assert changed.returncode == 1 and "label_smoothing_factor was 0.1 and is now 0.2" in changed.stderr
+    resumed = run_command(train_command(*resume))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert_ends_like(straight, output_dir)
 
 
 def test_resume_refuses_a_pickle_that_would_run_code(corpus, straight, tmp_path):
@@ -745,7 +744,7 @@ def test_resume_refuses_a_pickle_that_would_run_code(corpus, straight, tmp_path)
 
     checkpoint = copy_checkpoint(list_checkpoints(straight / "checkpoints")[-1], tmp_path / "out")
     torch.save(Payload(), checkpoint / "optimizer.bin")
-    result = run(train_command(*arguments_for(corpus, tmp_path / "out"), "--resume"))
+    result = run_command(train_command(*arguments_for(corpus, tmp_path / "out"), "--resume_from_checkpoint"))
     assert result.returncode == 1 and not marker.exists()
     assert f"cannot load checkpoint {checkpoint} (UnpicklingError: Weights only load failed" in result.stderr, (
         result.stderr[-3000:]
@@ -756,11 +755,11 @@ def test_evaluate_refuses_a_tokenizer_or_weights_that_do_not_fit(corpus, straigh
     model_dir = tmp_path / "model"
     shutil.copytree(straight, model_dir, ignore=shutil.ignore_patterns("checkpoints", "logs", "*.png"))
     base = ["--model", model_dir, "--dataset_dir", corpus[0], "--split", "validation", "--num_beams", 1]
-    bigger = make_tokenizer(tmp_path / "bigger", extra_words=["perro2", "gato2"])
+    bigger = word_tokenizer(tmp_path / "bigger", extra_words=["perro2", "gato2"])
     assert f"the tokenizer has 38 tokens but the vocabulary of {model_dir} only 36" in error_of(
         [*base, "--tokenizer", bigger], evaluate_bleu.main
     )
-    swapped = word_tokenizer(tmp_path / "swapped", ["<s>", "<pad>", "</s>", "<unk>"])
+    swapped = word_tokenizer(tmp_path / "swapped", special_tokens=SWAPPED_SPECIAL_TOKENS, decoder=False)
     assert (
         f"config.pad_token_id of {model_dir} is 0 but the tokenizer's id is 1; config.decoder_start_token_id of "
         f"{model_dir} is 1 but the tokenizer's <s> and </s> are 0 and 2"
@@ -778,8 +777,7 @@ def test_tokenizer_script_skips_broken_text_and_names_bad_datasets(tmp_path, cap
     spanish = [f"el {word} ve un gato rojo" for word in ("perro", "pájaro", "casa", "árbol")] * 5
     pairs = [{"en": e, "es": s} for e, s in zip(english, spanish)]
     pairs += [{"en": None, "es": "un gato"}, {"en": "caf\ufffd bytes that were not UTF-8", "es": "café"}]
-    rows = datasets.Dataset.from_dict({"translation": pairs})
-    datasets.DatasetDict(train=rows, validation=rows).save_to_disk(str(tmp_path / "data"))
+    save_pairs(tmp_path / "data", pairs)
     train_tokenizer.main(
         ["--dataset_dir", str(tmp_path / "data"), "--vocab_size", "300", "--output_dir", str(tmp_path / "tok")]
     )

@@ -10,7 +10,7 @@ import zipfile
 
 import pytest
 import torch
-from conftest import REPO_ROOT
+from helpers import REPO_ROOT
 from safetensors.torch import load_file, save_file
 from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
 from transformers.testing_utils import CaptureLogger, LoggingLevel

@@ -2,22 +2,17 @@
 decoding, and the checked loading of a tokenizer."""
 
 import itertools
-import subprocess
-import sys
-from pathlib import Path
 
 import datasets
 import pytest
-from tokenizers import Tokenizer, models
-from transformers import AutoTokenizer, PreTrainedTokenizerFast
+from helpers import run_command, script_command, word_tokenizer
+from transformers import AutoTokenizer
 
 from vaswani.scripts import train_tokenizer
 from vaswani.training.checks import UsageError
 from vaswani.training.data import load_translation_dataset
 from vaswani.training.tokenizer import SplitSentences, load_tokenizer, sample_pairs, train_bpe_tokenizer
 
-
-SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 
 VOCAB_SIZE = 600
 
@@ -171,8 +166,9 @@ def test_script_trains_on_both_sides_of_the_train_split(tmp_path, capsys):
 
 def test_the_script_runs_by_path_and_checks_its_flags(tmp_path):
     def run(*arguments):
-        command = [sys.executable, SCRIPTS / "train_tokenizer.py", "--dataset_dir", tmp_path / "data", *arguments]
-        return subprocess.run(command, capture_output=True, text=True, timeout=120)
+        return run_command(
+            script_command("train_tokenizer", "--dataset_dir", tmp_path / "data", *arguments), timeout=120
+        )
 
     result = run("--output_dir", tmp_path / "tok", "--max_sentences", "0")
     assert result.returncode == 2 and "train_tokenizer.py: error: --max_sentences must be at least 1" in result.stderr
@@ -193,14 +189,10 @@ def test_load_tokenizer_refuses_what_the_model_cannot_use(tokenizer, tmp_path):
     with pytest.raises(UsageError, match=r"^cannot load a tokenizer from --tokenizer .*empty \("):
         load_tokenizer(tmp_path / "empty")
 
-    def save_word_tokenizer(folder, **special_tokens):
-        backend = Tokenizer(models.WordLevel({"<pad>": 0, "<s>": 1, "</s>": 2, "<unk>": 3, "a": 4}, unk_token="<unk>"))
-        PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", **special_tokens).save_pretrained(folder)
-        return folder
-
-    no_bos = save_word_tokenizer(tmp_path / "no_bos", pad_token="<pad>", eos_token="</s>")
+    # Tokenizers of one word, "a", with neither a pre-tokenizer nor a post-processor: they do not append </s>.
+    no_bos = word_tokenizer(tmp_path / "no_bos", words=["a"], bare=True, bos_token=None)
     with pytest.raises(UsageError, match=r"no_bos has no bos_token; the model needs <pad>, <s> \(the decoder start\)"):
         load_tokenizer(no_bos)
-    no_eos = save_word_tokenizer(tmp_path / "no_eos", pad_token="<pad>", bos_token="<s>", eos_token="</s>")
+    no_eos = word_tokenizer(tmp_path / "no_eos", words=["a"], bare=True)
     with pytest.raises(UsageError, match=r"no_eos does not end sequences with </s> \(id 2\)"):
         load_tokenizer(no_eos)

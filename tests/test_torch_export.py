@@ -6,7 +6,7 @@ to sentence, so that a graph that dropped the mask, the positions or the cache w
 
 import pytest
 import torch
-from conftest import pad_pairs
+from helpers import pad_pairs
 from transformers import EncoderDecoderCache
 from transformers.exporters.configs import DynamoConfig
 from transformers.exporters.exporter_dynamo import DynamoExporter

@@ -6,20 +6,36 @@ dozen steps. The scripts run as subprocesses, as a user runs them (including two
 """
 
 import json
-import os
-import random
-import socket
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import pytest
 import torch
-from datasets import Dataset, DatasetDict
+from helpers import (
+    FAST,
+    REPO_ROOT,
+    SCRIPTS,
+    TINY,
+    accelerate_launch,
+    exit_message,
+    finish,
+    free_port,
+    make_dataset,
+    max_difference,
+    patched_train,
+    read_log,
+    run_command,
+    run_script,
+    save_pairs,
+    script_env,
+    start,
+    train_arguments,
+    train_command,
+    two_process_launch,
+    word_pair,
+    word_tokenizer,
+)
 from safetensors.torch import load_file
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
-from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, PreTrainedTokenizerFast
+from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
 from vaswani.scripts import train
 from vaswani.training.checkpoints import average_checkpoints, load_checkpoint_weights
@@ -27,110 +43,11 @@ from vaswani.training.evaluation import corpus_bleu, translate
 from vaswani.training.schedule import inverse_sqrt_lr, paper_peak_lr, peak_lr_of
 
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-SCRIPTS = REPO_ROOT / "scripts"
-
-ENGLISH = "the a red blue green big small cat dog bird house tree sees eats likes has".split()
-SPANISH = "el un rojo azul verde grande pequeño gato perro pájaro casa árbol ve come quiere tiene".split()
-LEXICON = dict(zip(ENGLISH, SPANISH))
-
-
-def make_tokenizer(folder, extra_words=()):
-    """A word-level fast tokenizer with the project's special ids (<pad> 0, <s> 1, </s> 2, <unk> 3) that appends </s>."""
-    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, "<unk>": 3}
-    for word in [*ENGLISH, *SPANISH, *extra_words]:
-        vocab.setdefault(word, len(vocab))
-    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    backend.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", 2)])
-    backend.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=backend, pad_token="<pad>", bos_token="<s>", eos_token="</s>", unk_token="<unk>"
-    )
-    tokenizer.save_pretrained(folder)
-    return folder
-
-
-def make_dataset(folder, pairs_per_split, seed=0, min_words=3, max_words=10):
-    rng = random.Random(seed)
-
-    def split(count, name):
-        english = [" ".join(rng.choices(ENGLISH, k=rng.randint(min_words, max_words))) for _ in range(count)]
-        return Dataset.from_dict(
-            {
-                "id": [f"{name}.{i}" for i in range(count)],
-                "translation": [{"en": e, "es": " ".join(LEXICON[w] for w in e.split())} for e in english],
-            }
-        )
-
-    DatasetDict({name: split(count, name) for name, count in pairs_per_split.items()}).save_to_disk(str(folder))
-    return folder
-
-
-def run_script(name, *arguments, launcher=(), timeout=600):
-    """Run scripts/NAME.py as a user would; fail the test with its output if it fails."""
-    command = [sys.executable, *launcher, str(SCRIPTS / f"{name}.py"), *map(str, arguments)]
-    # One thread per process: on a busy 2-core machine, two OpenMP threads spinning against other processes make
-    # the tiny model 10-30 times slower.
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    result = subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=REPO_ROOT, env=env)
-    assert result.returncode == 0, f"{' '.join(command)} failed:\n{result.stdout[-3000:]}\n{result.stderr[-5000:]}"
-    return result
-
-
-def free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def train_command(*arguments, patch=None):
-    """The command that runs scripts/train.py; with `patch`, that code runs first in the same interpreter."""
-    arguments = [str(argument) for argument in arguments]
-    if patch is None:
-        return [sys.executable, str(SCRIPTS / "train.py"), *arguments]
-    program = f"import sys\nfrom vaswani.scripts import train\n{textwrap.dedent(patch)}\ntrain.main(sys.argv[1:])\n"
-    return [sys.executable, "-c", program, *arguments]
-
-
-def two_process_launch():
-    """`accelerate launch` of two gloo processes on this machine (the CPU's DDP), to be followed by the script."""
-    return [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-            "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-            "--main_process_port", str(free_port())]  # fmt: skip
-
-
-def read_log(output_dir):
-    return [json.loads(line) for line in (Path(output_dir) / "train_log.jsonl").read_text().splitlines()]
-
-
-def max_difference(first, second):
-    assert first.keys() == second.keys()
-    return max((first[key].double() - second[key].double()).abs().max().item() for key in first)
-
-
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
     root = tmp_path_factory.mktemp("corpus")
     data = make_dataset(root / "data", {"train": 1200, "validation": 40, "test": 30})
-    return data, make_tokenizer(root / "tokenizer")
-
-
-# Small batches and a short schedule: the tiny preset learns the word mapping within a hundred steps.
-FAST = [
-    "--preset",
-    "tiny",
-    "--lr_schedule",
-    "short",
-    "--peak_lr",
-    "3e-3",
-    "--warmup_steps",
-    "20",
-    "--batch_tokens",
-    "500",
-    "--log_every",
-    "5",
-]
+    return data, word_tokenizer(root / "tokenizer")
 
 
 @pytest.fixture(scope="module")
@@ -140,22 +57,17 @@ def trained(corpus, tmp_path_factory):
     output_dir = tmp_path_factory.mktemp("trained") / "out"
     run_script(
         "train",
-        "--dataset_dir",
-        data,
-        "--tokenizer",
-        tokenizer,
-        "--output_dir",
-        output_dir,
+        *train_arguments(data, tokenizer, output_dir),
         *FAST,
         "--max_steps",
         200,
-        "--save_every",
+        "--save_steps",
         20,
-        "--keep_checkpoints",
+        "--save_total_limit",
         3,
         "--average_last",
         3,
-        "--eval_every",
+        "--eval_steps",
         100,
         "--eval_bleu_samples",
         20,
@@ -231,7 +143,7 @@ def test_training_writes_model_logs_plots_and_summary(trained, corpus):
     assert summary["averaged_checkpoints"] == ["step_0000160", "step_0000180", "step_0000200"]
     assert "nrefs:1" in summary["bleu_signature"] and summary["final_val_bleu"] is not None
     assert "train.py" in summary["command"] and summary["wall_seconds"] > 0
-    # Only the last --keep_checkpoints are kept, each complete.
+    # Only the last --save_total_limit are kept, each complete.
     checkpoints = sorted(p.name for p in (trained / "checkpoints").iterdir())
     assert checkpoints == summary["averaged_checkpoints"]
     for name in checkpoints:
@@ -266,30 +178,9 @@ def test_two_ddp_processes_train_together_from_one_tokenization_and_end_identica
     tokenizer = corpus[1]
     data = make_dataset(tmp_path / "data", {"train": 1200, "validation": 40})  # not tokenized yet
     output_dir = tmp_path / "ddp"
-    launcher = two_process_launch()[1:]  # run_script puts the interpreter first
-    result = run_script(
-        "train",
-        "--dataset_dir",
-        data,
-        "--tokenizer",
-        tokenizer,
-        "--output_dir",
-        output_dir,
-        *FAST,
-        "--batch_tokens",
-        300,
-        "--max_steps",
-        30,
-        "--save_every",
-        15,
-        "--eval_every",
-        0,
-        "--eval_bleu_samples",
-        6,
-        "--report_to",
-        "none",
-        launcher=[str(a) for a in launcher],
-    )
+    flags = "--batch_tokens 300 --max_steps 30 --save_steps 15 --eval_steps 0 --eval_bleu_samples 6 --report_to none"
+    arguments = train_arguments(data, tokenizer, output_dir, *FAST, *flags.split())
+    result = run_command([*two_process_launch(), SCRIPTS / "train.py", *arguments], timeout=600, check=True)
     assert "tokenized now and cached next to the dataset" in result.stdout
     summary = json.loads((output_dir / "training_summary.json").read_text())
     assert summary["world_size"] == 2 and summary["hardware"]["distributed_type"] == "MULTI_CPU"
@@ -315,57 +206,20 @@ def test_two_machines_on_the_loopback_train_from_one_cache_and_end_identical(cor
     tokenizer = corpus[1]
     data = make_dataset(tmp_path / "data", {"train": 600, "validation": 20})
     output_dir, port = tmp_path / "out", free_port()
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    flags = "--batch_tokens 300 --max_steps 12 --save_steps 6 --eval_steps 0 --eval_bleu_samples 0 --report_to none"
+    arguments = train_arguments(data, tokenizer, output_dir, *FAST, *flags.split())
     machines = []
     for rank in (0, 1):
-        command = [
-            sys.executable,
-            "-m",
-            "accelerate.commands.launch",
-            "--config_file",
-            str(REPO_ROOT / "configs" / "multi_node.yaml"),
-            "--num_machines",
-            "2",
-            "--num_processes",
-            "2",
-            "--machine_rank",
-            str(rank),
-            "--main_process_ip",
-            "127.0.0.1",
-            "--main_process_port",
-            str(port),
-            "--mixed_precision",
-            "no",
-            "--dynamo_backend",
-            "no",
-            str(SCRIPTS / "train.py"),
-            "--dataset_dir",
-            str(data),
-            "--tokenizer",
-            str(tokenizer),
-            "--output_dir",
-            str(output_dir),
-            *map(str, FAST),
-            "--batch_tokens",
-            "300",
-            "--max_steps",
-            "12",
-            "--save_every",
-            "6",
-            "--eval_every",
-            "0",
-            "--eval_bleu_samples",
-            "0",
-            "--report_to",
-            "none",
-        ]
-        machines.append(
-            subprocess.Popen(
-                command, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-            )
-        )
-    outputs = [machine.communicate(timeout=300)[0] for machine in machines]
-    assert [machine.returncode for machine in machines] == [0, 0], "\n\n".join(o[-3000:] for o in outputs)
+        launcher = accelerate_launch(
+            "--config_file", REPO_ROOT / "configs" / "multi_node.yaml", "--num_machines", 2, "--num_processes", 2,
+            "--machine_rank", rank, "--main_process_ip", "127.0.0.1", "--mixed_precision", "no",
+            "--dynamo_backend", "no", port=port,
+        )  # fmt: skip
+        machines.append(start([*launcher, SCRIPTS / "train.py", *arguments]))
+    outputs = [finish(machine, timeout=300) for machine in machines]
+    assert [machine.returncode for machine in machines] == [0, 0], "\n\n".join(
+        f"{stdout[-3000:]}\n{stderr[-3000:]}" for stdout, stderr in outputs
+    )
     summary = json.loads((output_dir / "training_summary.json").read_text())
     assert summary["world_size"] == 2
     ranks = summary["processes"]
@@ -386,19 +240,19 @@ def test_resumed_run_ends_exactly_like_an_uninterrupted_one(corpus, tmp_path):
         *FAST,
         "--batch_tokens",
         1500,
-        "--grad_accum",
+        "--gradient_accumulation_steps",
         2,
         "--max_steps",
         8,
-        "--save_every",
+        "--save_steps",
         4,
         "--average_last",
         2,
-        "--eval_every",
+        "--eval_steps",
         3,
         "--eval_bleu_samples",
         4,
-        "--log_every",
+        "--logging_steps",
         2,
         "--report_to",
         "none",
@@ -413,7 +267,13 @@ def test_resumed_run_ends_exactly_like_an_uninterrupted_one(corpus, tmp_path):
     (stopped / "step_0000007").mkdir()
     # Resumed with the batches read and padded in two worker processes: the same batches, the same weights.
     result = run_script(
-        "train", *common, "--output_dir", tmp_path / "stopped", "--resume", "--dataloader_num_workers", 2
+        "train",
+        *common,
+        "--output_dir",
+        tmp_path / "stopped",
+        "--resume_from_checkpoint",
+        "--dataloader_num_workers",
+        2,
     )
     assert "resumed from" in result.stdout and "step_0000004" in result.stdout
     assert "tokenized earlier, read from the cache" in result.stdout  # the corpus is tokenized once, not per run
@@ -439,14 +299,16 @@ FIXED_BATCHES_AND_FIRST_GRADIENTS = """
     import numpy as np
     import torch
 
-    class FixedBatches(train.TokenBucketSampler):
+    from vaswani.training import batching
+
+    class FixedBatches(batching.TokenBucketSampler):
         def epoch_batches(self, epoch):
             if not self.shuffle:  # validation keeps its own batches
                 return super().epoch_batches(epoch)
             bounds = np.array(json.loads(os.environ["BATCH_BOUNDS"]))
             return np.arange(len(self.source_lengths)), bounds, np.arange(len(bounds) - 1)
 
-    train.TokenBucketSampler = FixedBatches
+    batching.TokenBucketSampler = FixedBatches  # train.py imports it from there when it batches
     adam_step = torch.optim.Adam.step
 
     def record_first_gradients(self, *args, **kwargs):
@@ -463,26 +325,23 @@ def test_a_step_has_the_token_normalised_gradient_however_its_tokens_are_split(c
     their number, whether the tokens come as one batch, as two accumulated micro-batches, or from two DDP processes,
     here with 4 short pairs in one micro-batch and 2 long ones in the other (unequal token counts)."""
     words = [["the", "red", "cat"]] * 4 + [["the", "big", "green", "bird", "sees", "a", "small", "red", "dog"]] * 2
-    pairs = [{"en": " ".join(w), "es": " ".join(LEXICON[x] for x in w)} for w in words]
-    split = Dataset.from_dict({"translation": pairs})
-    DatasetDict(train=split, validation=split).save_to_disk(str(tmp_path / "data"))
+    save_pairs(tmp_path / "data", [word_pair(" ".join(w)) for w in words])
     common = ["--dataset_dir", tmp_path / "data", "--tokenizer", corpus[1], "--preset", "tiny", "--dropout", 0,
-              "--batch_tokens", 1000, "--max_steps", 1, "--save_every", 1, "--average_last", 1, "--eval_every", 0,
+              "--batch_tokens", 1000, "--max_steps", 1, "--save_steps", 1, "--average_last", 1, "--eval_steps", 0,
               "--eval_bleu_samples", 0, "--report_to", "none"]  # fmt: skip
-    gradients = {}
+    gradients, script = {}, patched_train(tmp_path, FIXED_BATCHES_AND_FIRST_GRADIENTS)
     for name, bounds, launch, accumulate in (
         ("one batch", [0, 6], [], 1),
         ("two accumulated micro-batches", [0, 4, 6], [], 2),
         ("two DDP processes", [0, 4, 6], two_process_launch(), 1),
     ):
-        command = train_command(*common, "--grad_accum", accumulate, "--output_dir", tmp_path / name,
-                                patch=FIXED_BATCHES_AND_FIRST_GRADIENTS)  # fmt: skip
+        arguments = [*common, "--gradient_accumulation_steps", accumulate, "--output_dir", tmp_path / name]
         if launch:
-            (tmp_path / "train_fixed.py").write_text(command[2])
-            command = [*launch, str(tmp_path / "train_fixed.py"), *command[3:]]
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "BATCH_BOUNDS": json.dumps(bounds),
-               "GRADIENTS": str(tmp_path / f"{name}.pt")}  # fmt: skip
-        done = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=REPO_ROOT, env=env)
+            command = [*launch, script, *arguments]
+        else:
+            command = train_command(*arguments, patch=FIXED_BATCHES_AND_FIRST_GRADIENTS)
+        env = script_env(BATCH_BOUNDS=json.dumps(bounds), GRADIENTS=str(tmp_path / f"{name}.pt"))
+        done = run_command(command, env=env)
         assert done.returncode == 0, f"{name}:\n{done.stderr[-3000:]}"
         gradients[name] = torch.load(tmp_path / f"{name}.pt")
     reference = gradients["one batch"]
@@ -496,15 +355,13 @@ def test_long_pairs_are_dropped_or_truncated_and_counted(corpus, tmp_path):
     """--long_pairs: training pairs longer than --max_source_length/--max_target_length (with </s>) are left out
     (filter) or cut to the limits (truncate), and the run says how many; validation pairs are always truncated."""
     short, long = "the red cat", "the big green bird sees a small red dog"  # 4 and 10 tokens with </s>
-    pairs = [{"en": e, "es": " ".join(LEXICON[w] for w in e.split())} for e in [short] * 6 + [long] * 3]
-    split = Dataset.from_dict({"translation": pairs})
-    DatasetDict(train=split, validation=split).save_to_disk(str(tmp_path / "data"))
+    save_pairs(tmp_path / "data", [word_pair(e) for e in [short] * 6 + [long] * 3])
     for long_pairs, kept, dropped, truncated in (("filter", 6, 3, 0), ("truncate", 9, 0, 3)):
         output_dir = tmp_path / long_pairs
         result = run_script(
             "train", "--dataset_dir", tmp_path / "data", "--tokenizer", corpus[1], "--output_dir", output_dir,
             "--preset", "tiny", "--max_source_length", 6, "--max_target_length", 6, "--long_pairs", long_pairs,
-            "--batch_tokens", 100, "--max_steps", 2, "--save_every", 2, "--average_last", 1, "--eval_every", 0,
+            "--batch_tokens", 100, "--max_steps", 2, "--save_steps", 2, "--average_last", 1, "--eval_steps", 0,
             "--eval_bleu_samples", 0, "--report_to", "none",
         )  # fmt: skip
         assert (
@@ -519,10 +376,9 @@ def test_long_pairs_are_dropped_or_truncated_and_counted(corpus, tmp_path):
 
 def test_model_overfits_a_handful_of_pairs(tmp_path):
     pairs = ["the red cat sees a dog", "a big bird eats", "the small house has a green tree", "dog likes blue"]
-    records = [{"en": e, "es": " ".join(LEXICON[w] for w in e.split())} for e in pairs]
-    split = Dataset.from_dict({"id": [str(i) for i in range(4)], "translation": records})
-    DatasetDict(train=split, validation=split).save_to_disk(str(tmp_path / "data"))
-    tokenizer_dir = make_tokenizer(tmp_path / "tokenizer")
+    records = [word_pair(e) for e in pairs]
+    save_pairs(tmp_path / "data", records, id=[str(i) for i in range(4)])
+    tokenizer_dir = word_tokenizer(tmp_path / "tokenizer")
     output_dir = tmp_path / "out"
     run_script(
         "train",
@@ -532,31 +388,26 @@ def test_model_overfits_a_handful_of_pairs(tmp_path):
         tokenizer_dir,
         "--output_dir",
         output_dir,
-        "--preset",
-        "tiny",
+        *TINY,
         "--dropout",
         0,
-        "--label_smoothing",
+        "--label_smoothing_factor",
         0,
-        "--lr_schedule",
-        "short",
-        "--peak_lr",
-        "3e-3",
         "--warmup_steps",
         20,
         "--max_steps",
         200,
         "--batch_tokens",
         200,
-        "--save_every",
+        "--save_steps",
         200,
         "--average_last",
         1,
-        "--eval_every",
+        "--eval_steps",
         0,
         "--eval_bleu_samples",
         4,
-        "--log_every",
+        "--logging_steps",
         20,
         "--report_to",
         "none",
@@ -662,14 +513,10 @@ def test_clear_errors_before_training(corpus, trained, tmp_path):
     base = ["--tokenizer", str(tokenizer), "--preset", "tiny", "--max_steps", "1"]
 
     def error_of(*arguments):
-        with pytest.raises(SystemExit) as raised:
-            train.main([*base, *map(str, arguments)])
-        return str(raised.value)
+        return exit_message(train.main, [*base, *arguments])
 
     assert "does not exist" in error_of("--dataset_dir", tmp_path / "nowhere", "--output_dir", tmp_path / "o1")
-    DatasetDict(train=Dataset.from_dict({"translation": [{"en": "a", "es": "un"}]})).save_to_disk(
-        str(tmp_path / "no_validation")
-    )
+    make_dataset(tmp_path / "no_validation", {"train": 1})
     assert "no 'validation' split" in error_of(
         "--dataset_dir", tmp_path / "no_validation", "--output_dir", tmp_path / "o2"
     )
@@ -678,7 +525,7 @@ def test_clear_errors_before_training(corpus, trained, tmp_path):
     assert "cannot write to --output_dir" in error_of("--dataset_dir", data, "--output_dir", tmp_path / "a_file" / "x")
     assert "already holds checkpoints" in error_of("--dataset_dir", data, "--output_dir", trained)
     # Resuming with a tokenizer whose vocabulary is not the checkpoint's.
-    other_tokenizer = make_tokenizer(tmp_path / "bigger_tokenizer", extra_words=["perro2", "gato2"])
+    other_tokenizer = word_tokenizer(tmp_path / "bigger_tokenizer", extra_words=["perro2", "gato2"])
     resume_dir = tmp_path / "resume"
     (resume_dir / "checkpoints").mkdir(parents=True)
     source = trained / "checkpoints" / "step_0000200"
@@ -696,25 +543,12 @@ def test_clear_errors_before_training(corpus, trained, tmp_path):
                 "tiny",
                 "--output_dir",
                 str(resume_dir),
-                "--resume",
+                "--resume_from_checkpoint",
             ]
         )
     # Batches smaller than a pair (found once the corpus is tokenized, in every process alike).
-    result = subprocess.run(
-        [
-            sys.executable,
-            str(SCRIPTS / "train.py"),
-            "--dataset_dir",
-            str(data),
-            *base,
-            "--batch_tokens",
-            "10",
-            "--output_dir",
-            str(tmp_path / "o5"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
+    result = run_command(
+        train_command("--dataset_dir", data, *base, "--batch_tokens", 10, "--output_dir", tmp_path / "o5")
     )
     assert (
         result.returncode == 1
@@ -723,10 +557,7 @@ def test_clear_errors_before_training(corpus, trained, tmp_path):
         in result.stderr
     )
     # A tokenizer that does not end sequences with </s>.
-    backend = Tokenizer(models.WordLevel({"<pad>": 0, "<s>": 1, "</s>": 2, "<unk>": 3, "a": 4}, unk_token="<unk>"))
-    PreTrainedTokenizerFast(
-        tokenizer_object=backend, pad_token="<pad>", bos_token="<s>", eos_token="</s>", unk_token="<unk>"
-    ).save_pretrained(tmp_path / "no_eos")
+    word_tokenizer(tmp_path / "no_eos", words=["a"], bare=True)
     with pytest.raises(SystemExit, match="does not end sequences with </s>"):
         train.main(
             [

@@ -11,11 +11,12 @@ import datasets
 import numpy as np
 import pytest
 import torch
-from test_training import ENGLISH, LEXICON, make_tokenizer
+from helpers import ENGLISH, word_pair, word_tokenizer, write_wmt14_folder
 
 from vaswani.modeling.modeling_vaswani import shift_tokens_right
 from vaswani.training import data
-from vaswani.training.batching import TokenBucketSampler
+from vaswani.training.batching import StepBatches, TokenBucketSampler
+from vaswani.training.checkpoints import TrainState
 from vaswani.training.checks import UsageError
 from vaswani.training.data import PairCollator, pair_loader, tokenize_split
 
@@ -100,18 +101,21 @@ def test_batches_depend_only_on_seed_and_epoch():
     assert [source[b].max() for b in plain] == sorted(source[b].max() for b in plain)
 
 
-def test_resuming_mid_epoch_gives_the_batches_of_an_uninterrupted_run():
+def test_step_batches_continue_where_the_run_state_stands_and_roll_over_epochs():
+    """The run's state is the one record of the position: a resumed run takes, step by step, the batches an
+    uninterrupted run would have taken, and an epoch too short for another step starts the next one."""
     source, target = lengths(3000)
     sampler = TokenBucketSampler(source, target, 800, seed=3, num_replicas=2, rank=1, batches_per_step=2)
-    whole = every_batch(sampler, 1)
-    sampler.set_epoch(1, 10)
-    state = sampler.state_dict()
-    assert state == {"epoch": 1, "position": 10}
-    resumed = TokenBucketSampler(source, target, 800, seed=3, num_replicas=2, rank=1, batches_per_step=2)
-    resumed.load_state_dict(state)
-    assert [list(batch) for batch in resumed] == whole[10:]
+    epoch_1, epoch_2 = every_batch(sampler, 1), every_batch(sampler, 2)
+    assert len(epoch_1) % 2 == 0  # cut to whole steps
+    loader = torch.utils.data.DataLoader(np.arange(3000), sampler=sampler, batch_size=None, collate_fn=list)
+    state = TrainState(epoch=1, batch_index=len(epoch_1) - 4)
+    steps = StepBatches(loader, state, per_step=2)
+    taken = [batch for _ in range(4) for batch in next(steps)]
+    assert [list(map(int, batch)) for batch in taken] == epoch_1[-4:] + epoch_2[:4]
+    assert (state.epoch, state.batch_index) == (2, 4)
     with pytest.raises(ValueError, match="outside epoch 1"):
-        resumed.set_epoch(1, len(whole) + 1)
+        StepBatches(loader, TrainState(epoch=1, batch_index=len(epoch_1) + 1), per_step=2)
 
 
 def test_defaults_edges_and_storage():
@@ -148,8 +152,6 @@ def test_bad_lengths_are_refused_with_the_reason():
 
 
 def test_saved_folders_folders_of_data_files_and_hub_layouts_load_alike(tmp_path):
-    from test_data import write_wmt14_folder
-
     pairs = datasets.Dataset.from_dict(
         {"id": ["a", "b"], "translation": [{"en": "the cat", "es": "el gato"}, {"en": "a dog", "es": "un perro"}]}
     )
@@ -175,8 +177,7 @@ def test_a_dataset_that_cannot_train_is_a_usage_error_naming_the_problem(tmp_pat
         (
             "nowhere",
             {},
-            "--dataset_dir {} does not exist; create it with scripts/prepare_data.py --output_dir {}, or "
-            "name a dataset that datasets.load_dataset finds (",
+            "--dataset_dir {} does not exist; create it with scripts/prepare_data.py --output_dir {}.",
         ),
         (
             "empty",
@@ -215,10 +216,10 @@ def saved_corpus(tmp_path):
     """A saved DatasetDict with a pair too long for 8 tokens, a pair without text and a row without translation."""
     words = ENGLISH * 2
     english = [" ".join(words[i : i + 1 + i % 5]) for i in range(40)] + [" ".join(ENGLISH)]
-    rows = [{"en": e, "es": " ".join(LEXICON[w] for w in e.split())} for e in english]
+    rows = [word_pair(e) for e in english]
     rows += [{"en": "the cat", "es": None}, None]
     datasets.DatasetDict(train=datasets.Dataset.from_dict({"translation": rows})).save_to_disk(str(tmp_path / "data"))
-    return tmp_path / "data", make_tokenizer(tmp_path / "tokenizer")
+    return tmp_path / "data", word_tokenizer(tmp_path / "tokenizer")
 
 
 def test_ids_are_those_the_tokenizer_call_gives(saved_corpus):
@@ -286,7 +287,7 @@ def test_the_second_tokenization_maps_the_cache_and_runs_no_tokenizer(saved_corp
     # Other limits, or another tokenizer, are another cache.
     train = data.load_translation_dataset(folder, "en", "es", ("train",))["train"]
     assert not tokenize_split(train, tokenizer, "en", "es", max_source_length=8).from_cache
-    bigger = AutoTokenizer.from_pretrained(make_tokenizer(folder.parent / "bigger", extra_words=["extra"]))
+    bigger = AutoTokenizer.from_pretrained(word_tokenizer(folder.parent / "bigger", extra_words=["extra"]))
     assert data.tokenizer_fingerprint(bigger) != data.tokenizer_fingerprint(tokenizer)
     # A call that truncates leaves its setting on the backend; the ids of an untruncated call, and the key, are the
     # same as before it.

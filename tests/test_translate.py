@@ -4,7 +4,7 @@ order kept through length-sorted batches."""
 
 import pytest
 import torch
-from conftest import PAIRS
+from helpers import PAIRS
 from transformers import pipeline
 
 from vaswani.modeling.pipeline_vaswani import translate_batch

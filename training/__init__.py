@@ -1,17 +1,19 @@
 """The training recipe of "Attention Is All You Need" (section 5) as a library: `vaswani.training`.
 
     data         translation pairs tokenized once into Arrow, padded into batches (5.1)
-    batching     token-bucket batches of pairs of similar length (5.1)
+    batching     token-bucket batches of pairs of similar length, and each step's batches from where a run stands (5.1)
+    padding      a batch of pairs as the model's inputs: padding, the decoder input shifted right
+    step         one optimizer step: the loss over the step's tokens, accumulation, the update (5.2-5.4)
     schedule     warmup, then the inverse square root of the step (5.3)
     checkpoints  save, keep, resume and average checkpoints (6.1)
     faults       preemption signals, non-finite losses, disk space
-    evaluation   beam-search translation and sacreBLEU (6.1)
+    evaluation   beam-search translation, sacreBLEU and the `evaluate` metric (6.1)
     records      the step log, its plots, the hardware
     checks       the one exception type for the user's mistakes, and the checks several commands make
     cli          the commands' argument parsing and exit style
 and, with their extras: corpus and bible (building a translation dataset; the default Debian SWORD corpus),
-tokenizer (the shared BPE vocabulary), hub (push and model card), export (CTranslate2). The label-smoothed loss (5.4) is the model's own:
-`vaswani.label_smoothed_cross_entropy`, also used by its `labels` path.
+tokenizer (the shared BPE vocabulary), hub (push and model card), export (CTranslate2). The label-smoothed loss
+(5.4) is the model's own: `vaswani.label_smoothed_cross_entropy`, also used by its `labels` path.
 """
 
 import importlib
@@ -21,7 +23,9 @@ import importlib
 # costs nothing until a name is used.
 _EXPORTS = {
     "checkpoints": ["TrainState", "average_checkpoints", "list_checkpoints", "load_weights_into", "save_checkpoint"],
-    "batching": ["TokenBucketSampler"],
+    "batching": ["StepBatches", "TokenBucketSampler"],
+    "padding": ["pair_batch"],
+    "step": ["StepResult", "train_step"],
     "checks": ["UsageError", "check_tokenizer_matches_config"],
     "data": [
         "PairCollator",
@@ -30,7 +34,7 @@ _EXPORTS = {
         "pair_loader",
         "tokenize_split",
     ],
-    "evaluation": ["corpus_bleu", "translate", "validate"],
+    "evaluation": ["corpus_bleu", "load_metric", "translate", "validate"],
     "faults": ["StopSignal"],
     "schedule": ["inverse_sqrt_lr", "inverse_sqrt_schedule", "paper_peak_lr"],
 }

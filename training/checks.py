@@ -4,6 +4,8 @@ Every check raises `UsageError` with a message that names the problem and what t
 it into one exit style (`vaswani.training.cli.command`), and a user's own code can catch it (it is a `ValueError`).
 """
 
+import importlib.util
+import json
 import os
 from pathlib import Path
 
@@ -11,6 +13,129 @@ from pathlib import Path
 class UsageError(ValueError):
     """Bad input from the user (a missing folder, a mismatched tokenizer, a changed setting on resume): the message
     says what is wrong and how to fix it, and no work is lost."""
+
+
+def check_extra(command_name, extra, modules):
+    """The optional libraries a command needs, looked for without importing them: a missing one is named with the
+    extra that brings it (pyproject.toml's [project.optional-dependencies])."""
+    missing = [module for module in modules if importlib.util.find_spec(module) is None]
+    if missing:
+        raise UsageError(
+            f"{command_name} needs the `{extra}` extra ({', '.join(missing)} "
+            f"{'is' if len(missing) == 1 else 'are'} not installed): pip install 'vaswani[{extra}]'"
+        )
+
+
+def looks_like_path(name) -> bool:
+    """Whether a command-line argument that names a folder or a Hub repo is meant as a local path: it starts with
+    `.`, `/` or `~` (no Hub id does), holds the system's own separator where that is not `/`, has more than one `/`
+    (a Hub id has at most one: NAMESPACE/NAME), or its first folder exists here (`data/wmt14` with a `data/`)."""
+    name = os.fspath(name)
+    if name.startswith((".", "/", "~")) or (os.sep != "/" and os.sep in name):
+        return True
+    parts = name.split("/")
+    return len(parts) > 2 or (len(parts) == 2 and Path(parts[0]).is_dir())
+
+
+def check_dataset_exists(name, flag="--dataset_dir"):
+    """A dataset argument that names a local folder must exist: a `--dataset_dir` always does, a `--dataset` when it
+    looks like a path (`looks_like_path`); anything else may be a Hub name. Checked before datasets is imported, and
+    before the Hub is asked (whose client retries for half a minute without a network)."""
+    name = os.fspath(name)
+    if Path(name).expanduser().exists():
+        return
+    if flag == "--dataset_dir":
+        raise UsageError(f"{flag} {name} does not exist; create it with scripts/prepare_data.py --output_dir {name}.")
+    if looks_like_path(name):
+        raise UsageError(f"{flag} {name} does not exist (a path: it is not looked up on the Hub).")
+
+
+def check_model_folder(model, flag="--model", model_types=None, hub=False):
+    """A model folder a command is about to load, checked before any time is spent: it exists, is a folder, holds a
+    readable config.json, and (with `model_types`, a collection of `model_type` values) is of one of those types.
+    With `hub`, a name that does not exist here and does not look like a path (`looks_like_path`) is taken for a Hub
+    id and left to the Hub: returns None; else the folder's config.json as a dict."""
+    path = Path(model)
+    if not path.exists():
+        if hub and not looks_like_path(model):
+            return None
+        raise UsageError(f"{flag} {model} does not exist" + (" (nor is it a Hub id)." if hub else "."))
+    if not path.is_dir():
+        raise UsageError(f"{flag} {model} is a file, not a model folder (one written by save_pretrained).")
+    config_file = path / "config.json"
+    if not config_file.is_file():
+        raise UsageError(f"{flag} {model} has no config.json: it is not a model folder written by save_pretrained.")
+    try:
+        config = json.loads(config_file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise UsageError(f"{config_file} cannot be read as a model's config.json ({error}).") from error
+    found = config.get("model_type") if isinstance(config, dict) else None
+    if model_types is not None and found not in model_types:
+        takes = (
+            " or ".join(map(repr, sorted(model_types))) + " models"
+            if len(model_types) <= 3
+            else "translation models (the types AutoModelForSeq2SeqLM loads)"
+        )
+        raise UsageError(f"{flag} {model} holds a model of type {found!r}; this command takes {takes}.")
+    return config
+
+
+def check_tokenizer_folder(tokenizer, flag="--tokenizer", hub=False):
+    """A tokenizer folder (saved with save_pretrained) that exists; with `hub`, a name that does not look like a path
+    is left to the Hub."""
+    path = Path(tokenizer)
+    if path.is_dir() or (hub and not path.exists() and not looks_like_path(tokenizer)):
+        return
+    what = "is a file, not a tokenizer folder" if path.exists() else "does not exist"
+    raise UsageError(f"{flag} {tokenizer} {what}.")
+
+
+def seq2seq_model_types():
+    """The model types `AutoModelForSeq2SeqLM` loads, this package's "vaswani" among them (imports transformers)."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES
+
+    import vaswani  # noqa: F401  (registers "vaswani" as transformers imports its tables)
+
+    return {"vaswani", *MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES}
+
+
+def check_output_file(path, flag="--output"):
+    """A file a command will write at the end, checked at the start: its folder must exist (it is not created), the
+    path must not be a folder, and the file must be writable there."""
+    path = Path(path)
+    folder = path.parent
+    if not folder.is_dir():
+        what = "is a file" if folder.exists() else "does not exist"
+        raise UsageError(f"cannot write {flag} {path}: its folder {folder} {what}.")
+    if path.is_dir():
+        raise UsageError(f"cannot write {flag} {path}: it is a folder.")
+    if not os.access(folder, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise UsageError(f"cannot write {flag} {path}: permission denied.")
+    return path
+
+
+def check_source_lengths(tokenizer, sources, limit, max_source_length, flag="--input"):
+    """Sources the model can encode: without --max_source_length, none may be longer than `limit` tokens (the
+    model's positions); --max_source_length itself may not be above it. `sources`: str sentences, in order."""
+    if limit is None:
+        return
+    if max_source_length is not None:
+        if max_source_length > limit:
+            raise UsageError(
+                f"--max_source_length {max_source_length} is more than the model's {limit} source positions; "
+                f"pass --max_source_length {limit} or less."
+            )
+        return
+    for start in range(0, len(sources), 1000):
+        chunk = sources[start : start + 1000]  # a list, or a pyarrow string array (vaswani-evaluate's)
+        chunk = chunk.to_pylist() if hasattr(chunk, "to_pylist") else list(chunk)
+        lengths = [len(ids) for ids in tokenizer(chunk).input_ids]
+        longest = max(range(len(lengths)), key=lengths.__getitem__, default=None)
+        if longest is not None and lengths[longest] > limit:
+            raise UsageError(
+                f"line {start + longest + 1} of {flag} is {lengths[longest]} tokens long, more than the model's "
+                f"{limit} source positions: pass --max_source_length {limit} (or less) to cut longer sources."
+            )
 
 
 def check_writable_dir(path, flag="--output_dir"):

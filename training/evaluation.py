@@ -1,18 +1,21 @@
 """Section 6.1, evaluation: translate with beam search and score with sacreBLEU.
 
-`translate` and `corpus_bleu` are the one way this package decodes and scores: the evaluation command, the periodic
-validation of training (`validate`) and fine-tuning's `compute_metrics` all go through them, so their BLEU scores are
-comparable (each is printed with its sacreBLEU signature).
-
-We call sacreBLEU directly rather than through the `evaluate` package: `evaluate.load("sacrebleu")` fetches the
-metric's code from the Hub at run time, which fails offline and runs downloaded code, for the same number.
+`translate` is how this package decodes; `corpus_bleu` (sacreBLEU, with its signature) and `tokenized_bleu` (the
+paper's Table 2 measure) are how it scores. The scoring is also an `evaluate` metric, `vaswani_bleu`: the folder
+`metrics/vaswani_bleu` of the package, installed with it, whose module calls these two functions (one implementation).
+`load_metric()` loads it from that folder, offline, and the evaluation command, the periodic validation of training
+(`validate`) and fine-tuning's `compute_metrics` score through it, so that their BLEU scores are comparable with each
+other and with what `evaluate.load(...)` or `evaluate.evaluator("translation")` give with the same metric (each
+printed with its sacreBLEU signature). The Hub's `evaluate.load("sacrebleu")` is not used: it fetches the metric's code
+from the Hub at run time, which fails offline and runs downloaded code.
 """
 
 import itertools
 import math
 import re
-from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
+import evaluate
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -24,28 +27,9 @@ from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
 from ..modeling import label_smoothed_cross_entropy
 from ..modeling.pipeline_vaswani import translate_batch
+from .arguments import DecodingArguments  # noqa: F401  (its home until it moved: still importable from here)
 from .checks import check_safetensors_weights, check_tokenizer_matches_config
 from .data import load_translation_dataset, text_pairs
-
-
-@dataclass
-class DecodingArguments:
-    """How the commands that translate (vaswani-evaluate, vaswani-translate) decode: `translations`' options."""
-
-    _argument_group_name = "decoding"
-    num_beams: int = field(default=4, metadata={"help": "beam size; 1 is greedy decoding (paper: 4)"})
-    length_penalty: float = field(default=0.6, metadata={"help": "alpha of the length penalty (paper: 0.6)"})
-    paper_decoding: bool = field(
-        default=True,
-        metadata={"help": "section 6.1's beam search: GNMT length penalty, each sentence's own length limit"},
-    )
-    batch_size: int = field(default=32, metadata={"help": "sentences per generate() call"})
-    max_source_length: int | None = field(default=None, metadata={"help": "cut longer sources (tokens), and say so"})
-    device: str | None = field(default=None, metadata={"help": "cpu, cuda, ...; default: cuda if available"})
-
-    def options(self) -> dict:
-        """The keyword arguments of `translations` (the device is the model's)."""
-        return {name: value for name, value in asdict(self).items() if name != "device"}
 
 
 def load_translation_model(model_dir, tokenizer_dir=None, device=None):
@@ -125,16 +109,28 @@ def translations(
     return answers
 
 
+def reference_lists(hypotheses, references):
+    """The references as one list per hypothesis: `references` holds one str per hypothesis, or a list of them (the
+    same number for each)."""
+    references = [[reference] if isinstance(reference, str) else list(reference) for reference in references]
+    if len(hypotheses) != len(references):
+        raise ValueError(f"{len(hypotheses)} hypotheses but {len(references)} references.")
+    if len({len(each) for each in references}) > 1:
+        raise ValueError("Give every hypothesis the same number of references.")
+    return references
+
+
 def corpus_bleu(hypotheses, references, **bleu_options):
-    """sacreBLEU corpus BLEU of `hypotheses` against one reference each: returns (score object, signature str).
+    """sacreBLEU corpus BLEU of `hypotheses` against one reference each (or a list of references each, the same
+    number for all): returns (score object, signature str).
 
     `score.score` is the BLEU number (0-100); `str(score)` gives the full line with n-gram precisions and brevity
     penalty. `bleu_options` go to `sacrebleu.metrics.BLEU` (e.g. tokenize="intl").
     """
-    if len(hypotheses) != len(references):
-        raise ValueError(f"{len(hypotheses)} hypotheses but {len(references)} references.")
+    references = reference_lists(hypotheses, references)
     metric = sacrebleu.metrics.BLEU(**bleu_options)
-    score = metric.corpus_score(list(hypotheses), [list(references)])
+    streams = [list(stream) for stream in zip(*references)] or [[]]  # sacreBLEU's: one list per reference number
+    score = metric.corpus_score(list(hypotheses), streams)
     return score, str(metric.get_signature())
 
 
@@ -153,8 +149,21 @@ def tokenized_bleu(hypotheses, references, language):
     def split(line):
         return COMPOUND_HYPHEN.sub(r"\1 ##AT##-##AT## \2", tokenizer.tokenize(line, return_str=True))
 
-    hypotheses, references = [split(h) for h in hypotheses], [split(r) for r in references]
-    return corpus_bleu(hypotheses, references, tokenize="none", force=True)[0]
+    references = [[split(r) for r in each] for each in reference_lists(hypotheses, references)]
+    return corpus_bleu([split(h) for h in hypotheses], references, tokenize="none", force=True)[0]
+
+
+METRIC_DIR = Path(__file__).resolve().parent.parent / "metrics" / "vaswani_bleu"
+
+
+def load_metric(target_lang=None, **load_options):
+    """The `evaluate` metric `vaswani_bleu` (`corpus_bleu` with its signature, and with `target_lang` the paper's
+    `tokenized_bleu`), loaded offline from its folder in this package: `evaluate.load(METRIC_DIR, target_lang)`.
+    `load_options` go to `evaluate.load`; keep_in_memory=True unless given (no cache files on disk, nothing shared
+    between processes).
+    """
+    load_options.setdefault("keep_in_memory", True)
+    return evaluate.load(str(METRIC_DIR), target_lang, **load_options)
 
 
 def load_pairs(dataset_dir, split, source_lang, target_lang, max_samples=None):
@@ -233,7 +242,7 @@ def validate(
                 synced_gpus=accelerator.num_processes > 1,
             )
         hypotheses = gather_object(hypotheses[: len(mine)])  # in process order, so in the order of the pairs
-        score, signature = corpus_bleu(hypotheses, references)
-        result.update(bleu=score.score, bleu_signature=signature, example=hypotheses[0])
+        bleu = load_metric().compute(predictions=hypotheses, references=list(references))
+        result.update(bleu=bleu["score"], bleu_signature=bleu["signature"], example=hypotheses[0])
     model.train(was_training)
     return result

@@ -39,6 +39,9 @@ TOKENIZER_FILES = (
     "vocab.json",
     "merges.txt",
     "chat_template.jinja",
+    "vocab-src.json",  # the Moses + BPE tokenizer of converted fairseq models, and its code (auto_map)
+    "vocab-tgt.json",
+    "tokenization_*.py",
 )
 RECORD_FILES = (
     "training_summary.json",

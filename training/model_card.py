@@ -155,7 +155,8 @@ def results_table(evaluation: dict | None, training: dict | None) -> str:
     rows = [[split, *map(result.get, fields)] for split, result in measured_bleu(evaluation).items()]
     if training is not None:
         args = training.get("args") or {}
-        validation = [training.get("final_val_bleu"), None, training.get("bleu_samples"), args.get("eval_num_beams")]
+        beams = args.get("generation_num_beams", args.get("eval_num_beams"))  # the latter: summaries before 0.3
+        validation = [training.get("final_val_bleu"), None, training.get("bleu_samples"), beams]
         validation += [args.get("eval_length_penalty"), None, training.get("bleu_signature")]
         rows.append(["validation, at the end of training", *validation])
     if not rows:

@@ -6,10 +6,11 @@ import os
 import platform
 from pathlib import Path
 
-import numpy as np
-import torch
-
 from .schedule import inverse_sqrt_lr
+
+
+# numpy, torch and matplotlib are imported by the functions that use them: the commands import this module before
+# they parse their arguments.
 
 
 def read_jsonl(path):
@@ -28,6 +29,7 @@ def write_plots(output_dir, schedule, max_steps, warmup_steps, peak_lr, bleu_sam
     """training_curves.png (losses and validation BLEU, the averaged model as a star) and lr_schedule.png (the
     schedule's curve with the logged learning rates), from train_log.jsonl."""
     import matplotlib
+    import numpy as np
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -73,6 +75,8 @@ def write_plots(output_dir, schedule, max_steps, warmup_steps, peak_lr, bleu_sam
 
 
 def hardware_description(accelerator):
+    import torch
+
     device = accelerator.device
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or platform.machine()
     return {

@@ -10,9 +10,6 @@ where the paper's formula would peak far higher (5e-3 at d_model=256 with 150 wa
 rate 0), one step behind the paper's step_num, which counts from 1; hence this schedule of our own.
 """
 
-from torch.optim.lr_scheduler import LambdaLR
-
-
 SCHEDULES = ("paper", "short")
 
 
@@ -39,4 +36,6 @@ def peak_lr_of(schedule, d_model, warmup_steps, lr_scale=1.0, peak_lr=1e-3):
 def inverse_sqrt_schedule(optimizer, warmup_steps, peak_lr):
     """A `LambdaLR` over an optimizer built with lr=1.0, stepped once per optimizer step: its scheduler step k
     (from 0) is the paper's step_num k + 1."""
+    from torch.optim.lr_scheduler import LambdaLR  # here, so that the commands list SCHEDULES without torch
+
     return LambdaLR(optimizer, lambda scheduler_step: inverse_sqrt_lr(scheduler_step + 1, warmup_steps, peak_lr))

@@ -1,0 +1,303 @@
+"""What the test modules share: the checkout's paths, the tiny corpora and the word-level tokenizers they train on,
+the ways to run the scripts as a user runs them, and the readers of what a run wrote.
+
+A plain module: no tests and no fixtures in it (the fixtures are in conftest.py, which imports from here). pytest puts
+tests/ on sys.path, so test modules import it by its bare name: `from helpers import REPO_ROOT, word_tokenizer`.
+No name here starts with `test`: pytest would collect it in every module that imports it.
+"""
+
+import json
+import os
+import random
+import socket
+import subprocess
+import sys
+import tempfile
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
+from transformers import PreTrainedTokenizerFast
+
+from vaswani import VaswaniConfig
+
+
+REPO_ROOT = Path(__file__).resolve().parent.parent  # for the files the tests run or read: scripts, configs, docs
+SCRIPTS = REPO_ROOT / "scripts"
+
+
+# --- Token ids for the tiny model, no tokenizer. ---
+
+VOCAB_SIZE = 100
+
+
+def tiny_model_config(**overrides) -> VaswaniConfig:
+    """The tiny preset over VOCAB_SIZE ids, without dropout (training-mode and evaluation-mode outputs compare)."""
+    return VaswaniConfig.from_preset(
+        "tiny", **{"vocab_size": VOCAB_SIZE, "dropout": 0.0, "max_position_embeddings": 128, **overrides}
+    )
+
+
+def make_translation_pairs() -> list[tuple[list[int], list[int]]]:
+    """Eight (source, target) pairs of 3 to 8 tokens + end-of-sentence: the target is the source reversed and mapped
+    through a fixed permutation, so that translating needs the positions, the source mask and every source token."""
+    generator = torch.Generator().manual_seed(7)
+    pairs = []
+    for length in (3, 4, 5, 5, 6, 7, 8, 8):
+        source = torch.randint(4, VOCAB_SIZE, (length,), generator=generator).tolist()
+        target = [(token * 37) % (VOCAB_SIZE - 4) + 4 for token in reversed(source)]
+        pairs.append((source + [2], target + [2]))
+    return pairs
+
+
+def pad_pairs(pairs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(input_ids right-padded with 0, attention_mask, labels padded with -100)."""
+    source_length, target_length = (max(len(pair[side]) for pair in pairs) for side in (0, 1))
+    input_ids = torch.tensor([source + [0] * (source_length - len(source)) for source, _ in pairs])
+    labels = torch.tensor([target + [-100] * (target_length - len(target)) for _, target in pairs])
+    return input_ids, (input_ids != 0).long(), labels
+
+
+# --- Text. ---
+
+# Four real translations, for a tiny model with a BPE tokenizer that learns them by heart.
+PAIRS = [
+    ("In the beginning God created the heavens and the earth.", "En el principio creó Dios los cielos y la tierra."),
+    ("Jesus wept.", "Y lloró Jesús."),
+    ("The Lord is my shepherd.", "El Señor es mi pastor."),
+    ("Love is patient and kind.", "El amor es sufrido, es benigno."),
+]
+
+# A word-for-word "translation" between two 16-word vocabularies: the tiny preset learns it in a few dozen steps.
+ENGLISH = "the a red blue green big small cat dog bird house tree sees eats likes has".split()
+SPANISH = "el un rojo azul verde grande pequeño gato perro pájaro casa árbol ve come quiere tiene".split()
+LEXICON = dict(zip(ENGLISH, SPANISH))
+
+
+def word_pair(english):
+    """The translation column's entry for an English sentence of ENGLISH's words: {"en": ..., "es": ...}."""
+    return {"en": english, "es": " ".join(LEXICON[word] for word in english.split())}
+
+
+def make_dataset(folder, pairs_per_split, seed=0, min_words=3, max_words=10):
+    """A DatasetDict of random word_pairs, {split: count} of them, as scripts/prepare_data.py lays them out."""
+    from datasets import Dataset, DatasetDict  # here: every test session imports this module, few need datasets
+
+    rng = random.Random(seed)
+
+    def split(count, name):
+        english = [" ".join(rng.choices(ENGLISH, k=rng.randint(min_words, max_words))) for _ in range(count)]
+        return Dataset.from_dict(
+            {"id": [f"{name}.{i}" for i in range(count)], "translation": [word_pair(e) for e in english]}
+        )
+
+    DatasetDict({name: split(count, name) for name, count in pairs_per_split.items()}).save_to_disk(str(folder))
+    return folder
+
+
+def save_pairs(folder, pairs, **columns):
+    """`pairs` (translation entries) saved as a DatasetDict whose train and validation splits are both those pairs;
+    `columns` come before the translation column (e.g. id=[...])."""
+    from datasets import Dataset, DatasetDict
+
+    split = Dataset.from_dict({**columns, "translation": pairs})
+    DatasetDict(train=split, validation=split).save_to_disk(str(folder))
+    return folder
+
+
+WMT14_CARD = """---
+configs:
+- config_name: de-en
+  data_files:
+  - split: train
+    path: de-en/train-*
+  - split: validation
+    path: de-en/validation-*
+  - split: test
+    path: de-en/test-*
+dataset_info:
+  config_name: de-en
+  features:
+  - name: translation
+    dtype:
+      translation:
+        languages:
+        - de
+        - en
+---
+"""
+
+
+def write_wmt14_folder(folder, pairs_per_split):
+    """A local folder in the layout of the Hub's wmt14 (a card naming the configs, Parquet files per config)."""
+    from datasets import Dataset
+
+    (folder / "de-en").mkdir(parents=True)
+    (folder / "README.md").write_text(WMT14_CARD)
+    for split, count in pairs_per_split.items():
+        rows = [{"translation": {"de": f"Satz {split} {i}.", "en": f"Sentence {split} {i}."}} for i in range(count)]
+        Dataset.from_list(rows).to_parquet(str(folder / "de-en" / f"{split}-00000-of-00001.parquet"))
+
+
+# --- Word-level tokenizers. ---
+
+SPECIAL_TOKENS = ("<pad>", "<s>", "</s>", "<unk>")  # ids 0 to 3 in this order: the model's defaults
+
+
+def word_tokenizer(
+    folder=None,
+    *,
+    words=(*ENGLISH, *SPANISH),
+    extra_words=(),
+    special_tokens=SPECIAL_TOKENS,
+    decoder=True,
+    pair=False,
+    bare=False,
+    **options,
+):
+    """A fast tokenizer with one token per word: `special_tokens` (their order gives their ids), then `words` and
+    `extra_words`, each once. It splits on white space and, like the project's BPE tokenizer, ends every sequence
+    with </s>.
+
+    folder: save it there and return the folder (what --tokenizer takes); without one, return the tokenizer.
+    decoder: decode with WordPiece's decoder (words joined by spaces, none before punctuation); False: no decoder,
+        the same ids from another tokenizer.
+    pair: a template for pairs of sequences too (</s> after each), as the BPE tokenizer has.
+    bare: the vocabulary alone, no pre-tokenizer, post-processor or decoder: a tokenizer that does not end sequences
+        with </s>, which the scripts refuse.
+    options: PreTrainedTokenizerFast's, e.g. bos_token=None for a tokenizer without <s>, model_input_names.
+    """
+    vocab = {word: i for i, word in enumerate(dict.fromkeys([*special_tokens, *words, *extra_words]))}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    if not bare:
+        backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+        backend.post_processor = processors.TemplateProcessing(
+            single="$A </s>", pair="$A </s> $B </s>" if pair else None, special_tokens=[("</s>", vocab["</s>"])]
+        )
+        if decoder:
+            backend.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
+    roles = {"pad_token": "<pad>", "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}
+    options = {name: value for name, value in {**roles, **options}.items() if value is not None}
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, **options)
+    if folder is None:
+        return tokenizer
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+# --- Running the scripts as a user runs them. ---
+
+# The tiny preset on the short schedule, with small batches: it learns the word mapping within a hundred steps.
+TINY = ["--preset", "tiny", "--lr_schedule", "short", "--peak_lr", "3e-3"]
+FAST = [*TINY, "--warmup_steps", "20", "--batch_tokens", "500", "--logging_steps", "5"]
+
+
+def script_env(**variables):
+    """The environment of a script the tests run: this one with one thread per process (on a busy 2-core machine,
+    OpenMP threads spinning against other processes make the tiny model 10-30 times slower), and `variables`."""
+    return {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", **variables}
+
+
+def script_command(name, *arguments):
+    """The command that runs scripts/NAME.py with `arguments`, as strings."""
+    return [sys.executable, str(SCRIPTS / f"{name}.py"), *map(str, arguments)]
+
+
+def train_arguments(data, tokenizer, output_dir, *flags):
+    """scripts/train.py's arguments for a corpus (dataset folder and tokenizer) and an output folder, then `flags`."""
+    return ["--dataset_dir", data, "--tokenizer", tokenizer, "--output_dir", output_dir, *flags]
+
+
+def patched_train_program(*patches):
+    """Python that runs `patches` (indented code, which may change `train`), then scripts/train.py's main."""
+    body = "".join(textwrap.dedent(patch) for patch in patches)
+    return f"import sys\nfrom vaswani.scripts import train\n{body}\ntrain.main(sys.argv[1:])\n"
+
+
+def train_command(*arguments, patch=None):
+    """The command that runs scripts/train.py; with `patch`, that code runs first in the same interpreter."""
+    if patch is None:
+        return script_command("train", *arguments)
+    return [sys.executable, "-c", patched_train_program(patch), *map(str, arguments)]
+
+
+def patched_train(folder, *patches):
+    """patched_train_program(*patches) as the file folder/patched_train.py (accelerate launch takes a file)."""
+    script = Path(folder) / "patched_train.py"
+    script.write_text(patched_train_program(*patches))
+    return script
+
+
+def free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def accelerate_launch(*options, port=None):
+    """`accelerate launch` with `options` and --main_process_port `port` (default: a free one); the script and its
+    arguments follow."""
+    return [sys.executable, "-m", "accelerate.commands.launch", *map(str, options),
+            "--main_process_port", str(free_port() if port is None else port)]  # fmt: skip
+
+
+def two_process_launch(config=None):
+    """accelerate_launch of two processes on this machine (gloo on the CPU) in float32: plain DDP (--multi_gpu), or
+    configs/CONFIG."""
+    which = ["--multi_gpu"] if config is None else ["--config_file", REPO_ROOT / "configs" / config]
+    return accelerate_launch(*which, "--num_processes", 2, "--num_machines", 1, "--mixed_precision", "no",
+                             "--dynamo_backend", "no")  # fmt: skip
+
+
+def run_command(command, *, env=None, timeout=300, check=False):
+    """Run `command` (its items as strings) from the checkout's root in `env` (default script_env()), its output
+    captured. check: fail the test with the command's output unless it exits with 0."""
+    command = [str(part) for part in command]
+    env = script_env() if env is None else env
+    result = subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=REPO_ROOT, env=env)
+    if check:
+        assert result.returncode == 0, f"{' '.join(command)} failed:\n{result.stdout[-3000:]}\n{result.stderr[-5000:]}"
+    return result
+
+
+def run_script(name, *arguments, timeout=600):
+    """Run scripts/NAME.py as a user would; fail the test with its output if it fails."""
+    return run_command(script_command(name, *arguments), timeout=timeout, check=True)
+
+
+def start(command):
+    """Start `command` as run_command runs it, in the background. Its output goes to files: a full pipe would
+    block it."""
+    stdout, stderr = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
+    command = [str(part) for part in command]
+    process = subprocess.Popen(command, cwd=REPO_ROOT, env=script_env(), stdout=stdout, stderr=stderr, text=True)
+    process.output_files = stdout, stderr
+    return process
+
+
+def finish(process, timeout=120):
+    """Wait for a process from start(); its stdout and stderr."""
+    process.wait(timeout=timeout)
+    return tuple(file.seek(0) or file.read() for file in process.output_files)
+
+
+def exit_message(main, arguments):
+    """The message a command's `main` exits with on `arguments` (as strings), run in this process."""
+    with pytest.raises(SystemExit) as raised:
+        main([str(argument) for argument in arguments])
+    return str(raised.value)
+
+
+# --- What a run wrote. ---
+
+
+def read_log(output_dir):
+    return [json.loads(line) for line in (Path(output_dir) / "train_log.jsonl").read_text().splitlines()]
+
+
+def max_difference(first, second):
+    """The largest absolute difference between two state dicts of the same tensors, computed in float64."""
+    assert first.keys() == second.keys()
+    return max((first[key].double() - second[key].double()).abs().max().item() for key in first)

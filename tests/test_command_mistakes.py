@@ -1,0 +1,240 @@
+"""Every command, every mistake, one sentence: each console script of pyproject.toml walked through the mistakes a user
+makes (a missing install extra, a model folder that is missing or of another kind, an input longer than the model
+takes, an output file without its folder), each ending with `NAME: error: ...` on one line and no traceback; and
+`--help` answered without importing torch, transformers or datasets (`import vaswani` too imports neither)."""
+
+import importlib.metadata
+import importlib.util
+import json
+import subprocess
+import sys
+
+import pytest
+from helpers import REPO_ROOT, save_pairs, script_env
+
+
+try:  # pyproject.toml's [project.scripts], as the checkout has them
+    import tomllib
+
+    COMMANDS = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+except ModuleNotFoundError:  # Python 3.10: as they were installed
+    COMMANDS = {point.name: point.value for point in importlib.metadata.entry_points(group="console_scripts")
+                if point.value.startswith("vaswani.scripts.")}  # fmt: skip
+# What each command must not import to answer --help. vaswani-finetune takes every Seq2SeqTrainingArguments flag, and
+# transformers' training_args imports torch and accelerate: it may; the model, the data and the metric it may not.
+HEAVY = ("torch", "transformers", "accelerate", "datasets", "pyarrow", "evaluate", "sacrebleu", "ctranslate2",
+         "matplotlib", "vaswani.modeling", "vaswani.configuration.configuration_vaswani")  # fmt: skip
+ALLOWED = {"vaswani-finetune": {"torch", "transformers", "accelerate"}}
+# The install extra each command needs, and one module of it.
+EXTRAS = {
+    "vaswani-prepare-data": ("data", "datasets"),
+    "vaswani-train-tokenizer": ("data", "datasets"),
+    "vaswani-train": ("train", "accelerate"),
+    "vaswani-evaluate": ("train", "sacrebleu"),
+    "vaswani-finetune": ("train", "datasets"),
+    "vaswani-push-to-hub": ("hub", "jinja2"),
+    "vaswani-export-ctranslate2": ("export", "ctranslate2"),
+    "vaswani-convert-fairseq": ("fairseq", "sacremoses"),
+    "vaswani-translate": ("train", "datasets"),
+    "vaswani-visualize": ("train", "matplotlib"),
+}
+
+
+def main_of(name):
+    module, function = COMMANDS[name].split(":")
+    if importlib.util.find_spec(module) is None:
+        pytest.skip(f"{module} is not in this checkout")
+    return getattr(importlib.import_module(module), function)
+
+
+def run_python(code, *, env=None):
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=script_env(**(env or {}))
+    )
+
+
+def one_error_line(stderr, name):
+    """The command's stderr is one line, `NAME: error: ...`, and no traceback."""
+    assert "Traceback" not in stderr, stderr
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith(f"{name}: error: "), stderr
+    return lines[0]
+
+
+def error_of(name, arguments, monkeypatch):
+    """The message `name`'s main exits with on `arguments`, run in this process as the console script runs it."""
+    monkeypatch.setattr("sys.argv", [f"/usr/local/bin/{name}"])
+    with pytest.raises(SystemExit) as raised:
+        main_of(name)([str(argument) for argument in arguments])
+    return one_error_line(str(raised.value), name)
+
+
+def test_the_extras_table_covers_every_command():
+    assert set(EXTRAS) == set(COMMANDS)
+
+
+def test_import_vaswani_imports_neither_torch_nor_transformers_until_used():
+    result = run_python(
+        "import sys, vaswani; print(sorted({'torch', 'transformers'} & set(sys.modules)));"
+        "from transformers import AutoConfig; print(type(AutoConfig.for_model('vaswani')) is vaswani.VaswaniConfig)"
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["[]", "True"]  # and registered the moment transformers' Auto classes load
+
+
+@pytest.mark.parametrize("name", sorted(COMMANDS))
+def test_help_answers_without_importing_heavy_libraries(name):
+    module, function = COMMANDS[name].split(":")
+    code = f"""
+import json, sys
+sys.argv = [{name!r}, "--help"]
+from {module} import {function} as main
+try:
+    main()
+except SystemExit as done:
+    code = done.code
+print(json.dumps({{"code": code, "heavy": [m for m in {HEAVY!r} if m in sys.modules]}}))
+"""
+    result = run_python(code)
+    assert result.returncode == 0, result.stderr
+    *help_text, last = result.stdout.splitlines()
+    answer = json.loads(last)
+    assert answer["code"] in (0, None) and "--help" in "\n".join(help_text)
+    assert set(answer["heavy"]) <= ALLOWED.get(name, set()), answer["heavy"]
+
+
+@pytest.mark.parametrize("name", sorted(COMMANDS))
+def test_a_missing_extra_is_named_with_its_install_even_for_help(name, monkeypatch):
+    extra, module = EXTRAS[name]
+    monkeypatch.setitem(sys.modules, module, None)  # as if not installed: find_spec finds nothing, import fails
+    message = error_of(name, ["--help"], monkeypatch)
+    assert message == (
+        f"{name}: error: {name} needs the `{extra}` extra ({module} is not installed): pip install 'vaswani[{extra}]'"
+    )
+
+
+def test_a_missing_extra_as_the_user_meets_it():
+    """The console script in a process of its own, where ctranslate2 cannot be imported."""
+    name = "vaswani-export-ctranslate2"
+    result = run_python(
+        f"import sys; sys.modules['ctranslate2'] = None; sys.argv = [{name!r}, '--help'];"
+        "from vaswani.scripts.export_ctranslate2 import main; main()"
+    )
+    assert result.returncode == 1
+    assert one_error_line(result.stderr, name) == (
+        f"{name}: error: {name} needs the `export` extra (ctranslate2 is not installed): pip install 'vaswani[export]'"
+    )
+
+
+def test_a_module_found_missing_later_is_named_with_the_extra(monkeypatch):
+    from vaswani.training.cli import command
+
+    @command(extra="train", needs=())
+    def main(argv):
+        import vaswani_tests_no_such_module  # noqa: F401
+
+    monkeypatch.setattr("sys.argv", ["/usr/local/bin/vaswani-x"])
+    with pytest.raises(SystemExit) as raised:
+        main([])
+    assert str(raised.value) == (
+        "vaswani-x: error: vaswani-x needs vaswani_tests_no_such_module, which is not installed: "
+        "pip install 'vaswani[train]'"
+    )
+
+
+# --- Model folders: missing, not a model, another kind of model. ---
+
+
+@pytest.fixture
+def model_folders(tmp_path):
+    """A folder that does not exist, one without config.json, and one holding a BERT model's config."""
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "bert").mkdir()
+    (tmp_path / "bert" / "config.json").write_text(json.dumps({"model_type": "bert", "hidden_size": 8}))
+    return {"missing": tmp_path / "nowhere" / "model", "empty": tmp_path / "empty", "bert": tmp_path / "bert"}
+
+
+def model_arguments(name, model, tmp_path):
+    """`name`'s arguments with `model` as its model, everything else in order."""
+    (tmp_path / "in.txt").write_text("the cat\n")
+    (tmp_path / "data").mkdir(exist_ok=True)
+    return {
+        "vaswani-translate": ["--model", model, "--input", tmp_path / "in.txt", "--output", tmp_path / "out.txt"],
+        "vaswani-evaluate": ["--model", model, "--dataset_dir", tmp_path / "data"],
+        "vaswani-finetune": ["--model", model, "--dataset_dir", tmp_path / "data", "--output_dir", tmp_path / "out"],
+        "vaswani-export-ctranslate2": ["--model", model, "--output_dir", tmp_path / "ct2"],
+        "vaswani-visualize": ["--model", model, "--text", "the cat", "--output_dir", tmp_path / "figures"],
+        "vaswani-push-to-hub": ["--model_dir", model, "--repo_id", "alice/model"],
+    }[name]
+
+
+MODEL_COMMANDS = ["vaswani-translate", "vaswani-evaluate", "vaswani-finetune", "vaswani-export-ctranslate2",
+                  "vaswani-visualize", "vaswani-push-to-hub"]  # fmt: skip
+
+
+@pytest.mark.parametrize("name", MODEL_COMMANDS)
+def test_a_wrong_model_folder_is_one_sentence_naming_it(name, model_folders, tmp_path, monkeypatch):
+    expected = {"missing": "does not exist", "empty": "no config.json", "bert": "'bert'"}
+    if name == "vaswani-push-to-hub":  # which checks the weights first, as it uploads them
+        expected.update(empty="has no model.safetensors", bert="has no model.safetensors")
+    for mistake, folder in model_folders.items():
+        message = error_of(name, model_arguments(name, folder, tmp_path), monkeypatch)
+        assert str(folder) in message and expected[mistake] in message, message
+    assert not (tmp_path / "nowhere").exists()
+
+
+@pytest.mark.slow  # loads transformers and torch in a process of its own
+def test_a_hub_id_that_cannot_be_fetched_offline_is_one_sentence(tmp_path):
+    name = "vaswani-export-ctranslate2"
+    result = run_python(
+        f"import sys; sys.argv = [{name!r}, '--model', 'alice/no-such-model', '--output_dir', {str(tmp_path)!r}];"
+        "from vaswani.scripts.export_ctranslate2 import main; main()",
+        env={"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")},
+    )
+    assert result.returncode == 1
+    assert one_error_line(result.stderr, name).startswith(f"{name}: error: cannot load --model alice/no-such-model: ")
+
+
+# --- Inputs longer than the model takes, and output files. ---
+
+
+def test_a_source_longer_than_the_model_takes_names_the_limit_and_the_flag(trained_text_model, tmp_path, monkeypatch):
+    model, tokenizer, folder = trained_text_model
+    limit, long = model.config.max_position_embeddings, " ".join(["cat"] * 2000)
+    tokens = len(tokenizer(long).input_ids)
+    (tmp_path / "in.txt").write_text(f"the cat\n{long}\n")
+    arguments = ["--model", folder, "--input", tmp_path / "in.txt", "--output", tmp_path / "out.txt"]
+    message = error_of("vaswani-translate", arguments, monkeypatch)
+    assert message == (
+        f"vaswani-translate: error: line 2 of --input is {tokens} tokens long, more than the model's {limit} source "
+        f"positions: pass --max_source_length {limit} (or less) to cut longer sources."
+    )
+    message = error_of("vaswani-translate", [*arguments, "--max_source_length", limit + 1], monkeypatch)
+    assert f"--max_source_length {limit + 1} is more than the model's {limit} source positions" in message
+    assert not (tmp_path / "out.txt").exists()
+    # vaswani-evaluate's sources are a dataset split's.
+    data = save_pairs(tmp_path / "data", [{"en": long, "es": "gato"}])
+    arguments = ["--model", folder, "--dataset_dir", data, "--split", "validation", "--output", tmp_path / "h.txt"]
+    message = error_of("vaswani-evaluate", arguments, monkeypatch)
+    assert (
+        f"line 1 of the validation split's sources is {tokens} tokens long, more than the model's {limit}" in message
+    )
+
+
+def test_an_output_file_needs_its_folder(trained_text_model, tmp_path, monkeypatch):
+    _, _, folder = trained_text_model
+    (tmp_path / "in.txt").write_text("the cat\n")
+    (tmp_path / "a_file").write_text("")
+    data = save_pairs(tmp_path / "data", [{"en": "the cat", "es": "el gato"}])
+    for output, problem in (
+        (tmp_path / "nowhere" / "out.txt", f"its folder {tmp_path / 'nowhere'} does not exist"),
+        (tmp_path / "a_file" / "out.txt", f"its folder {tmp_path / 'a_file'} is a file"),
+        (tmp_path, "it is a folder"),
+    ):
+        for name, arguments in (
+            ("vaswani-translate", ["--model", folder, "--input", tmp_path / "in.txt"]),
+            ("vaswani-evaluate", ["--model", folder, "--dataset_dir", data, "--split", "validation"]),
+        ):
+            message = error_of(name, [*arguments, "--output", output], monkeypatch)
+            assert message == f"{name}: error: cannot write --output {output}: {problem}."
+    assert not (tmp_path / "nowhere").exists()
