@@ -195,7 +195,7 @@ FAST = [*TINY, "--warmup_steps", "20", "--batch_tokens", "500", "--logging_steps
 
 
 def script_env(**variables):
-    """The environment of a script the tests run: this one with one thread per process (on a busy 2-core machine,
+    """The environment of a script the tests run: this one with one thread per process (where the cores are shared,
     OpenMP threads spinning against other processes make the tiny model 10-30 times slower), and `variables`."""
     return {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", **variables}
 
