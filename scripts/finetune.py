@@ -1,13 +1,17 @@
 """Fine-tune a trained Transformer on a new sentence-pair set with the `transformers` Seq2SeqTrainer.
 
-Every Seq2SeqTrainingArguments flag is accepted (see --help); this script's defaults differ from the library's where
-the paper or translation asks for it: label smoothing 0.1, evaluation every 500 steps by beam search (4 beams, and a
-vaswani model's own decoding: the GNMT length penalty, each sentence's own limit of its source length + 50, as
-vaswani-evaluate decodes) scored with the package's BLEU metric (sacreBLEU, and the paper's tokenized BLEU), batches
-of 32 pairs, at most 3 checkpoints kept, bfloat16 when the GPU supports it. The data is a
-DatasetDict of {"translation": {SOURCE_LANG: str, TARGET_LANG: str}} rows, saved by scripts/prepare_data.py
-(--dataset_dir) or loaded with datasets.load_dataset (--dataset); without the evaluation split, a part of the training
-split is held out for it. OUTPUT_DIR ends with the model, its tokenizer, eval_results.json and trainer_state.json.
+Every Seq2SeqTrainingArguments flag is accepted too (--learning_rate, --max_steps, --num_train_epochs, --warmup_steps,
+--fp16, --push_to_hub, ...: transformers' documentation lists them), with these defaults where the paper or translation
+asks for them: label smoothing 0.1, evaluation every 500 steps by beam search (4 beams, and a vaswani model's own
+decoding: the GNMT length penalty, each sentence's own limit of its source length + 50, as vaswani-evaluate decodes)
+scored with the package's BLEU metric (sacreBLEU, and the paper's tokenized BLEU), batches of 32 pairs, at most 3
+checkpoints kept, bfloat16 when the GPU supports it (vaswani.training.finetuning.FinetuningArguments). --output_dir
+is required.
+
+The data is a DatasetDict of {"translation": {SOURCE_LANG: str, TARGET_LANG: str}} rows, saved by
+scripts/prepare_data.py (--dataset_dir) or loaded with datasets.load_dataset (--dataset); without the evaluation split,
+a part of the training split is held out for it. OUTPUT_DIR ends with the model, its tokenizer, eval_results.json and
+trainer_state.json.
 
 Usage (or python scripts/finetune.py):
   vaswani-finetune --model runs/base --dataset_dir data/new --output_dir runs/finetuned
@@ -16,16 +20,9 @@ Usage (or python scripts/finetune.py):
   vaswani-finetune ... --push_to_hub --hub_model_id me/vaswani-en-es-finetuned
 """
 
-import copy
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-
-# What the arguments need only (the training arguments are transformers' own): the model, the data and the metric
-# are imported by the functions that use them, after the arguments parse.
-from transformers import Seq2SeqTrainingArguments, TrainerCallback
-from transformers.trainer_utils import IntervalStrategy, get_last_checkpoint
-from transformers.training_args import OptimizerNames
 
 from vaswani.training.checks import (
     UsageError,
@@ -37,11 +34,6 @@ from vaswani.training.checks import (
     seq2seq_model_types,
 )
 from vaswani.training.cli import command, parse_arguments
-
-
-def default(name, value, **metadata):
-    """A Seq2SeqTrainingArguments field with this script's default, keeping the library's help unless replaced."""
-    return field(default=value, metadata={**Seq2SeqTrainingArguments.__dataclass_fields__[name].metadata, **metadata})
 
 
 @dataclass
@@ -72,56 +64,19 @@ class DataArguments:
             raise UsageError("give exactly one of --dataset_dir and --dataset.")
 
 
-@dataclass
-class FinetuningArguments(Seq2SeqTrainingArguments):
-    """Seq2SeqTrainingArguments, every field a flag, with this script's defaults (see the module's docstring)."""
-
-    _argument_group_name = "training (Seq2SeqTrainingArguments)"
-    output_dir: str = field(metadata={"help": "checkpoints, then the final model and tokenizer"})
-    optim: OptimizerNames | str = default("optim", "adamw_torch")
-    per_device_train_batch_size: int = default("per_device_train_batch_size", 32)
-    per_device_eval_batch_size: int = default("per_device_eval_batch_size", 32)
-    label_smoothing_factor: float = default("label_smoothing_factor", 0.1, help="epsilon_ls (paper, section 5.4)")
-    # A bool|None field takes a bare flag only through nargs/const, as the library's activation_checkpointing does;
-    # bf16's None, which the library does not take, is decided in __post_init__.
-    bf16: bool | None = default(
-        "bf16", None, help="bfloat16 mixed precision; default: when the GPU has it", nargs="?", const=True
-    )
-    hub_private_repo: bool | None = default("hub_private_repo", None, nargs="?", const=True)
-    logging_steps: float = default("logging_steps", 50)
-    eval_strategy: IntervalStrategy | str = default("eval_strategy", "steps")
-    eval_steps: float | None = default("eval_steps", 500)
-    save_total_limit: int | None = default("save_total_limit", 3)
-    predict_with_generate: bool = default("predict_with_generate", True)
-    generation_num_beams: int | None = default(
-        "generation_num_beams", 4, help="evaluation beam size (paper: 4)", aliases=["--num_beams"]
-    )
-    generation_max_length: int | None = default(
-        "generation_max_length",
-        None,
-        help="one limit for every evaluation translation (tokens); default: the model's own (a vaswani model: each "
-        "sentence's source length + 50, section 6.1), else --max_target_length",
-    )
-    resume_from_checkpoint: str | None = default(
-        "resume_from_checkpoint",
-        None,
-        help="continue from a checkpoint folder; 'latest' (or the bare flag): OUTPUT_DIR's last one",
-        nargs="?",
-        const="latest",
-        metavar="PATH|latest",
-    )
-
-    def __post_init__(self):
-        import torch
-
-        if self.bf16 is None:
-            self.bf16 = not self.use_cpu and torch.cuda.is_available() and torch.cuda.is_bf16_supported()
-        super().__post_init__()
-
-
 def parse_args(argv=None):
-    """(ModelArguments, DataArguments, FinetuningArguments) from the command line."""
-    return parse_arguments((ModelArguments, DataArguments, FinetuningArguments), argv, __doc__.split("\n\n")[0])
+    """(ModelArguments, DataArguments, FinetuningArguments) from the command line: this command's own flags first, so
+    that --help and their mistakes answer before torch is imported, then the Seq2SeqTrainingArguments flags."""
+    description, training_flags = __doc__.split("\n\n")[:2]
+    return parse_arguments(
+        (ModelArguments, DataArguments), argv, description, epilog=training_flags, more=finetuning_arguments
+    )
+
+
+def finetuning_arguments():
+    from vaswani.training.finetuning import FinetuningArguments
+
+    return FinetuningArguments
 
 
 def load_splits(data, seed):
@@ -165,56 +120,12 @@ def tokenize_function(tokenizer, source_lang, target_lang, max_source_length, ma
     return tokenize
 
 
-def bleu_metrics(tokenizer, target_lang=None):
-    """`compute_metrics` for predict_with_generate: BLEU as every command of this package scores it (the metric of
-    `load_metric`), its sacreBLEU signature, the paper's tokenized BLEU (with `target_lang`), and the mean translation
-    length in tokens."""
-    import numpy as np
-
-    from vaswani.training.evaluation import load_metric
-
-    metric = load_metric(target_lang)
-
-    def compute_metrics(eval_prediction):
-        predictions, labels = eval_prediction.predictions, eval_prediction.label_ids
-        if isinstance(predictions, tuple):
-            predictions = predictions[0]
-        # The evaluation loop pads batches to a common length with -100, which is no token.
-        predictions = np.where(predictions != -100, predictions, tokenizer.pad_token_id)
-        labels = np.where(labels != -100, labels, tokenizer.pad_token_id)
-        hypotheses = [text.strip() for text in tokenizer.batch_decode(predictions, skip_special_tokens=True)]
-        references = [text.strip() for text in tokenizer.batch_decode(labels, skip_special_tokens=True)]
-        bleu = metric.compute(predictions=hypotheses, references=references)
-        lengths = (predictions != tokenizer.pad_token_id).sum(axis=1)
-        metrics = {"bleu": bleu["score"], "bleu_signature": bleu["signature"], "gen_len": float(lengths.mean())}
-        if "tokenized_bleu" in bleu:
-            metrics["tokenized_bleu"] = bleu["tokenized_bleu"]
-        return metrics
-
-    return compute_metrics
-
-
-class KeepGenerationConfig(TrainerCallback):
-    """Put the model's generation config back after each evaluation.
-
-    Seq2SeqTrainer.prediction_step fills every unset field of `model.generation_config` with the library defaults,
-    max_length=20 among them, and they would be saved with every later checkpoint and with the final model. A vaswani
-    model takes that filled-in max_length for no limit (its generate() keeps each sentence's own, section 6.1); a
-    model of another class would stop every translation at 20 tokens.
-    """
-
-    def __init__(self, generation_config):
-        self.generation_config = copy.deepcopy(generation_config)
-
-    def on_evaluate(self, args, state, control, model=None, **kwargs):
-        if model is not None:
-            model.generation_config = copy.deepcopy(self.generation_config)
-
-
 def checkpoint_to_resume(choice, output_dir):
     """The checkpoint folder to continue from, or None to start afresh."""
     if choice is None:
         return None
+    from transformers.trainer_utils import get_last_checkpoint
+
     if choice == "latest":
         last = get_last_checkpoint(output_dir) if Path(output_dir).is_dir() else None
         print(f"resuming from {last}" if last else f"no checkpoint in {output_dir} yet: starting afresh")
@@ -227,6 +138,8 @@ def checkpoint_to_resume(choice, output_dir):
 def build_trainer(data_args, training_args, model, tokenizer, train_raw, eval_raw):
     """Tokenize the two splits and put them, the model and the training arguments into a Seq2SeqTrainer."""
     from transformers import DataCollatorForSeq2Seq, Seq2SeqTrainer
+
+    from vaswani.training.finetuning import KeepGenerationConfig, bleu_metrics
 
     # The positional encoding stops at max_position_embeddings: no input, label or translation may be longer.
     longest = getattr(model.config, "max_position_embeddings", None) or sys.maxsize

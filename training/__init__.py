@@ -8,6 +8,7 @@
     checkpoints  save, keep, resume and average checkpoints (6.1)
     faults       preemption signals, non-finite losses, disk space
     evaluation   beam-search translation, sacreBLEU and the `evaluate` metric (6.1)
+    finetuning   transformers' Seq2SeqTrainer with translation's defaults, this package's metric and decoding
     records      the step log, its plots, the hardware
     checks       the one exception type for the user's mistakes, and the checks several commands make
     cli          the commands' argument parsing and exit style

@@ -37,16 +37,26 @@ def argument_parser_class():
     return HfArgumentParser
 
 
-def parse_arguments(dataclass_types, argv=None, description=None):
+def parse_arguments(dataclass_types, argv=None, description=None, *, more=None, **parser_options):
     """Parse `argv` into one instance of each dataclass; a dataclass's `__post_init__` may raise `UsageError`, which
-    is reported like any argument that does not parse. A dataclass's `_argument_group_name` heads its --help."""
-    parser = argument_parser_class()(dataclass_types, description=description)
+    is reported like any argument that does not parse. A dataclass's `_argument_group_name` heads its --help;
+    `parser_options` (epilog, usage) go to the argument parser.
+
+    `more`, a function that returns one more dataclass, is for a command whose other flags belong to a dataclass that
+    is slow to import (fine-tuning's Seq2SeqTrainingArguments imports torch): it is called once the command's own
+    flags have parsed, and the flags left over are parsed into it. --help, and a mistake in the command's own flags,
+    answer without it; the epilog tells the user what those other flags are."""
+    parser = argument_parser_class()(
+        dataclass_types, description=description, allow_abbrev=more is None, **parser_options
+    )
     try:
         *parsed, unknown = parser.parse_args_into_dataclasses(
             args=argv, look_for_args_file=False, return_remaining_strings=True
         )
     except UsageError as error:
         parser.error(str(error))
+    if more is not None:
+        return [*parsed, *parse_arguments([more()], unknown, usage="%(prog)s ... (%(prog)s --help tells the flags)")]
     if unknown:  # HfArgumentParser would raise a bare ValueError; this is argparse's own message and exit status
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     return parsed
