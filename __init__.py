@@ -17,6 +17,8 @@ import importlib.metadata
 import sys
 import warnings
 
+from .lazy_imports import lazy_names
+
 
 __version__ = importlib.metadata.version("vaswani")
 
@@ -35,21 +37,7 @@ _LAZY = {
 }
 
 
-_SUBPACKAGES = ("configuration", "modeling", "training", "scripts")
-
-
-def __getattr__(name):
-    if name in _SUBPACKAGES:  # `vaswani.modeling.modeling_vaswani` after a bare `import vaswani`, as before
-        return importlib.import_module(f".{name}", __name__)
-    if name not in _LAZY:
-        raise AttributeError(f"module 'vaswani' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_LAZY[name], __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__():
-    return sorted({*globals(), *_LAZY})
+__getattr__, __dir__ = lazy_names(__name__, _LAZY, submodules=("configuration", "modeling", "training", "scripts"))
 
 
 # --- Registration with transformers, as each of its parts is imported. ---

@@ -2,7 +2,7 @@
 the tokenizer of converted fairseq models (tokenization_fairseq). Names are imported on first use, so that importing
 one of these modules (the tokenizer, say) does not import the others."""
 
-import importlib
+from ..lazy_imports import lazy_names
 
 
 _LAZY = {
@@ -14,21 +14,9 @@ _LAZY = {
     "label_smoothed_cross_entropy": ".modeling_vaswani",
     "VaswaniTranslationPipeline": ".pipeline_vaswani",
 }
-
-
-def __getattr__(name):
-    if name in ("modeling_vaswani", "generation_vaswani", "pipeline_vaswani", "tokenization_fairseq"):
-        return importlib.import_module(f".{name}", __name__)
-    if name not in _LAZY:
-        raise AttributeError(f"module 'vaswani.modeling' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_LAZY[name], __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__():
-    return sorted({*globals(), *_LAZY})
-
+__getattr__, __dir__ = lazy_names(
+    __name__, _LAZY, submodules=("modeling_vaswani", "generation_vaswani", "pipeline_vaswani", "tokenization_fairseq")
+)
 
 __all__ = [
     "VaswaniDecoder",

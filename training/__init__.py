@@ -17,7 +17,7 @@ tokenizer (the shared BPE vocabulary), hub (push and model card), export (CTrans
 (5.4) is the model's own: `vaswani.label_smoothed_cross_entropy`, also used by its `labels` path.
 """
 
-import importlib
+from ..lazy_imports import lazy_names
 
 
 # Imported on first use, so that `vaswani.training.hub` (say) needs only its own extra, and `import vaswani.training`
@@ -39,15 +39,6 @@ _EXPORTS = {
     "faults": ["StopSignal"],
     "schedule": ["inverse_sqrt_lr", "inverse_sqrt_schedule", "paper_peak_lr"],
 }
-_MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
-__all__ = sorted(_MODULE_OF)
-
-
-def __getattr__(name):
-    if name not in _MODULE_OF:
-        raise AttributeError(f"module 'vaswani.training' has no attribute {name!r}")
-    return getattr(importlib.import_module(f".{_MODULE_OF[name]}", __name__), name)
-
-
-def __dir__():
-    return __all__
+_HOMES = {name: f".{module}" for module, names in _EXPORTS.items() for name in names}
+__getattr__, __dir__ = lazy_names(__name__, _HOMES)
+__all__ = sorted(_HOMES)

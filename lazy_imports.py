@@ -1,0 +1,25 @@
+"""A package's names imported on first use (a module `__getattr__`, PEP 562), so that importing the package costs
+nothing until one of its names is used."""
+
+import importlib
+import sys
+
+
+def lazy_names(package, homes, submodules=()):
+    """`__getattr__` and `__dir__` for the package named `package`: each name of `homes` (name -> the module that
+    defines it, relative to `package`) is imported on first use and kept; each of `submodules` is imported when first
+    asked for as an attribute."""
+
+    def __getattr__(name):
+        if name in submodules:
+            return importlib.import_module(f".{name}", package)
+        if name not in homes:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        value = getattr(importlib.import_module(homes[name], package), name)
+        setattr(sys.modules[package], name, value)
+        return value
+
+    def __dir__():
+        return sorted({*vars(sys.modules[package]), *homes})
+
+    return __getattr__, __dir__
