@@ -13,7 +13,8 @@ import textwrap
 import datasets
 import pytest
 import torch
-from helpers import REPO_ROOT
+from helpers import REPO_ROOT, run_command, script_command, script_env
+from hub_server import HubServer
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, LogitsProcessorList, pipeline
 
 from vaswani.modeling.generation_vaswani import SourceLengthLimit
@@ -34,6 +35,7 @@ REFUSED = {
     "layer_drop": "encoder_layerdrop=0.1",
     "gelu": "activation_fn='gelu'",
 }
+HUB_TOKEN = "hf_aliceSecretToken0123456789"
 SENTENCES = ["The cat sat on the mat.", "A well-known dog jumps over the quick fox, and said it.", "Attention!"]
 MAX_LEN_B = 12  # fairseq_reference.py's
 EOS, PAD = 2, 1
@@ -214,25 +216,46 @@ REMOTE = textwrap.dedent(
 )
 
 
-def test_converted_folder_loads_with_remote_code_and_in_the_pipeline(converted, tmp_path):
-    folder = converted / "wmt_en_de_shared"
-    env = {"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf_home"), "PATH": "/usr/bin:/bin"}
+def loaded_without_the_package(source, env, cwd):
+    """REMOTE's answer: what a fresh process without the package makes of SENTENCES[0] with the model of `source`,
+    a folder or a Hub repo."""
     done = subprocess.run(
-        [sys.executable, "-c", REMOTE, str(folder), SENTENCES[0]],
-        env=env,
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
+        [sys.executable, "-c", REMOTE, str(source), SENTENCES[0]], env=env, cwd=cwd, capture_output=True, text=True
     )
     assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout.strip().splitlines()[-1]
+
+
+def translated_here(folder):
+    """REMOTE's answer, as this process gives it with the package."""
     tokenizer = AutoTokenizer.from_pretrained(folder)
     model = AutoModelForSeq2SeqLM.from_pretrained(folder).eval()
     options = {"min_new_tokens": 4, "max_new_tokens": 6, "num_beams": 4}
     ours = model.generate(**tokenizer([SENTENCES[0]], return_tensors="pt"), **options)
     translate = pipeline("translation", model=folder, **options)
     expected = (ours[0].tolist(), translate(SENTENCES[0])[0]["translation_text"])
-    assert done.stdout.strip().splitlines()[-1] == repr(expected)
     assert expected[1] == tokenizer.decode(ours[0], skip_special_tokens=True)
+    return repr(expected)
+
+
+def test_converted_folder_loads_with_remote_code_and_in_the_pipeline(converted, tmp_path):
+    folder = converted / "wmt_en_de_shared"
+    env = {"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf_home"), "PATH": "/usr/bin:/bin"}
+    assert loaded_without_the_package(folder, env, tmp_path) == translated_here(folder)
+
+
+def test_a_pushed_converted_model_loads_from_the_hub_as_from_its_folder(converted, tmp_path):
+    """vaswani-push-to-hub uploads what a converted folder holds beyond a trained one (vocab-src.json, vocab-tgt.json
+    and the Moses tokenizer's code): a process without the package loads it by repo id, through the Hub's HTTP API
+    (tests/hub_server.py), and translates as the folder does."""
+    folder = converted / "wmt_en_de_shared"
+    with HubServer(users={"alice": HUB_TOKEN}) as hub:
+        env = script_env(
+            HF_ENDPOINT=hub.url, HF_HUB_DISABLE_XET="1", HF_HOME=str(tmp_path / "hf_home"), HF_TOKEN=HUB_TOKEN
+        )
+        push = script_command("push_to_hub", "--model_dir", folder, "--repo_id", "alice/fairseq-en-de")
+        run_command(push, env=env, check=True)
+        assert loaded_without_the_package("alice/fairseq-en-de", env, tmp_path) == translated_here(folder)
 
 
 def test_converted_model_exports_to_ctranslate2(converted, tmp_path):
