@@ -2,6 +2,8 @@
 with argparse's usage and status 2, and a mistake in the input ends a command with `NAME: error: message`."""
 
 import importlib.metadata
+import subprocess
+import sys
 from dataclasses import dataclass
 
 import pytest
@@ -79,3 +81,38 @@ def test_hooks_for_tests_stay_out_of_help(capsys):
     with pytest.raises(SystemExit):
         train.main(["--help"])
     assert "--stop_after" not in capsys.readouterr().out
+
+
+def test_where_transformers_argument_parser_needs_more_of_transformers_transformers_is_imported_for_it(tmp_path):
+    """The commands load transformers/hf_argparser.py by itself (it needs only the standard library and yaml) to answer
+    at once; a release whose file imports more of transformers gets the library's HfArgumentParser, whole."""
+    moved = tmp_path / "transformers"
+    moved.mkdir()
+    (moved / "__init__.py").write_text("")
+    (moved / "hf_argparser.py").write_text("from .utils import logging\n")
+    code = f"""
+import importlib.util, sys
+from importlib.machinery import ModuleSpec
+find_spec = importlib.util.find_spec
+moved = ModuleSpec("transformers", None, origin={str(moved / "__init__.py")!r})
+importlib.util.find_spec = lambda name, *rest: moved if name == "transformers" else find_spec(name, *rest)
+from vaswani.training.cli import argument_parser_class
+parser = argument_parser_class()
+import transformers
+print(parser is transformers.HfArgumentParser, [name for name in sys.modules if name.endswith("_hf_argparser")])
+"""
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["True", "[]"]
+
+
+def test_transformers_argument_parser_answers_without_importing_transformers():
+    code = """
+import sys
+from vaswani.training.cli import argument_parser_class
+parser = argument_parser_class()
+print(parser.__module__, "transformers" in sys.modules)
+"""
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["vaswani.training.cli._hf_argparser", "False"]
