@@ -1,0 +1,66 @@
+"""`import vaswani` registers the model type with transformers' Auto classes, its translation pipeline and the converted
+fairseq models' tokenizer, whatever the order of the imports: before transformers, after `import transformers`, or
+after the Auto classes and pipelines are loaded. Each order in a fresh process, as a user's script meets it."""
+
+import subprocess
+import sys
+
+import pytest
+from helpers import script_env
+
+
+CHECK = """
+import json
+from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM, pipelines
+from transformers.models.auto.tokenization_auto import tokenizer_class_from_name
+config = AutoConfig.for_model("vaswani", vocab_size=40, d_model=16, encoder_layers=1, decoder_layers=1,
+                              encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=32,
+                              decoder_ffn_dim=32)
+translation = pipelines.PIPELINE_REGISTRY.check_task("translation")[1]["impl"]
+print(json.dumps([type(config).__name__, type(AutoModel.from_config(config)).__name__,
+                  type(AutoModelForSeq2SeqLM.from_config(config)).__name__, translation.__name__,
+                  tokenizer_class_from_name("FairseqMosesTokenizer").__name__]))
+"""
+REGISTERED = ["VaswaniConfig", "VaswaniModel", "VaswaniForConditionalGeneration", "VaswaniTranslationPipeline",
+              "FairseqMosesTokenizer"]  # fmt: skip
+ORDERS = {
+    "vaswani first": "import vaswani\n",
+    "after import transformers": "import transformers\nimport vaswani\n",
+    "after the Auto classes and pipelines": "from transformers import AutoModelForSeq2SeqLM, pipeline\nimport vaswani\n",
+}
+
+
+def run(code):
+    result = subprocess.run(
+        [sys.executable, "-W", "error::UserWarning", "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=script_env(),
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout.splitlines()[-1]
+
+
+@pytest.mark.parametrize("imports", ORDERS.values(), ids=ORDERS.keys())
+def test_the_auto_classes_pipeline_and_tokenizer_know_vaswani_whatever_the_import_order(imports):
+    assert run(imports + CHECK) == str(REGISTERED).replace("'", '"')
+
+
+def test_a_transformers_whose_auto_tables_moved_still_imports_and_says_what_is_missing():
+    """Where the tables the registration writes to are gone, `import vaswani` warns and leaves transformers working."""
+    code = """
+import warnings
+from transformers.models.auto import modeling_auto
+del modeling_auto.MODEL_MAPPING._model_mapping  # as a release that renamed it
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    import vaswani
+from transformers import AutoConfig
+print([str(warning.message).split(" (")[0] for warning in caught], type(AutoConfig.for_model("vaswani")).__name__)
+"""
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=script_env()
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip() == "['vaswani could not register itself with transformers'] VaswaniConfig"
