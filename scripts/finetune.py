@@ -2,7 +2,7 @@
 
 Every Seq2SeqTrainingArguments flag is accepted too (--learning_rate, --max_steps, --num_train_epochs, --warmup_steps,
 --fp16, --push_to_hub, ...: transformers' documentation lists them), with these defaults where the paper or translation
-asks for them: label smoothing 0.1, evaluation every 500 steps by beam search (4 beams, and a vaswani model's own
+asks for them: label smoothing 0.1, evaluation every 500 steps by beam search (4 beams, --num_beams; a vaswani model's own
 decoding: the GNMT length penalty, each sentence's own limit of its source length + 50, as vaswani-evaluate decodes)
 scored with the package's BLEU metric (sacreBLEU, and the paper's tokenized BLEU), batches of 32 pairs, at most 3
 checkpoints kept, bfloat16 when the GPU supports it (vaswani.training.finetuning.FinetuningArguments). --output_dir
@@ -20,6 +20,7 @@ Usage (or python scripts/finetune.py):
   vaswani-finetune ... --push_to_hub --hub_model_id me/vaswani-en-es-finetuned
 """
 
+import argparse
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -64,12 +65,22 @@ class DataArguments:
             raise UsageError("give exactly one of --dataset_dir and --dataset.")
 
 
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """The flags with their defaults; the description and the epilog (the Trainer's flags, the data, the usage) laid
+    out as this module's docstring lays them out."""
+
+
 def parse_args(argv=None):
     """(ModelArguments, DataArguments, FinetuningArguments) from the command line: this command's own flags first, so
     that --help and their mistakes answer before torch is imported, then the Seq2SeqTrainingArguments flags."""
-    description, training_flags = __doc__.split("\n\n")[:2]
+    description, rest = __doc__.split("\n\n", 1)
     return parse_arguments(
-        (ModelArguments, DataArguments), argv, description, epilog=training_flags, more=finetuning_arguments
+        (ModelArguments, DataArguments),
+        argv,
+        description,
+        epilog=rest,
+        formatter_class=HelpFormatter,
+        more=finetuning_arguments,
     )
 
 
