@@ -2,11 +2,11 @@
 
 Every Seq2SeqTrainingArguments flag is accepted too (--learning_rate, --max_steps, --num_train_epochs, --warmup_steps,
 --fp16, --push_to_hub, ...: transformers' documentation lists them), with these defaults where the paper or translation
-asks for them: label smoothing 0.1, evaluation every 500 steps by beam search (4 beams, --num_beams; a vaswani model's own
-decoding: the GNMT length penalty, each sentence's own limit of its source length + 50, as vaswani-evaluate decodes)
-scored with the package's BLEU metric (sacreBLEU, and the paper's tokenized BLEU), batches of 32 pairs, at most 3
-checkpoints kept, bfloat16 when the GPU supports it (vaswani.training.finetuning.FinetuningArguments). --output_dir
-is required.
+asks for them: label smoothing 0.1, evaluation every 500 steps by beam search (4 beams, --num_beams; a vaswani
+model's own decoding: the GNMT length penalty, each sentence's own limit of its source length + 50, as
+vaswani-evaluate decodes) scored with the package's BLEU metric (sacreBLEU, and the paper's tokenized BLEU), batches of
+32 pairs, at most 3 checkpoints kept, bfloat16 when the GPU supports it
+(vaswani.training.finetuning.FinetuningArguments). --output_dir is required.
 
 The data is a DatasetDict of {"translation": {SOURCE_LANG: str, TARGET_LANG: str}} rows, saved by
 scripts/prepare_data.py (--dataset_dir) or loaded with datasets.load_dataset (--dataset); without the evaluation split,

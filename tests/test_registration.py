@@ -1,6 +1,7 @@
-"""`import vaswani` registers the model type with transformers' Auto classes, its translation pipeline and the converted
-fairseq models' tokenizer, whatever the order of the imports: before transformers, after `import transformers`, or
-after the Auto classes and pipelines are loaded. Each order in a fresh process, as a user's script meets it."""
+"""`import vaswani` registers the model type with transformers' Auto classes, its translation pipeline and the
+converted fairseq models' tokenizer, whatever the order of the imports: before transformers, after `import
+transformers`, or after the Auto classes and pipelines are loaded. Each order in a fresh process, as a user's script
+meets it."""
 
 import subprocess
 import sys
@@ -26,7 +27,8 @@ REGISTERED = ["VaswaniConfig", "VaswaniModel", "VaswaniForConditionalGeneration"
 ORDERS = {
     "vaswani first": "import vaswani\n",
     "after import transformers": "import transformers\nimport vaswani\n",
-    "after the Auto classes and pipelines": "from transformers import AutoModelForSeq2SeqLM, pipeline\nimport vaswani\n",
+    "after the Auto classes and pipelines": "from transformers import AutoModelForSeq2SeqLM, pipeline\n"
+    "import vaswani\n",
 }
 
 
