@@ -775,6 +775,7 @@ MODEL_FILES = {
 }
 
 
+@pytest.mark.slow  # a training run
 def test_train_script_pushes_its_final_model(hub, api, tmp_path):
     """`scripts/train.py --push_to_hub --hub_model_id ...` shares the averaged model, its records and plots."""
     tiny_tokenizer().save_pretrained(tmp_path / "tokenizer")
@@ -812,6 +813,7 @@ def test_train_script_pushes_its_final_model(hub, api, tmp_path):
     assert {*MODEL_FILES, "training_summary.json", "training_curves.png", "README.md"} <= files
 
 
+@pytest.mark.slow  # a fine-tuning run
 def test_finetune_script_pushes_through_the_trainer(hub, api, tmp_path):
     """`scripts/finetune.py --push_to_hub` uses Seq2SeqTrainer's own push; the result loads from the Hub."""
     folder = save_model_folder(tmp_path / "model", seeded_model(0), records=False)

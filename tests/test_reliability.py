@@ -173,6 +173,7 @@ def test_sigterm_checkpoints_the_step_under_way_and_the_printed_command_resumes_
     assert_ends_like(straight, output_dir)
 
 
+@pytest.mark.slow  # SIGTERM's twin, tested by default
 def test_sigint_also_checkpoints_and_exits_130(corpus, tmp_path):
     output_dir = tmp_path / "out"
     process = start(train_command(*arguments_for(corpus, output_dir)))
@@ -281,6 +282,7 @@ KILLABLE_AT_STEP_24 = """
 """
 
 
+@pytest.mark.slow  # four training runs
 def test_a_full_disk_and_a_kill_during_a_checkpoint_lose_only_the_steps_since_the_last_one(corpus, straight, tmp_path):
     output_dir = tmp_path / "out"
     checkpoints = output_dir / "checkpoints"
@@ -333,6 +335,7 @@ FILES_LIMITED_AT_STEP_12 = """
 """
 
 
+@pytest.mark.slow  # training runs under a full disk
 @pytest.mark.parametrize("processes", [1, 2])
 def test_writes_the_kernel_refuses_during_a_checkpoint_keep_the_last_one_and_end_every_rank(
     corpus, tmp_path, processes
@@ -450,6 +453,7 @@ def test_non_finite_losses_are_skipped_and_counted_and_too_many_in_a_row_stop_th
     assert not (output_dir / "model.safetensors").exists()
 
 
+@pytest.mark.slow  # a training run
 def test_a_learning_rate_that_blows_up_the_weights_stops_the_run_at_max_bad_steps(corpus, tmp_path):
     """No injection: a learning rate of 1e30 makes the weights overflow after the first step, and the loss NaN."""
     output_dir = tmp_path / "out"
@@ -673,6 +677,7 @@ def test_resume_refuses_checkpoints_that_do_not_fit(corpus, straight, tmp_path):
     ) in message
 
 
+@pytest.mark.slow  # three training runs
 def test_resume_refuses_settings_that_change_the_steps_unless_told(corpus, straight, tmp_path):
     source = list_checkpoints(straight / "checkpoints")[-1]
     copy_checkpoint(source, tmp_path / "out")
@@ -711,6 +716,7 @@ def test_resume_refuses_settings_that_change_the_steps_unless_told(corpus, strai
     )
 
 
+@pytest.mark.slow  # two training runs
 def test_a_checkpoint_written_under_the_old_flag_names_resumes_exactly(corpus, straight, tmp_path):
     """Checkpoints written before the flags took `TrainingArguments`' names record grad_accum, adam_eps and
     label_smoothing: they resume, and a changed value is still caught under its new name."""

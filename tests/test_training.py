@@ -200,6 +200,7 @@ def test_two_ddp_processes_train_together_from_one_tokenization_and_end_identica
     assert losses[-1]["loss"] < losses[0]["loss"] - 0.5
 
 
+@pytest.mark.slow  # two launches of two processes
 def test_two_machines_on_the_loopback_train_from_one_cache_and_end_identical(corpus, tmp_path):
     """configs/multi_node.yaml as a user runs it on two machines, here two launchers on 127.0.0.1 with one gloo
     process each, sharing a file system: machine 0 tokenizes, machine 1 maps its files, both end with one model."""
@@ -320,6 +321,7 @@ FIXED_BATCHES_AND_FIRST_GRADIENTS = """
 """
 
 
+@pytest.mark.slow  # three training runs, one of two processes
 def test_a_step_has_the_token_normalised_gradient_however_its_tokens_are_split(corpus, tmp_path):
     """Section 5.1's batches are counted in tokens: a step's loss is the sum over all its target tokens divided by
     their number, whether the tokens come as one batch, as two accumulated micro-batches, or from two DDP processes,
@@ -351,6 +353,7 @@ def test_a_step_has_the_token_normalised_gradient_however_its_tokens_are_split(c
             torch.testing.assert_close(got, expected, rtol=0, atol=1e-6, msg=lambda m, name=name: f"{name}: {m}")
 
 
+@pytest.mark.slow  # three training runs
 def test_long_pairs_are_dropped_or_truncated_and_counted(corpus, tmp_path):
     """--long_pairs: training pairs longer than --max_source_length/--max_target_length (with </s>) are left out
     (filter) or cut to the limits (truncate), and the run says how many; validation pairs are always truncated."""
