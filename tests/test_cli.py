@@ -2,11 +2,11 @@
 with argparse's usage and status 2, and a mistake in the input ends a command with `NAME: error: message`."""
 
 import importlib.metadata
-import subprocess
 import sys
 from dataclasses import dataclass
 
 import pytest
+from helpers import run_command
 
 from vaswani.training.checks import UsageError
 from vaswani.training.cli import command, parse_arguments
@@ -101,8 +101,7 @@ parser = argument_parser_class()
 import transformers
 print(parser is transformers.HfArgumentParser, [name for name in sys.modules if name.endswith("_hf_argparser")])
 """
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr
+    result = run_command([sys.executable, "-c", code], check=True)
     assert result.stdout.split() == ["True", "[]"]
 
 
@@ -113,6 +112,5 @@ from vaswani.training.cli import argument_parser_class
 parser = argument_parser_class()
 print(parser.__module__, "transformers" in sys.modules)
 """
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr
+    result = run_command([sys.executable, "-c", code], check=True)
     assert result.stdout.split() == ["vaswani.training.cli._hf_argparser", "False"]

@@ -3,11 +3,10 @@ converted fairseq models' tokenizer, whatever the order of the imports: before t
 transformers`, or after the Auto classes and pipelines are loaded. Each order in a fresh process, as a user's script
 meets it."""
 
-import subprocess
 import sys
 
 import pytest
-from helpers import script_env
+from helpers import run_command
 
 
 CHECK = """
@@ -33,14 +32,8 @@ ORDERS = {
 
 
 def run(code):
-    result = subprocess.run(
-        [sys.executable, "-W", "error::UserWarning", "-c", code],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=script_env(),
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
+    """The last line `code` prints in a fresh process, where a warning the code does not catch fails it."""
+    result = run_command([sys.executable, "-W", "error::UserWarning", "-c", code], check=True)
     return result.stdout.splitlines()[-1]
 
 
@@ -61,8 +54,4 @@ with warnings.catch_warnings(record=True) as caught:
 from transformers import AutoConfig
 print([str(warning.message).split(" (")[0] for warning in caught], type(AutoConfig.for_model("vaswani")).__name__)
 """
-    result = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=script_env()
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.strip() == "['vaswani could not register itself with transformers'] VaswaniConfig"
+    assert run(code) == "['vaswani could not register itself with transformers'] VaswaniConfig"
