@@ -578,6 +578,7 @@ def test_the_token_is_in_no_output_and_no_file_on_the_hub(hub, api, published, t
             assert ALICE_TOKEN.encode() not in path.read_bytes(), path
 
 
+@pytest.mark.slow  # a push and three client processes
 def test_private_repo_is_hidden_from_others(hub, published, tmp_path):
     push = run_push(hub, tmp_path / "home", published.v1_dir, "alice/private-tiny", "--private")
     assert push.returncode == 0, push.stderr

@@ -229,6 +229,7 @@ def test_two_machines_on_the_loopback_train_from_one_cache_and_end_identical(cor
     assert len(tokenized_files(data)) == 6
 
 
+@pytest.mark.slow  # three training runs; test_reliability's SIGTERM test resumes exactly by default
 def test_resumed_run_ends_exactly_like_an_uninterrupted_one(corpus, tmp_path):
     """Dropout on, gradient accumulation, an epoch boundary after the restart: same weights to the last bit."""
     data, tokenizer = corpus
@@ -377,6 +378,7 @@ def test_long_pairs_are_dropped_or_truncated_and_counted(corpus, tmp_path):
         )  # fmt: skip
 
 
+@pytest.mark.slow  # a 200-step training run
 def test_model_overfits_a_handful_of_pairs(tmp_path):
     pairs = ["the red cat sees a dog", "a big bird eats", "the small house has a green tree", "dog likes blue"]
     records = [word_pair(e) for e in pairs]
@@ -623,6 +625,7 @@ def test_evaluate_prints_bleu_with_signature_and_writes_hypotheses(trained, corp
     assert recorded["paper_decoding"] is True
 
 
+@pytest.mark.slow  # a training run, then the pictures
 def test_visualize_writes_positional_encoding_and_attention_pngs(trained, tmp_path):
     import matplotlib.image
 
