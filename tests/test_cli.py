@@ -3,7 +3,8 @@ with argparse's usage and status 2, and a mistake in the input ends a command wi
 
 import importlib.metadata
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Literal
 
 import pytest
 from helpers import run_command
@@ -83,34 +84,90 @@ def test_hooks_for_tests_stay_out_of_help(capsys):
     assert "--stop_after" not in capsys.readouterr().out
 
 
-def test_where_transformers_argument_parser_needs_more_of_transformers_transformers_is_imported_for_it(tmp_path):
-    """The commands load transformers/hf_argparser.py by itself (it needs only the standard library and yaml) to answer
-    at once; a release whose file imports more of transformers gets the library's HfArgumentParser, whole."""
-    moved = tmp_path / "transformers"
-    moved.mkdir()
-    (moved / "__init__.py").write_text("")
-    (moved / "hf_argparser.py").write_text("from .utils import logging\n")
-    code = f"""
-import importlib.util, sys
-from importlib.machinery import ModuleSpec
-find_spec = importlib.util.find_spec
-moved = ModuleSpec("transformers", None, origin={str(moved / "__init__.py")!r})
-importlib.util.find_spec = lambda name, *rest: moved if name == "transformers" else find_spec(name, *rest)
-from vaswani.training.cli import argument_parser_class
-parser = argument_parser_class()
-import transformers
-print(parser is transformers.HfArgumentParser, [name for name in sys.modules if name.endswith("_hf_argparser")])
-"""
-    result = run_command([sys.executable, "-c", code], check=True)
-    assert result.stdout.split() == ["True", "[]"]
+@dataclass
+class EveryKind:
+    """One field of each type the commands' dataclasses use."""
+
+    _argument_group_name = "kinds"
+    name: str = field(metadata={"help": "required: no default"})
+    count: int = 3
+    rate: float | None = None
+    flag: bool = False
+    on: bool = field(default=True, metadata={"help": "on unless switched off"})
+    mode: Literal["filter", "truncate"] = "filter"
+    scheme: Literal["bart", "fairseq"] | None = None
+    words: list[str] = field(default_factory=lambda: ["a", "b"])
+    resume: str | None = field(default=None, metadata={"nargs": "?", "const": "latest"})
 
 
-def test_transformers_argument_parser_answers_without_importing_transformers():
+@pytest.mark.parametrize(
+    "argv,expected",
+    [
+        (["--name", "x"], EveryKind("x")),
+        (["--name=x", "--count", "5", "--rate", "0.5"], EveryKind("x", count=5, rate=0.5)),
+        (["--name", "x", "--flag"], EveryKind("x", flag=True)),
+        (["--name", "x", "--flag", "no", "--on", "False"], EveryKind("x", flag=False, on=False)),
+        (["--name", "x", "--no_on"], EveryKind("x", on=False)),
+        (["--name", "x", "--no-on"], EveryKind("x", on=False)),
+        (["--name", "x", "--mode", "truncate", "--scheme", "bart"], EveryKind("x", mode="truncate", scheme="bart")),
+        (["--name", "x", "--words", "c d", "e"], EveryKind("x", words=["c d", "e"])),
+        (["--name", "x", "--resume"], EveryKind("x", resume="latest")),
+        (["--name", "x", "--resume", "run/7"], EveryKind("x", resume="run/7")),
+    ],
+)
+def test_every_field_type_becomes_its_flag(argv, expected):
+    assert parse_arguments([EveryKind], argv) == [expected]
+
+
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        ([], "the following arguments are required: --name"),
+        (["--name", "x", "--count", "many"], "argument --count: invalid int value: 'many'"),
+        (["--name", "x", "--flag", "maybe"], "expected one of yes/no, true/false, t/f, y/n, 1/0, not 'maybe'"),
+        (
+            ["--name", "x", "--mode", "cut"],
+            "argument --mode: invalid choice: 'cut' (choose from 'filter', 'truncate')",
+        ),
+        (["--name", "x", "--words"], "argument --words: expected at least one argument"),
+    ],
+)
+def test_a_value_of_the_wrong_kind_ends_with_the_usage(argv, message, capsys):
+    with pytest.raises(SystemExit) as raised:
+        parse_arguments([EveryKind], argv)
+    assert raised.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_help_lists_each_flag_with_its_help_default_choices_and_group(capsys):
+    with pytest.raises(SystemExit):
+        parse_arguments([EveryKind], ["--help"], description="What the command does.")
+    text = " ".join(capsys.readouterr().out.split())
+    assert "What the command does." in text and "kinds:" in text
+    assert "--name NAME required: no default" in text
+    assert "--on [ON] on unless switched off (default: True)" in text and "--no_on, --no-on --on false" in text
+    assert "--mode {filter,truncate}" in text and "--scheme {bart,fairseq}" in text
+    assert "--words WORDS [WORDS ...]" in text and "--resume [RESUME]" in text
+
+
+def test_a_field_of_a_type_without_a_command_line_form_is_refused_naming_it():
+    @dataclass
+    class Mapping:
+        table: dict = field(default_factory=dict)
+
+    with pytest.raises(TypeError, match="table: <class 'dict'> has no command-line form"):
+        parse_arguments([Mapping], [])
+
+
+def test_parsing_the_commands_arguments_imports_no_library():
+    """The commands' flags are read by argparse over their dataclasses' fields; transformers (and torch with it) is
+    imported only where a command's dataclasses come from it (vaswani-finetune's Seq2SeqTrainingArguments)."""
     code = """
 import sys
-from vaswani.training.cli import argument_parser_class
-parser = argument_parser_class()
-print(parser.__module__, "transformers" in sys.modules)
+from vaswani.scripts.train import TrainArguments
+from vaswani.training.cli import parse_arguments
+(args,) = parse_arguments([TrainArguments], ["--dataset_dir", "d", "--tokenizer", "t", "--output_dir", "o"])
+print(args.preset, sorted({"torch", "transformers", "yaml"} & set(sys.modules)))
 """
     result = run_command([sys.executable, "-c", code], check=True)
-    assert result.stdout.split() == ["vaswani.training.cli._hf_argparser", "False"]
+    assert result.stdout.split() == ["base", "[]"]

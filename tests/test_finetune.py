@@ -452,8 +452,10 @@ def test_evaluation_split_is_checked_like_the_training_split(tmp_path):
         ("--model m --dataset_dir d", "the following arguments are required: --output_dir"),
         ("--model m --output_dir o", "give exactly one of --dataset_dir and --dataset"),
         ("--model m --dataset_dir d --dataset x --output_dir o", "give exactly one of --dataset_dir and --dataset"),
+        ("--model m --dataset_dir d --output_dir o --max_steps -3", "--max_steps must be a positive number"),
+        ("--model m --dataset_dir d --output_dir o --max_steps 0", "or -1 to train for --num_train_epochs; got 0"),
     ],
-    ids=["no_output_dir", "no_dataset", "two_datasets"],
+    ids=["no_output_dir", "no_dataset", "two_datasets", "negative_max_steps", "zero_max_steps"],
 )
 def test_bad_arguments_end_with_the_usage(capsys, flags, message):
     with pytest.raises(SystemExit) as exit_info:
@@ -476,6 +478,12 @@ def test_help_lists_the_commands_own_flags_and_says_every_trainer_flag_is_taken(
     assert exit_info.value.code == 0
     assert {"--model", "--dataset_dir", "--source_lang", "--max_target_length"} <= set(text.split())
     assert "Every Seq2SeqTrainingArguments flag is accepted too" in " ".join(text.split())
+
+
+def test_max_steps_minus_one_still_means_train_for_the_epochs(tmp_path):
+    flags = ["--model", "m", "--dataset_dir", "d", "--output_dir", str(tmp_path), "--num_train_epochs", "2"]
+    _, _, args = finetune.parse_args([*flags, "--max_steps", "-1"])
+    assert (args.max_steps, args.num_train_epochs) == (-1, 2)
 
 
 def test_the_commands_own_flags_and_the_trainers_may_come_in_any_order(tmp_path):

@@ -13,6 +13,7 @@ from transformers import Seq2SeqTrainingArguments, TrainerCallback
 from transformers.trainer_utils import IntervalStrategy
 from transformers.training_args import OptimizerNames
 
+from .checks import UsageError
 from .evaluation import load_metric
 
 
@@ -61,6 +62,12 @@ class FinetuningArguments(Seq2SeqTrainingArguments):
     )
 
     def __post_init__(self):
+        # The library reads every max_steps below 1 as "train for num_train_epochs"; only its default -1 means that.
+        if self.max_steps != -1 and self.max_steps < 1:
+            raise UsageError(
+                f"--max_steps must be a positive number of optimizer steps, or -1 to train for --num_train_epochs; "
+                f"got {self.max_steps}"
+            )
         if self.bf16 is None:
             self.bf16 = not self.use_cpu and torch.cuda.is_available() and torch.cuda.is_bf16_supported()
         super().__post_init__()
