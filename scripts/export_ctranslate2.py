@@ -24,7 +24,10 @@ CHECK_SENTENCES = [
 class ExportArguments:
     model: str = field(metadata={"help": "a folder (or Hub id) saved by scripts/train.py"})
     output_dir: str = field(metadata={"help": "the CTranslate2 model folder (overwritten)"})
-    quantization: Literal["int8", "int8_float32", "int16", "float16", "bfloat16"] | None = None
+    quantization: Literal["float32", "int8", "int8_float32", "int16", "float16", "bfloat16"] | None = field(
+        default=None,
+        metadata={"help": "the weights' type in model.bin; default: the model's own (float32 from vaswani-train)"},
+    )
     check: bool = field(default=False, metadata={"help": "translate --check_sentences with both engines and compare"})
     check_sentences: list[str] = field(default_factory=lambda: list(CHECK_SENTENCES))
 
@@ -44,7 +47,9 @@ def main(argv):
     try:
         tokenizer = AutoTokenizer.from_pretrained(args.model)
         model = AutoModelForSeq2SeqLM.from_pretrained(args.model).eval()
-    except OSError as error:  # a Hub id that cannot be fetched (offline, no such repo), a damaged folder
+    # OSError: a Hub id that cannot be fetched (offline, no such repo), a damaged folder; ValueError: a folder
+    # without the tokenizer's files.
+    except (OSError, ValueError) as error:
         raise UsageError(f"cannot load --model {args.model}: {str(error).splitlines()[0]}") from error
     if model.config.model_type != "vaswani":  # a Hub id, which the folder check could not look into
         raise UsageError(f"--model {args.model} is a {model.config.model_type!r} model; only vaswani models export.")

@@ -1,6 +1,7 @@
 """Every command, every mistake, one sentence: each console script of pyproject.toml walked through the mistakes a user
 makes (a missing install extra, a model folder that is missing or of another kind, an input longer than the model
-takes, an output file without its folder), each ending with `NAME: error: ...` on one line and no traceback; and
+takes, an output file without its folder), each ending with `NAME: error: ...` on one line and no traceback and
+leaving no empty output folder behind; and
 `--help` answered without importing torch, transformers or datasets (`import vaswani` too imports neither)."""
 
 import importlib.metadata
@@ -180,6 +181,31 @@ def test_a_wrong_model_folder_is_one_sentence_naming_it(name, model_folders, tmp
         message = error_of(name, model_arguments(name, folder, tmp_path), monkeypatch)
         assert str(folder) in message and expected[mistake] in message, message
     assert not (tmp_path / "nowhere").exists()
+
+
+def failing_arguments(name, output_dir, tmp_path):
+    """`name`'s arguments with `output_dir` and an input it fails on once that folder has been checked."""
+    (tmp_path / "data").mkdir(exist_ok=True)  # a folder, but no dataset
+    (tmp_path / "config_only").mkdir(exist_ok=True)  # a vaswani config, without weights or tokenizer
+    (tmp_path / "config_only" / "config.json").write_text(json.dumps({"model_type": "vaswani"}))
+    (tmp_path / "tokenizer").mkdir(exist_ok=True)
+    return {
+        "vaswani-convert-fairseq": ["--checkpoint", tmp_path / "missing.pt", "--data_dir", tmp_path / "data"],
+        "vaswani-export-ctranslate2": ["--model", tmp_path / "config_only"],
+        "vaswani-finetune": ["--model", tmp_path / "tokenizer", "--dataset_dir", tmp_path / "data"],
+        "vaswani-train": ["--dataset_dir", tmp_path / "data", "--tokenizer", tmp_path / "tokenizer"],
+    }[name] + ["--output_dir", output_dir]
+
+
+@pytest.mark.parametrize(
+    "name", ["vaswani-convert-fairseq", "vaswani-export-ctranslate2", "vaswani-finetune", "vaswani-train"]
+)
+def test_a_command_that_fails_on_its_input_leaves_no_empty_output_dir_behind(name, tmp_path, monkeypatch):
+    error_of(name, failing_arguments(name, tmp_path / "new" / "out", tmp_path), monkeypatch)
+    assert not (tmp_path / "new").exists()
+    (tmp_path / "kept").mkdir()  # a folder that was there before the command stays
+    error_of(name, failing_arguments(name, tmp_path / "kept", tmp_path), monkeypatch)
+    assert (tmp_path / "kept").is_dir()
 
 
 @pytest.mark.slow  # loads transformers and torch in a process of its own

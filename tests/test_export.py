@@ -106,6 +106,13 @@ def test_export_leaves_the_model_untouched(trained_tiny_model, tmp_path, quantiz
     assert changed == []
 
 
+def test_float32_is_a_quantization_by_name_and_writes_what_no_flag_writes(trained_text_model, tmp_path):
+    _, _, folder = trained_text_model
+    export_ctranslate2.main(["--model", folder, "--output_dir", tmp_path / "default"])
+    export_ctranslate2.main(["--model", folder, "--output_dir", tmp_path / "float32", "--quantization", "float32"])
+    assert (tmp_path / "float32" / "model.bin").read_bytes() == (tmp_path / "default" / "model.bin").read_bytes()
+
+
 @pytest.mark.parametrize("quantization", [None, "float16", "int8"])
 def test_check_passes_for_every_quantization(trained_text_model, tmp_path, capsys, quantization):
     """`vaswani-export-ctranslate2 --check` compares CTranslate2 with the model it exported, which the export left as

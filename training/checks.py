@@ -4,6 +4,7 @@ Every check raises `UsageError` with a message that names the problem and what t
 it into one exit style (`vaswani.training.cli.command`), and a user's own code can catch it (it is a `ValueError`).
 """
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -138,13 +139,21 @@ def check_source_lengths(tokenizer, sources, limit, max_source_length, flag="--i
             )
 
 
+# The folders `check_writable_dir` created in this process, deepest first: a command that fails removes those it left
+# empty (`remove_empty_created_dirs`).
+_created_dirs = []
+
+
 def check_writable_dir(path, flag="--output_dir"):
-    """Create `path` if needed and prove that files can be written there, before any time is spent."""
+    """Create `path` if needed and prove that files can be written there, before any time is spent. A command that
+    then fails on its input leaves no empty folder behind: `vaswani.training.cli.command` removes the folders created
+    here that are still empty."""
     path = Path(path)
     existing = next((parent for parent in (path, *path.parents) if parent.exists()), None)
     if existing is not None and not existing.is_dir():
         raise UsageError(f"cannot write to {flag} {path}: {existing} is a file.")
     try:
+        _created_dirs.extend(folder for folder in (path, *path.parents) if not folder.exists())
         path.mkdir(parents=True, exist_ok=True)
         probe = path / f".write_test_{os.getpid()}"  # one per process: several may start at once
         probe.write_text("ok")
@@ -152,6 +161,14 @@ def check_writable_dir(path, flag="--output_dir"):
     except OSError as error:
         raise UsageError(f"cannot write to {flag} {path} ({error}).") from error
     return path
+
+
+def remove_empty_created_dirs():
+    """Remove the folders `check_writable_dir` created that are still empty, deepest first; what holds anything stays."""
+    for folder in _created_dirs:
+        with contextlib.suppress(OSError):  # not empty, or already gone
+            folder.rmdir()
+    _created_dirs.clear()
 
 
 def tokenizer_ids(tokenizer) -> dict:

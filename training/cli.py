@@ -11,7 +11,7 @@ import sys
 import typing
 from pathlib import Path
 
-from .checks import UsageError, check_extra
+from .checks import UsageError, check_extra, remove_empty_created_dirs
 
 
 def string_to_bool(text):
@@ -155,6 +155,13 @@ def command(main=None, *, extra=None, needs=()):
     @functools.wraps(main)
     def run(argv=None):
         name = Path(sys.argv[0]).name
+        try:
+            return run_main(name, argv)
+        except BaseException:
+            remove_empty_created_dirs()  # a failed command leaves no empty --output_dir behind
+            raise
+
+    def run_main(name, argv):
         try:
             if extra is not None:
                 check_extra(name, extra, needs)
