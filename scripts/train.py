@@ -567,13 +567,13 @@ def why_stop(state, result, args, signals, checkpoint, checkpoint_root, argv):
 
 def step_settings(args, accelerator, dataset, tokenizer):
     """The values that decide the sequence of steps, recorded in each checkpoint (STEP_SETTINGS and the launch)."""
-    from vaswani.training.data import tokenizer_fingerprint
+    from vaswani.training.data import split_fingerprint, tokenizer_fingerprint
 
     return {
         **{name: getattr(args, name) for name in STEP_SETTINGS},
         "num_processes": accelerator.num_processes,
         "mixed_precision": accelerator.mixed_precision,
-        "dataset": dataset["train"]._fingerprint,
+        "dataset": split_fingerprint(dataset["train"]),
         "tokenizer": tokenizer_fingerprint(tokenizer),
     }
 

@@ -1,8 +1,8 @@
 """Every command, every mistake, one sentence: each console script of pyproject.toml walked through the mistakes a user
 makes (a missing install extra, a model folder that is missing or of another kind, an input longer than the model
-takes, an output file without its folder), each ending with `NAME: error: ...` on one line and no traceback and
-leaving no empty output folder behind; and
-`--help` answered without importing torch, transformers or datasets (`import vaswani` too imports neither)."""
+takes, an output file without its folder), each ending with `NAME: error: ...` on one line, with no traceback and no
+empty output folder left behind; and `--help` answered without importing torch, transformers or datasets (`import
+vaswani` too imports neither)."""
 
 import importlib.metadata
 import importlib.util

@@ -296,6 +296,17 @@ def test_the_second_tokenization_maps_the_cache_and_runs_no_tokenizer(saved_corp
     assert data.tokenizer_fingerprint(tokenizer) == fingerprint
 
 
+def test_a_split_is_keyed_by_the_rows_it_holds(saved_corpus):
+    """The tokenization cache's key for the split (and the resume check's): the same files loaded again give the same
+    key; another selection of rows from the same files, another key."""
+    folder, _ = saved_corpus
+    train = data.load_translation_dataset(folder, "en", "es", ("train",))["train"]
+    again = data.load_translation_dataset(folder, "en", "es", ("train",))["train"]
+    assert data.split_fingerprint(again) == data.split_fingerprint(train)
+    selections = [train, train.select(range(2)), train.select(range(2, 4)), train.shuffle(seed=0)]
+    assert len({data.split_fingerprint(split) for split in selections}) == 4
+
+
 # --- Batches as tensors. ---
 
 

@@ -44,7 +44,7 @@ from datasets import (
     load_from_disk,
 )
 from datasets.data_files import EmptyDatasetError, get_data_patterns
-from datasets.fingerprint import Hasher
+from datasets.fingerprint import Hasher, generate_fingerprint
 from huggingface_hub import constants as hf_constants
 
 from .checks import UsageError, check_dataset_exists
@@ -225,6 +225,13 @@ def check_translation_split(dataset, name, source_lang, target_lang, where):
 # ---------------------------------------------------------------------------------------------------------------------
 
 
+def split_fingerprint(split):
+    """A hash of the rows a split holds, as datasets computes one for a dataset that has none
+    (`datasets.fingerprint.generate_fingerprint`): its Arrow files with their modification times, the slice or row
+    selection on them, its features and format; a split held in memory, by its content."""
+    return generate_fingerprint(split)
+
+
 def tokenizer_fingerprint(tokenizer):
     """A hash of everything that decides the ids: the fast tokenizer's whole pipeline (normalizer, pre-tokenizer,
     vocabulary and merges, post-processor), else datasets' own hash of the tokenizer object. Truncation and padding
@@ -363,10 +370,10 @@ def tokenize_split(
 ):
     """Tokenize a split once into Arrow next to its own files; later calls with the same inputs map the cache.
 
-    The cache key is the split's datasets fingerprint (its files and every transform that made it), the tokenizer's
-    fingerprint, the languages, the limits and `long_pairs`. A JSON file with the counts of what was left out is
-    written last and marks the cache complete. Run it in one process first (accelerate's `main_process_first`); the
-    others then find the files and only map them.
+    The cache key is the split's fingerprint (`split_fingerprint`), the tokenizer's fingerprint, the languages, the
+    limits and `long_pairs`. A JSON file with the counts of what was left out is written last and marks the cache
+    complete. Run it in one process first (accelerate's `main_process_first`); the others then find the files and
+    only map them.
     """
     if long_pairs not in ("filter", "truncate"):
         raise ValueError(f"long_pairs must be 'filter' or 'truncate', not {long_pairs!r}")
@@ -376,7 +383,7 @@ def tokenize_split(
     key = Hasher.hash(
         [
             CACHE_FORMAT,
-            split._fingerprint,
+            split_fingerprint(split),
             tokenizer_fingerprint(tokenizer),
             source_lang,
             target_lang,
