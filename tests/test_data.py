@@ -2,6 +2,7 @@
 --files, Hugging Face datasets."""
 
 import sys
+import types
 
 import datasets
 import pytest
@@ -137,6 +138,45 @@ def test_bible_records_join_the_two_modules_verse_by_verse():
         ("Gen", 1, 2, "Void.", ""),
         ("Gen", 1, 3, "", "Luz."),
     ]
+
+
+class PyswordStandIn:
+    """pysword's SwordModules over one module of two chapters (Gen 1:1-2, Gen 2:1), counting the verses it returns."""
+
+    reads = 0
+
+    def __init__(self, path):
+        pass
+
+    def parse_modules(self):
+        pass
+
+    def get_bible_from_module(self, module):
+        return self
+
+    def get_structure(self):
+        genesis = types.SimpleNamespace(osis_name="Gen", chapter_lengths=[2, 1])
+        return types.SimpleNamespace(get_books=lambda: {"ot": [genesis]})
+
+    def get(self, books, chapters, verses, clean):
+        type(self).reads += 1
+        return f"<w>{books} {chapters}:{verses}</w> <note>a note</note>"
+
+
+def test_a_bible_is_read_through_pysword_once_and_then_from_the_cache(tmp_path, monkeypatch):
+    pytest.importorskip("pysword")
+    monkeypatch.setattr("pysword.modules.SwordModules", PyswordStandIn)
+    monkeypatch.setattr(PyswordStandIn, "reads", 0)
+    (tmp_path / "mods.d").mkdir()
+    (tmp_path / "mods.d" / "module.conf").write_text("[Module]\nVersion=1\n")
+    expected = {("Gen", 1, 1): "Gen 1:1", ("Gen", 1, 2): "Gen 1:2", ("Gen", 2, 1): "Gen 2:1"}
+    assert bible.read_sword_module(tmp_path, "Module") == expected
+    assert PyswordStandIn.reads == 3
+    assert bible.read_sword_module(tmp_path, "Module") == expected
+    assert PyswordStandIn.reads == 3
+    (tmp_path / "mods.d" / "module.conf").write_text("[Module]\nVersion=2\n")  # another version of the module
+    assert bible.read_sword_module(tmp_path, "Module") == expected
+    assert PyswordStandIn.reads == 6
 
 
 def test_parallel_files_count_undecodable_and_empty_lines(tmp_path):

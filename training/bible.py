@@ -10,9 +10,9 @@ the filters of `vaswani.training.corpus`.
 Steps:
   1. fetch: `apt-get download` the two .deb files and unpack them with `dpkg-deb -x` into a cache folder (reused on
      later runs).
-  2. read: `pysword` yields each verse's raw OSIS markup; we strip it ourselves (footnotes, section headings, speaker
-     labels and Strong's-number word tags go; canonical psalm titles stay, because the Spanish keeps them in verse 1),
-     then NFC-normalise and collapse whitespace.
+  2. read: `pysword` yields each verse's raw OSIS markup (once: the verses are kept in the cache folder); we strip it
+     ourselves (footnotes, section headings, speaker labels and Strong's-number word tags go; canonical psalm titles
+     stay, because the Spanish keeps them in verse 1), then NFC-normalise and collapse whitespace.
   3. filter: the filters of `vaswani.training.corpus` (invalid_text, empty, too_long, length_ratio), and
        versification_mismatch  the verse sits in a chapter where the two number the verses differently, so
                                neighbouring verses are shifted against each other: a chapter where one translation
@@ -25,8 +25,9 @@ The corpus is 31,000 verses whose versification checks look at whole chapters, s
 """
 
 import collections
-import functools
+import hashlib
 import html
+import json
 import os
 import re
 import shutil
@@ -134,23 +135,37 @@ def clean_osis(raw):
 
 def read_sword_module(sword_dir, module):
     """Return {(book, chapter, verse): cleaned text} for every verse slot of a module, in book order."""
+    return {key: clean_osis(raw) for key, raw in raw_verses(sword_dir, module).items()}
+
+
+def raw_verses(sword_dir, module):
+    """{(book, chapter, verse): OSIS markup} of every verse slot of a module, in book order.
+
+    pysword decompresses the whole book for every verse it returns, so reading a Bible through it takes minutes: it is
+    read once, and the verses are kept in sword_dir/verses/, under a key of the modules' configuration files (their
+    versions), for every later run."""
+    sword_dir = Path(sword_dir)
+    configurations = b"".join(path.read_bytes() for path in sorted((sword_dir / "mods.d").glob("*.conf")))
+    cache_file = sword_dir / "verses" / f"{module}-{hashlib.sha256(configurations).hexdigest()[:16]}.json"
+    if cache_file.is_file():
+        return {(book, chapter, verse): raw for book, chapter, verse, raw in json.loads(cache_file.read_text())}
     # Imported here, so that the other corpora (--files, --dataset) need no pysword.
     from pysword.modules import SwordModules
 
     modules = SwordModules(str(sword_dir))
     modules.parse_modules()
     bible = modules.get_bible_from_module(module)
-    # pysword decompresses the whole book for every verse it returns; keeping the last blocks around makes reading a
-    # Bible take a second instead of a minute.
-    bible._decompressed_text = functools.lru_cache(maxsize=2)(bible._decompressed_text)
-
     verses = {}
     for books in bible.get_structure().get_books().values():
         for book in books:
             for chapter, n_verses in enumerate(book.chapter_lengths, start=1):
                 for verse in range(1, n_verses + 1):
                     raw = bible.get(books=book.osis_name, chapters=chapter, verses=verse, clean=False)
-                    verses[(book.osis_name, chapter, verse)] = clean_osis(raw)
+                    verses[(book.osis_name, chapter, verse)] = raw
+    cache_file.parent.mkdir(exist_ok=True)
+    partial = cache_file.with_suffix(f".{os.getpid()}.partial")  # complete or absent, whoever reads it
+    partial.write_text(json.dumps([[*key, raw] for key, raw in verses.items()], ensure_ascii=False))
+    partial.replace(cache_file)
     return verses
 
 
