@@ -14,13 +14,17 @@ from pathlib import Path
 from .checks import UsageError, check_extra, remove_empty_created_dirs
 
 
+BOOLEANS = {
+    **dict.fromkeys(("yes", "true", "t", "y", "1"), True),
+    **dict.fromkeys(("no", "false", "f", "n", "0"), False),
+}
+
+
 def string_to_bool(text):
     """A boolean flag's value: yes/no, true/false, t/f, y/n, 1/0, in any case."""
-    answer = {"yes": True, "true": True, "t": True, "y": True, "1": True}
-    answer.update({"no": False, "false": False, "f": False, "n": False, "0": False})
-    if text.lower() not in answer:
+    if text.lower() not in BOOLEANS:
         raise argparse.ArgumentTypeError(f"expected one of yes/no, true/false, t/f, y/n, 1/0, not {text!r}")
-    return answer[text.lower()]
+    return BOOLEANS[text.lower()]
 
 
 class DataclassArgumentParser(argparse.ArgumentParser):
