@@ -573,7 +573,8 @@ def step_settings(args, accelerator, dataset, tokenizer):
         **{name: getattr(args, name) for name in STEP_SETTINGS},
         "num_processes": accelerator.num_processes,
         "mixed_precision": accelerator.mixed_precision,
-        "dataset": split_fingerprint(dataset["train"]),
+        # Under a name of its own: checkpoints of earlier versions recorded another fingerprint under "dataset".
+        "train_split": split_fingerprint(dataset["train"]),
         "tokenizer": tokenizer_fingerprint(tokenizer),
     }
 
