@@ -14,7 +14,7 @@ unpadded tokens, `</s>` included.
 import torch
 from torch import distributed
 from transformers import LogitsProcessor
-from transformers.generation.utils import GenerateBeamEncoderDecoderOutput
+from transformers.generation import GenerateBeamEncoderDecoderOutput
 
 
 # Section 6.1: "maximum output length [of] input length + 50".
