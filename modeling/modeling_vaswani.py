@@ -432,7 +432,8 @@ class VaswaniDecoder(VaswaniPreTrainedModel):
     ) -> BaseModelOutputWithPastAndCrossAttentions:
         r"""
         position_ids: the positions of the decoder input, by default counted from each sequence's first unmasked
-            token (`positions_of`); `generate()` passes a padded prompt's as `decoder_position_ids` (`prepare_inputs_for_generation`).
+            token (`positions_of`); `generate()` passes a padded prompt's as `decoder_position_ids`
+            (`prepare_inputs_for_generation`).
         """
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("Pass exactly one of decoder_input_ids or decoder_inputs_embeds to the decoder.")
