@@ -22,8 +22,8 @@ EXTRA_OUTPUT_TOKENS = 50
 
 # The private names of transformers this module uses, each with why no public one serves.
 TRANSFORMERS_PRIVATE_NAMES = {
-    "GenerationMixin._valid_auto_compile_criteria": "generate()'s own decision to compile the decoding step (hardware, "
-    "cache kind, quantization, offloading, compile_config), which transformers' decoding methods (_sample, "
+    "GenerationMixin._valid_auto_compile_criteria": "generate()'s own decision to compile the decoding step "
+    "(hardware, cache kind, quantization, offloading, compile_config), which transformers' decoding methods (_sample, "
     "_beam_search) ask before their loop; a decoding method passed as custom_generate asks it to compile exactly when "
     "they do",
     "GenerationConfig._get_default_generation_params": "the table Seq2SeqTrainer (predict_with_generate) fills the "
