@@ -12,12 +12,23 @@ unpadded tokens, `</s>` included.
 """
 
 import torch
+from torch import distributed
 from transformers import LogitsProcessor
-from transformers.generation.utils import GenerateBeamEncoderDecoderOutput
+from transformers.generation import GenerateBeamEncoderDecoderOutput
 
 
 # Section 6.1: "maximum output length [of] input length + 50".
 EXTRA_OUTPUT_TOKENS = 50
+
+# The private names of transformers this module uses, each with why no public one serves.
+TRANSFORMERS_PRIVATE_NAMES = {
+    "GenerationMixin._valid_auto_compile_criteria": "generate()'s own decision to compile the decoding step "
+    "(hardware, cache kind, quantization, offloading, compile_config), which transformers' decoding methods (_sample, "
+    "_beam_search) ask before their loop; a decoding method passed as custom_generate asks it to compile exactly when "
+    "they do",
+    "GenerationConfig._get_default_generation_params": "the table Seq2SeqTrainer (predict_with_generate) fills the "
+    "model's generation config from: the only way to tell its filled-in max_length from one a user set",
+}
 
 
 def holds_library_defaults(generation_config) -> bool:
@@ -28,7 +39,7 @@ def holds_library_defaults(generation_config) -> bool:
     them, and `save_model` saves them: the model would then stop every translation at 20 tokens. Such a config holds
     that max_length and every other default too; a max_length set by hand leaves the other fields unset, and is a limit.
     """
-    defaults = generation_config._get_default_generation_params()
+    defaults = generation_config._get_default_generation_params()  # TRANSFORMERS_PRIVATE_NAMES
     return generation_config.max_length == defaults["max_length"] and all(
         getattr(generation_config, key, None) is not None for key, value in defaults.items() if value is not None
     )
@@ -60,6 +71,30 @@ class SourceLengthLimit(LogitsProcessor):
         forced = torch.full_like(scores, -float("inf"))
         forced[:, self.eos_token_id] = scores[:, self.eos_token_id]
         return torch.where(at_limit[:, None], forced, scores)
+
+
+def any_peer_unfinished(this_peer_finished: bool, synced_gpus: bool, device: torch.device) -> bool:
+    """Whether to run another step. With `synced_gpus` (DeepSpeed ZeRO-3, FSDP) every process runs each forward pass
+    of the sharded model until all of them are done, so each one's state is summed across them."""
+    if not synced_gpus:
+        return not this_peer_finished
+    unfinished = torch.tensor(0.0 if this_peer_finished else 1.0, device=device)
+    distributed.all_reduce(unfinished)
+    return unfinished.item() > 0
+
+
+def next_step_kwargs(outputs, model_kwargs: dict) -> dict:
+    """The decoder's keyword arguments after a step that added one token to every row: the cache it returned, and
+    the decoder's padding mask and positions (where given) one token longer."""
+    if outputs.cache is not None:
+        model_kwargs["cache"] = outputs.cache
+    mask = model_kwargs.get("decoder_attention_mask")
+    if mask is not None:
+        model_kwargs["decoder_attention_mask"] = torch.cat((mask, mask.new_ones((mask.shape[0], 1))), dim=-1)
+    positions = model_kwargs.get("decoder_position_ids")
+    if positions is not None:
+        model_kwargs["decoder_position_ids"] = torch.cat((positions, positions[:, -1:] + 1), dim=-1)
+    return model_kwargs
 
 
 def gnmt_beam_search(model, input_ids, logits_processor, stopping_criteria, generation_config, **model_kwargs):
@@ -114,17 +149,17 @@ def gnmt_beam_search(model, input_ids, logits_processor, stopping_criteria, gene
     # that asks for it everywhere), every step after the first runs one compiled graph.
     compiled_step = (
         model.get_compiled_call(generation_config.compile_config)
-        if model._valid_auto_compile_criteria(model_kwargs, generation_config)
+        if model._valid_auto_compile_criteria(model_kwargs, generation_config)  # TRANSFORMERS_PRIVATE_NAMES
         else model.__call__
     )
     this_peer_finished = False
-    while model._has_unfinished_sequences(this_peer_finished, synced_gpus, device=device):
+    while any_peer_unfinished(this_peer_finished, synced_gpus, device):
         flat_live = live.reshape(rows, -1)
         cur_len = flat_live.shape[1]
         next_length = 1 if model_kwargs.get("use_cache") and cur_len > prompt_length else None
         model_inputs = model.prepare_inputs_for_generation(flat_live, next_sequence_length=next_length, **model_kwargs)
         outputs = (compiled_step if cur_len > prompt_length else model)(**model_inputs, return_dict=True)
-        model_kwargs = model._update_model_kwargs_for_generation(outputs, model_kwargs, is_encoder_decoder=True)
+        model_kwargs = next_step_kwargs(outputs, model_kwargs)
         if synced_gpus and this_peer_finished:
             continue
         logits = outputs.logits[:, -1, :].float()

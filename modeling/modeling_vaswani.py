@@ -144,6 +144,11 @@ def eager_attention_forward(
     return attn_output, attn_weights
 
 
+class VaswaniInputProjection(nn.Linear):
+    """W^Q, W^K or W^V of section 3.2.2: a class of its own because initialisation schemes may draw it apart from the
+    other projections (fairseq's, at a smaller gain)."""
+
+
 class VaswaniAttention(nn.Module):
     """Section 3.2.2, multi-head attention: Concat(head_1..head_h) W^O, head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V).
 
@@ -167,9 +172,9 @@ class VaswaniAttention(nn.Module):
         self.layer_idx = layer_idx
         self.is_causal = is_causal
         self.is_cross_attention = is_cross_attention
-        self.q_proj = nn.Linear(config.d_model, config.d_model, bias=config.attention_bias)
-        self.k_proj = nn.Linear(config.d_model, config.d_model, bias=config.attention_bias)
-        self.v_proj = nn.Linear(config.d_model, config.d_model, bias=config.attention_bias)
+        self.q_proj = VaswaniInputProjection(config.d_model, config.d_model, bias=config.attention_bias)
+        self.k_proj = VaswaniInputProjection(config.d_model, config.d_model, bias=config.attention_bias)
+        self.v_proj = VaswaniInputProjection(config.d_model, config.d_model, bias=config.attention_bias)
         self.out_proj = nn.Linear(config.d_model, config.d_model, bias=config.attention_bias)
 
     def forward(
@@ -313,32 +318,6 @@ class VaswaniPreTrainedModel(PreTrainedModel):
     _supports_flex_attn = True
     _can_compile_fullgraph = True
 
-    @classmethod
-    def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs):
-        """`PreTrainedModel.from_pretrained`; refuses a checkpoint of another architecture with nothing in common.
-
-        As everywhere in the library, tensors missing from the checkpoint are initialised by `_init_weights` and
-        reported (the load report's warning, or `output_loading_info=True`), and tensors of another shape are an error
-        unless `ignore_mismatched_sizes=True`. The library only warns about a checkpoint of another `model_type`, since
-        it may share part of the model; one that shares not a single tensor would give a model that is random
-        throughout, so it is an error naming the checkpoint.
-        """
-        wants_loading_info = kwargs.pop("output_loading_info", False)
-        model, info = super().from_pretrained(
-            pretrained_model_name_or_path, *model_args, output_loading_info=True, **kwargs
-        )
-        # The loaded config keeps the model_type written in the checkpoint's config.json.
-        checkpoint_type = model.config.model_type
-        nothing_loaded = info["missing_keys"] >= set(model.state_dict())
-        if checkpoint_type != cls.config_class.model_type and info["unexpected_keys"] and nothing_loaded:
-            theirs = sorted(info["unexpected_keys"])
-            raise ValueError(
-                f"The checkpoint {str(pretrained_model_name_or_path)!r} is a {checkpoint_type!r} model's, and none of "
-                f"its {len(theirs)} tensors ({', '.join(theirs[:6])}{', ...' if len(theirs) > 6 else ''}) is one of "
-                f"{cls.__name__}'s: every weight would be random. Load it with its own model class."
-            )
-        return (model, info) if wants_loading_info else model
-
     def get_expanded_tied_weights_keys(self, all_submodels: bool = False) -> dict:
         """The ties each model's __init__ sets from its config. transformers ties nothing at all when
         `tie_word_embeddings` is False; here that flag unties the output projection only, and
@@ -347,31 +326,13 @@ class VaswaniPreTrainedModel(PreTrainedModel):
             return super().get_expanded_tied_weights_keys(all_submodels=True)
         return dict(getattr(self, "_tied_weights_keys", None) or {})
 
-    def _initialize_weights(self, module: nn.Module, is_custom_code: bool = False) -> None:
-        # For code outside the library (this package, and remote code) transformers skips a module whose own parameters
-        # are all loaded, and so every module that has none of its own: the attention, the feed-forward network and the
-        # top model, which draw their projections in `_init_weights`. Their draws go through
-        # transformers.initialization, which leaves each loaded tensor alone by itself.
-        if isinstance(module, (VaswaniAttention, VaswaniFeedForward, VaswaniForConditionalGeneration)):
-            is_custom_code = False
-        super()._initialize_weights(module, is_custom_code)
-
     def _init_weights(self, module: nn.Module) -> None:
         # The paper does not state its initialisation; config.init_scheme names one (configuration's INIT_SCHEMES).
-        # A projection is drawn by the module it belongs to, which knows what it projects: a bare nn.Linear does not.
-        # Modules are visited after their sublayers, so the projections are drawn in the order they were before.
         scheme = self.config.init_scheme
-        if isinstance(module, VaswaniAttention):
-            # fairseq's query, key and value projections: Glorot-uniform at gain 1/sqrt(2); its output projection: 1.
-            gain = 2**-0.5 if scheme == "fairseq" else 1.0
-            for projection in (module.q_proj, module.k_proj, module.v_proj):
-                self._init_projection(projection, gain)
-            self._init_projection(module.out_proj)
-        elif isinstance(module, VaswaniFeedForward):
-            self._init_projection(module.fc1)
-            self._init_projection(module.fc2)
-        elif isinstance(module, VaswaniForConditionalGeneration):
-            self._init_projection(module.lm_head)
+        if isinstance(module, nn.Linear):
+            # fairseq's query, key and value projections: Glorot-uniform at gain 1/sqrt(2); every other one at 1.
+            fairseq_input = scheme == "fairseq" and isinstance(module, VaswaniInputProjection)
+            self._init_projection(module, 2**-0.5 if fairseq_input else 1.0)
         elif isinstance(module, nn.Embedding):
             init.normal_(module.weight, mean=0.0, std=0.02 if scheme == "bart" else self.config.d_model**-0.5)
             # A row is a view without the flag that marks loaded weights, hence the explicit check.
@@ -471,7 +432,8 @@ class VaswaniDecoder(VaswaniPreTrainedModel):
     ) -> BaseModelOutputWithPastAndCrossAttentions:
         r"""
         position_ids: the positions of the decoder input, by default counted from each sequence's first unmasked
-            token (`positions_of`); `generate()` carries them step to step as `decoder_position_ids`.
+            token (`positions_of`); `generate()` passes a padded prompt's as `decoder_position_ids`
+            (`prepare_inputs_for_generation`).
         """
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("Pass exactly one of decoder_input_ids or decoder_inputs_embeds to the decoder.")
@@ -712,14 +674,6 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
             decoder_start_token_id=config.decoder_start_token_id,
         )
 
-    def get_encoder(self, modality: str | None = None) -> VaswaniEncoder:
-        if modality is not None:
-            raise ValueError(f"{type(self).__name__} reads text only; it has no {modality} encoder.")
-        return self.model.encoder
-
-    def get_decoder(self) -> VaswaniDecoder:
-        return self.model.decoder
-
     @can_return_tuple
     @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")
     def forward(
@@ -851,15 +805,14 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
                 kwargs["custom_generate"] = gnmt_beam_search
         return super().generate(inputs, generation_config=generation_config, **kwargs)
 
-    def _prepare_decoder_input_ids_for_generation(self, *args, **kwargs):
-        """transformers' decoder prompt (the start token put in front where missing), and, for a prompt with a padding
-        mask, its positions: carried step to step by generate(), so that a padded prompt keeps them under any cache
-        (a static cache turns the 2D mask into a 4D one before the decoder sees it)."""
-        decoder_input_ids, model_kwargs = super()._prepare_decoder_input_ids_for_generation(*args, **kwargs)
-        mask = model_kwargs.get("decoder_attention_mask")
-        if mask is not None and model_kwargs.get("decoder_position_ids") is None:
-            model_kwargs["decoder_position_ids"] = positions_of(mask, mask.shape[1], 0, mask.device)
-        return decoder_input_ids, model_kwargs
+    def prepare_inputs_for_generation(self, input_ids, next_sequence_length=None, **kwargs):
+        """`GenerationMixin.prepare_inputs_for_generation`, with the positions of a padded decoder prompt taken from its
+        2D padding mask, before a static cache turns that mask into a 4D one that the decoder cannot count from."""
+        mask = kwargs.get("decoder_attention_mask")
+        if mask is not None and mask.dim() == 2 and kwargs.get("decoder_position_ids") is None:
+            length = next_sequence_length or input_ids.shape[1]
+            kwargs["decoder_position_ids"] = positions_of(mask, length, 0, mask.device)
+        return super().prepare_inputs_for_generation(input_ids, next_sequence_length=next_sequence_length, **kwargs)
 
     @staticmethod
     def _check_cache_continues(cache: Cache, decoder_input_ids: torch.Tensor | None, num_beams: int) -> None:

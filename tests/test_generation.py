@@ -173,6 +173,41 @@ def test_a_left_padded_decoder_prompt_decodes_as_each_prompt_alone(model, transl
         assert torch.equal(tokens[row, width - len(prompt) :][: alone_tokens.shape[1]], alone_tokens[0])
 
 
+@pytest.mark.parametrize("cache", ["none", *CACHES])
+def test_the_papers_beam_search_continues_a_left_padded_decoder_prompt_as_each_prompt_alone(
+    model, translation_pairs, cache
+):
+    """The decoder's padding mask and positions grow with every step of the paper's beam search, as in generate()'s
+    own decoding methods: forced prefixes of different lengths in one batch each give the translation they give
+    alone."""
+    device = model.device
+    start = model.config.decoder_start_token_id
+    sources = [translation_pairs[i][0] for i in (1, 6)]
+    prompts = [[start], [start, *translation_pairs[6][1][:3]]]
+    width = max(map(len, prompts))
+    options = {"use_cache": False} if cache == "none" else CACHES[cache]
+    batch_ids, batch_mask, _ = (t.to(device) for t in pad_pairs([(source, [2]) for source in sources]))
+    decoder_input_ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts], device=device)
+    decoder_attention_mask = torch.arange(width, device=device) >= width - torch.tensor([1, 4], device=device)[:, None]
+    tokens, _ = decode(
+        model,
+        batch_ids,
+        batch_mask,
+        "paper beam",
+        decoder_input_ids=decoder_input_ids,
+        decoder_attention_mask=decoder_attention_mask.long(),
+        **options,
+    )
+    for row, (source, prompt) in enumerate(zip(sources, prompts)):
+        alone, _ = decode(
+            model,
+            torch.tensor([source], device=device),
+            decoding="paper beam",
+            decoder_input_ids=torch.tensor([prompt], device=device),
+        )
+        assert torch.equal(tokens[row, width - len(prompt) :][: alone.shape[1]], alone[0])
+
+
 @pytest.mark.parametrize("decoding", ["greedy", "sample"])
 def test_generation_continues_from_the_cache_it_returned(model, padded_batch, dtype, decoding):
     """generate(decoder_input_ids=earlier.sequences, cache=earlier.cache) goes on as one longer call would (sampling:

@@ -665,6 +665,16 @@ def test_bare_model_and_encoder_decoder_work_on_their_own(tiny_config, source_ba
     torch.testing.assert_close(full.last_hidden_state, decoded.last_hidden_state)
 
 
+def test_encoder_and_decoder_lookups_keep_pretrained_models_contract(tiny_model):
+    """`get_encoder()` and `get_decoder()` give the stacks; `get_encoder(modality)` for a modality without an encoder
+    gives the model itself, as `PreTrainedModel.get_encoder` does (transformers' exporters ask every model)."""
+    assert tiny_model.get_encoder() is tiny_model.model.encoder
+    assert tiny_model.get_decoder() is tiny_model.model.decoder
+    for modality in ("image", "video", "audio"):
+        assert tiny_model.get_encoder(modality=modality) is tiny_model
+        assert tiny_model.model.get_encoder(modality=modality) is tiny_model.model
+
+
 def test_output_attentions_and_hidden_states(tiny_model, source_batch):
     input_ids, attention_mask = source_batch
     tiny_model.set_attn_implementation("eager")
