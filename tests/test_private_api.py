@@ -26,6 +26,8 @@ from pathlib import Path
 import pytest
 from helpers import REPO_ROOT
 
+from vaswani.modeling.generation_vaswani import TRANSFORMERS_PRIVATE_NAMES
+
 
 tomllib = pytest.importorskip("tomllib")  # Python 3.11+
 
@@ -49,23 +51,18 @@ DOCUMENTED = {
 
 # (file, name): why this file still touches this private name (or import hook). Remove an entry with its use.
 REGISTRATION = "the finder that registers the model by writing into transformers' Auto tables as they are imported"
-DECODING = "the paper's decoding loop, written as GenerationMixin's own loops are"
 PIPELINE_LOADS = "the class attributes by which transformers' own pipelines tell pipeline() what to load"
 ALLOWED = {
+    **{
+        ("modeling/generation_vaswani.py", name.split(".")[-1]): reason
+        for name, reason in TRANSFORMERS_PRIVATE_NAMES.items()
+    },
     ("__init__.py", "meta_path"): REGISTRATION,
     ("__init__.py", "MetaPathFinder"): REGISTRATION,
     ("__init__.py", "exec_module"): REGISTRATION,
     ("__init__.py", "_modules"): REGISTRATION,
     ("__init__.py", "_model_mapping"): REGISTRATION,
     ("__init__.py", "_reverse_config_mapping"): REGISTRATION,
-    ("modeling/generation_vaswani.py", "_get_default_generation_params"): DECODING,
-    ("modeling/generation_vaswani.py", "_valid_auto_compile_criteria"): DECODING,
-    ("modeling/generation_vaswani.py", "_has_unfinished_sequences"): DECODING,
-    ("modeling/generation_vaswani.py", "_update_model_kwargs_for_generation"): DECODING,
-    ("modeling/modeling_vaswani.py", "_initialize_weights"): "transformers skips the modules without parameters of "
-    "their own for code outside its package (the positional encoding's buffer)",
-    ("modeling/modeling_vaswani.py", "_prepare_decoder_input_ids_for_generation"): "checks that a cache handed to "
-    "generate() continues the decoder inputs",
     ("modeling/pipeline_vaswani.py", "_prepare_generate_kwargs"): "the generate() arguments of a pipeline call, "
     "built as transformers' own pipelines build them",
     ("modeling/pipeline_vaswani.py", "_pipeline_calls_generate"): PIPELINE_LOADS,
