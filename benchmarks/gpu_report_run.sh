@@ -24,9 +24,8 @@ carry=$(cd "$(dirname "$0")" && pwd)
 site=$(mktemp -d "${TMPDIR:-/tmp}/vaswani-gpu-report-XXXXXX")
 shopt -s nullglob
 wheels=("$carry"/wheels/*.whl)
-install=(python3 -m pip install --quiet --disable-pip-version-check --no-index --no-deps --target "$site")
-[ ${#wheels[@]} -gt 0 ] && "${install[@]}" --no-compile "${wheels[@]}"
-"${install[@]}" --no-build-isolation .
+python3 -m pip install --quiet --disable-pip-version-check --no-index --no-deps --no-build-isolation --no-compile \
+    --target "$site" "${wheels[@]}" .
 export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
 echo "run.sh: ${#wheels[@]} wheels and the checkout installed into $site in $(($(date +%s) - started)) s"
 
