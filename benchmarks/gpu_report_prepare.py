@@ -17,8 +17,9 @@ writes into --carry_dir, and prints the folder's size (it refuses to leave one o
   requirements and those of REPORT_PACKAGES, followed through their dependencies as pip resolves them, stopping at
   every package the machine has at an accepted version (GPU_MACHINE_PACKAGES, the one list of what the machine has).
   torch and CUDA's libraries are never carried: the machine's torch must meet the package's range;
-- requirements.json: the wheels carried, and every requirement the carry leaves to the machine, which
-  `--check` verifies there before anything is measured;
+- requirements.json: the wheels carried, every requirement the carry leaves to the machine, which `--check`
+  verifies there before anything is measured, and the machine's versions of those packages as GPU_MACHINE_PACKAGES
+  gives them (null: not read);
 - run.sh (benchmarks/gpu_report_run.sh): the one command that installs the wheels offline and measures.
 `--check --carry_dir DIR` (run.sh runs it) exits with an error naming every requirement of DIR/requirements.json
 that this Python environment does not meet. `--corpus_only` writes corpus/ alone.
@@ -347,7 +348,13 @@ def main(argv) -> dict:
     if not args.corpus_only:
         carried, left_to_machine = carried_packages(report_requirements(), args.python_version)
         result["wheels"] = download_wheels(carried, carry / "wheels", args.python_version)
-        record = {"python": args.python_version, "carried": carried, "left_to_machine": left_to_machine}
+        named = sorted(set(carried) | {Requirement(line).name for line in left_to_machine})
+        record = {
+            "python": args.python_version,
+            "carried": carried,
+            "left_to_machine": left_to_machine,
+            "machine_versions": {name: GPU_MACHINE_PACKAGES.get(name) for name in named},
+        }
         (carry / "requirements.json").write_text(json.dumps(record, indent=1) + "\n")
         shutil.copyfile(Path(__file__).with_name("gpu_report_run.sh"), carry / "run.sh")
         result.update(record)

@@ -11,6 +11,7 @@ import sys
 import pytest
 import torch
 from helpers import make_dataset, run_command, script_env, word_tokenizer
+from packaging.version import Version
 
 
 def run_in_checkout(*arguments, timeout=900):
@@ -234,16 +235,13 @@ def test_the_gpu_reports_batches_are_the_collators(carried_corpus):
 # GPU. ---
 
 
-def machine_like_environment(folder, left_to_machine):
+def machine_like_environment(folder, record):
     """A fresh virtual environment that stands in for the GPU machine's Python: torch (this one's version) and the
-    packages the carry leaves to the machine, at the versions GPU_MACHINE_PACKAGES gives them (an older transformers
-    among them, which the carried one must override), from the package index; the carry then installs offline."""
-    from packaging.requirements import Requirement
-
-    from benchmarks.gpu_report_prepare import GPU_MACHINE_PACKAGES
-
-    names = {Requirement(line).name for line in left_to_machine} - {"torch"}
-    versions = {name: GPU_MACHINE_PACKAGES.get(name) for name in names | {"transformers"}}
+    packages the carry leaves to the machine or replaces there, at the machine's versions where the carry's
+    requirements.json gives them (its older transformers among them, which the carried one must override), from the
+    package index; the carry then installs offline."""
+    versions = dict(record["machine_versions"])
+    versions.pop("torch", None)
     if sys.version_info < (3, 12):
         versions["numpy"] = None  # the machine's numpy 2.5 is built for Python 3.12 and later
     pins = [f"{name}=={version}" if version else name for name, version in sorted(versions.items())]
@@ -270,7 +268,8 @@ def test_the_carry_installs_offline_and_one_command_writes_every_section_and_the
     assert "transformers" in record["carried"] and not {"torch", "accelerate"} & set(record["carried"])
     wheels = sorted(path.name.split("-")[:2] for path in (carry / "wheels").iterdir())
     assert wheels == [[name.replace("-", "_"), version] for name, version in sorted(record["carried"].items())]
-    bin_dir = machine_like_environment(tmp_path / "machine", record["left_to_machine"])
+    assert Version(record["machine_versions"]["transformers"]) < Version(record["carried"]["transformers"])
+    bin_dir = machine_like_environment(tmp_path / "machine", record)
     env = {key: value for key, value in script_env().items() if key not in ("PYTHONPATH", "VIRTUAL_ENV")}
     env["PATH"] = f"{bin_dir}:{env['PATH']}"
     done = run_command(["bash", carry / "run.sh", output, "--device", "cpu", "--quick"], env=env, timeout=2700)
