@@ -125,11 +125,11 @@ class Deadline:
 def measured(deadline: Deadline, measure) -> dict:
     """`measure()`'s result, or why there is none."""
     if deadline.left() <= 0:
-        return {"not_measured": "the run's deadline came before it"}
+        return {"not_measured": "its section's time ran out before it"}
     try:
         return measure(deadline.left())
     except subprocess.TimeoutExpired:
-        return {"not_measured": "the run's deadline came during it"}
+        return {"not_measured": "its section's time ran out during it"}
     except (RuntimeError, ImportError) as error:
         return {"not_measured": f"it failed: {str(error).strip().splitlines()[-1][:300]}"}
 
@@ -185,7 +185,7 @@ def training(args, sizes: Sizes, deadline: Deadline, publish) -> dict:
         "matmul_ceiling": ceiling,
         "precision": "bf16 mixed precision over float32 weights" if half else "float32",
         "rows": [],
-        "profile": {"not_measured": "the run's deadline came before it"},
+        "profile": {"not_measured": "its section's time ran out before it"},
         "profiled": f"vaswani {largest}, eager",
         "chunk_sweep": [],
         "flops_per_token": dict(

@@ -209,7 +209,7 @@ def test_worker_flags_stay_out_of_the_benchmarks_help(probed):
 
 def test_a_measurement_past_the_budget_or_failing_is_reported_as_not_measured(probed):
     spent, in_time, failed = probed[0]["budget"]
-    assert spent == {"not_measured": "the run's deadline came before it"}
+    assert spent == {"not_measured": "its section's time ran out before it"}
     assert in_time["x"] > 50
     assert failed == {"not_measured": "it failed: ctranslate2 is not installed here"}
 
