@@ -1,27 +1,30 @@
-"""GPU report, step 2 of 3: the report's sections, measured on a GPU (or, with --quick, anywhere), into JSON.
+"""The GPU report's sections, measured on a GPU (or, with --quick, anywhere), into JSON and the page as they go.
 
-    python -m benchmarks.gpu_report_measure --device cuda --section NAME [NAME ...] --report_dir DIR
-                                            [--corpus_dir .gpu_carry/corpus] [--quick]
+    python -m benchmarks.gpu_report_measure [--device cuda] [--quick] [--report_dir DIR]
+                                            [--corpus_dir .gpu_carry/corpus] [--section NAME ...]
 
-Run from the root of a checkout with the `test` extra installed (on a machine without network access: after
-`bash .gpu_carry/setup.sh`, made by `benchmarks.gpu_report_prepare`). Each section writes SECTION.json into
---report_dir within its time budget (Sizes.budget_minutes: 2 + 4.5 + 2.5 + 9 minutes), so that a run of several
-sections has a known length; what a budget leaves out, or what fails, is recorded as "not measured, because ...".
-`benchmarks.gpu_report_render` turns the JSON files into the page. `--quick` runs every section on tiny sizes: the
-code can be tested without a GPU (tests/test_benchmark.py), the figures mean nothing.
+Run from the root of a checkout with the `test` extra installed; on a GPU machine without network access,
+`bash .gpu_carry/run.sh DIR` (made by `benchmarks.gpu_report_prepare`) installs what it needs and runs it. The
+sections run in order of priority within one deadline (Sizes.minutes, counted from --started_at, run.sh's start: 8
+minutes on a GPU, the install included), each for at most its Sizes.section_minutes, the last for what is left. Each
+writes SECTION.json into --report_dir after every measurement, and `benchmarks.gpu_report_render` writes the page
+(gpu.md and its PNGs) there each time, so that a run cut off at any point leaves everything measured until then. What
+the deadline leaves out, or what fails, is recorded as "not measured, because ...". `--quick` runs every section on
+tiny sizes: the code can be tested without a GPU (tests/test_benchmark.py), the figures mean nothing.
 
-Sections:
+Sections, in order:
+- training: vaswani against MarianMTModel of the same sizes, each preset, eager and torch.compile'd: tokens/s
+  (source + target tokens, and target tokens alone, fairseq's `wps`), peak memory, model FLOP utilisation against the
+  bf16 matmul peak measured in the same run (benchmark.measure_training: the recipe's `train_step` under
+  `Accelerator(mixed_precision="bf16")` over float32 weights, one batch of random pairs of one length for both; on a
+  CPU, float32 throughout); then, as time allows, a profile of one step of the largest preset and the sweep of the
+  loss's chunk size.
+- generation: greedy and beam 4 at each batch size, eager and with a static cache and torch.compile: sentences/s and
+  generated (target) tokens/s (benchmark.measure_generation); CTranslate2 where it is installed (measure_ctranslate2).
 - correctness: the GPU tests (tests/test_gpu.py: half-precision logits against float32, eager, sdpa and flash
   attention, compiled static-cache generation, a bf16 autocast step) and the generation tests on the device in
-  bfloat16 and float16 (per-step logits with and without the cache, padded batches, beam search, sampling).
-- training: vaswani against MarianMTModel of the same sizes, each preset, eager and torch.compile'd: tokens/s, peak
-  memory, model FLOP utilisation against the bf16 matmul peak measured in the same run (benchmark.measure_training:
-  the recipe's `train_step` under `Accelerator(mixed_precision="bf16")` over float32 weights, fused AdamW, one batch
-  of random pairs of one length for both; on a CPU, float32 throughout); the sweep of the loss's chunk size; a
-  profile of one step of the largest preset.
-- generation: greedy and beam 4 at each batch size, eager, with a static cache and torch.compile, and CTranslate2 in
-  float16 and int8 on the same weights (benchmark.measure_generation, measure_ctranslate2).
-- time_to_bleu: the paper's recipe on the prepared corpus for a fixed training time, test BLEU every few minutes.
+  bfloat16 (per-step logits with and without the cache, padded batches, beam search, sampling).
+- time_to_bleu: the paper's recipe on the prepared corpus for the time left, test BLEU every few minutes.
 """
 
 import json
@@ -31,6 +34,7 @@ import statistics
 import subprocess
 import sys
 import time
+import traceback
 import xml.etree.ElementTree as ElementTree
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
@@ -57,11 +61,13 @@ class Sizes:
     generation_batches: tuple[int, ...]
     generation_length: int
     bleu_preset: str
-    bleu_minutes: float  # training time, BLEU evaluations not counted
+    bleu_minutes: float  # the most training time, BLEU evaluations not counted
     bleu_every_minutes: float
     bleu_batch_tokens: int  # padded source + target tokens of a training batch
     bleu_pairs: int
-    budget_minutes: dict  # each section's time on the device, start-up excluded
+    minutes: float  # the whole run's deadline, from its start (run.sh's, the install included)
+    section_minutes: dict  # the most each section takes before the next begins; the last one takes what is left
+    generation_tests: str | None  # pytest -k selection of the generation tests (None: all of them)
     ceiling_size: int | None = None  # rows of the matmul the MFU is quoted against (None: the device's default)
 
 
@@ -77,10 +83,12 @@ FULL = Sizes(
     generation_length=32,
     bleu_preset="base",
     bleu_minutes=8,
-    bleu_every_minutes=2,
+    bleu_every_minutes=1,
     bleu_batch_tokens=50000,  # the paper's ~25,000 source + 25,000 target tokens a step
     bleu_pairs=500,
-    budget_minutes={"correctness": 2, "training": 4.5, "generation": 2.5, "time_to_bleu": 9},
+    minutes=8,
+    section_minutes={"training": 3.5, "generation": 1.5, "correctness": 1.5},
+    generation_tests=None,
 )
 QUICK = Sizes(
     presets=("tiny",),
@@ -97,16 +105,18 @@ QUICK = Sizes(
     bleu_every_minutes=0.15,
     bleu_batch_tokens=2000,
     bleu_pairs=16,
-    budget_minutes=dict.fromkeys(("correctness", "training", "generation", "time_to_bleu"), 6),
+    minutes=15,
+    section_minutes={"training": 5, "generation": 3, "correctness": 4},
+    generation_tests="padded_batch_gives_each_sentence_alone",  # the whole file takes minutes on a CPU
     ceiling_size=512,
 )
 
 
 class Deadline:
-    """A section's time budget: measurements ask how much is left, and are skipped (and said so) once it is gone."""
+    """A section's time: measurements ask how much is left, and are skipped (and said so) once it is gone."""
 
-    def __init__(self, minutes: float):
-        self.end = time.monotonic() + 60 * minutes
+    def __init__(self, seconds: float):
+        self.end = time.monotonic() + seconds
 
     def left(self) -> float:
         return self.end - time.monotonic()
@@ -115,11 +125,11 @@ class Deadline:
 def measured(deadline: Deadline, measure) -> dict:
     """`measure()`'s result, or why there is none."""
     if deadline.left() <= 0:
-        return {"not_measured": "the section's time budget ran out before it"}
+        return {"not_measured": "its section's time ran out before it"}
     try:
         return measure(deadline.left())
     except subprocess.TimeoutExpired:
-        return {"not_measured": "the section's time budget ran out during it"}
+        return {"not_measured": "its section's time ran out during it"}
     except (RuntimeError, ImportError) as error:
         return {"not_measured": f"it failed: {str(error).strip().splitlines()[-1][:300]}"}
 
@@ -149,19 +159,152 @@ def environment(device: torch.device) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# Sections.
+# Sections. Each takes (args, sizes, deadline, publish) and returns its results; it hands `publish` its results so
+# far after every measurement, in the same shape.
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def correctness(args, sizes: Sizes, deadline: Deadline) -> dict:
+def training(args, sizes: Sizes, deadline: Deadline, publish) -> dict:
+    device = torch.device(args.device)
+    half = device.type == "cuda"  # bf16 mixed precision on a GPU; a CPU's bfloat16 matmuls are slow, float32 there
+    ceiling = benchmark.matmul_ceiling(device, torch.bfloat16 if half else torch.float32, sizes.ceiling_size)
+    setup = benchmark.BenchmarkArguments(
+        device=args.device,
+        dtype="float32",
+        autocast=half,
+        measure="train",
+        batch_tokens=sizes.batch_tokens,
+        train_length=sizes.train_length,
+        sweep_lengths=[sizes.train_length],
+        repeats=sizes.repeats,
+        warmup=sizes.warmup,
+    )
+    largest = sizes.presets[-1]
+    config = benchmark.build_model("vaswani", largest, sizes.train_length + 1).config
+    results = {
+        "matmul_ceiling": ceiling,
+        "precision": "bf16 mixed precision over float32 weights" if half else "float32",
+        "rows": [],
+        "profile": {"not_measured": "its section's time ran out before it"},
+        "profiled": f"vaswani {largest}, eager",
+        "chunk_sweep": [],
+        "flops_per_token": dict(
+            zip(("per_source_token", "per_target_token"), benchmark.flops_per_token(config, sizes.train_length)),
+            length=sizes.train_length,
+        ),
+        "sizes": {"batch_tokens": sizes.batch_tokens, "length": sizes.train_length},
+    }
+
+    def train(implementation, **changes):
+        def measure(left):
+            result = benchmark.run_worker(replace(setup, **changes), implementation, timeout=left)["train"]
+            flops = statistics.median(result["flops"] / t for t in result["times"])
+            return {
+                "tokens_per_s": benchmark.summarise(result["times"], result["tokens"]),
+                "target_tokens_per_s": benchmark.summarise(result["times"], result["batch"] * result["length"]),
+                "peak_memory_mib": result["peak_memory"] / 2**20,
+                "tflops_per_s": flops / 1e12,
+                "mfu": flops / ceiling["flops_per_s"],
+                "batch": result["batch"],
+                "length": result["length"],
+            }
+
+        return measured(deadline, measure)
+
+    # In the order of what matters most, since the deadline may end the list: the eager comparison, largest preset
+    # last; the compiled comparison, largest first; where the time of a step goes; the loss's chunk size.
+    order = [(preset, False) for preset in sizes.presets] + [(preset, True) for preset in reversed(sizes.presets)]
+    for preset, compiled in order:
+        for implementation in ("vaswani", "marian"):
+            row = {"preset": preset, "implementation": implementation, "compiled": compiled}
+            results["rows"].append(row | train(implementation, preset=preset, compile_training=compiled))
+            publish(results)
+    results["profile"] = measured(
+        deadline,
+        lambda left: benchmark.run_worker(replace(setup, preset=largest, measure="profile"), "vaswani", timeout=left),
+    )
+    publish(results)
+    for elements in sizes.chunk_sweep:
+        point = {"chunk_elements": elements} | train("vaswani", preset=largest, chunk_elements=elements)
+        results["chunk_sweep"].append(point)
+        publish(results)
+    return results
+
+
+def generation(args, sizes: Sizes, deadline: Deadline, publish) -> dict:
+    half = "bfloat16" if args.device == "cuda" else "float32"
+    setup = benchmark.BenchmarkArguments(
+        device=args.device,
+        preset=sizes.generation_preset,
+        measure="generate",
+        gen_source_length=sizes.generation_length,
+        gen_length=sizes.generation_length,
+        sweep_lengths=[2 * sizes.generation_length],
+        repeats=sizes.repeats,
+        warmup=sizes.warmup,
+        dtype=half,
+    )
+    results = {"rows": [], "dtype": half, "preset": sizes.generation_preset, "length": sizes.generation_length}
+
+    def rates(result):
+        return {
+            f"beam{beams}_{amount}_per_s": benchmark.summarise(
+                result[f"generate_beam{beams}"]["times"], result[f"generate_beam{beams}"][amount]
+            )
+            for beams in (1, 4)
+            for amount in ("sentences", "tokens")
+        }
+
+    # Eager at every batch size first, then the static cache with torch.compile, whose compilation takes longer.
+    for engine, compiled in (("eager", False), ("static cache + compile", True)):
+        for batch in sizes.generation_batches:
+
+            def measure(left, batch=batch, compiled=compiled):
+                worker = replace(setup, gen_batch=batch, compile=compiled)
+                return rates(benchmark.run_worker(worker, "vaswani", timeout=left))
+
+            results["rows"].append({"batch": batch, "engine": engine} | measured(deadline, measure))
+            publish(results)
+    quantizations = ("float16", "int8_float16") if args.device == "cuda" else ("float32", "int8")
+    missing = ctranslate2_missing(args.device)
+    for quantization in quantizations:
+        for batch in sizes.generation_batches:
+
+            def measure(left, batch=batch, quantization=quantization):
+                worker = replace(setup, gen_batch=batch, dtype="float32")
+                return rates(benchmark.run_worker(worker, f"ctranslate2:{quantization}", timeout=left))
+
+            row = {"batch": batch, "engine": f"CTranslate2 {quantization}"}
+            results["rows"].append(row | ({"not_measured": missing} if missing else measured(deadline, measure)))
+            publish(results)
+    return results
+
+
+def ctranslate2_missing(device: str) -> str | None:
+    """Why CTranslate2 cannot be measured here, or None."""
+    try:
+        import ctranslate2
+    except ImportError:
+        return (
+            "CTranslate2 is not installed here (it is not carried to the GPU machine: its wheel, 41 MiB, loads CUDA "
+            "12's cuBLAS, libcublas.so.12, and the machine's torch and libraries are CUDA 13's)"
+        )
+    if device == "cuda" and ctranslate2.get_cuda_device_count() == 0:
+        return "this CTranslate2 sees no CUDA device (a CPU-only build, or one for another CUDA)"
+    return None
+
+
+def correctness(args, sizes: Sizes, deadline: Deadline, publish) -> dict:
     runs = {
         "GPU tests (tests/test_gpu.py)": ["tests/test_gpu.py", "-m", "gpu"],
-        **{
-            f"generation tests in {dtype}": ["tests/test_generation.py", "--device", args.device, "--dtype", dtype]
-            for dtype in ("bfloat16", "float16")
-        },
+        "generation tests in bfloat16": ["tests/test_generation.py", "--device", args.device, "--dtype", "bfloat16"]
+        + (["-k", sizes.generation_tests] if sizes.generation_tests else []),
     }
-    return {name: measured(deadline, lambda left, a=a: run_pytest(a, left)) for name, a in runs.items()}
+    results = {}
+    for name, pytest_args in runs.items():
+        results[name] = measured(deadline, lambda left, a=pytest_args: run_pytest(a, left))
+        publish(results)
+    return results
 
 
 def run_pytest(pytest_args: list[str], timeout: float) -> dict:
@@ -187,123 +330,6 @@ def run_pytest(pytest_args: list[str], timeout: float) -> dict:
             outcomes["passed"] += 1
     report.unlink()
     return {**outcomes, "failures": failures, "skip_reasons": sorted(skip_reasons), "command": " ".join(pytest_args)}
-
-
-def training(args, sizes: Sizes, deadline: Deadline) -> dict:
-    device = torch.device(args.device)
-    half = device.type == "cuda"  # bf16 mixed precision on a GPU; a CPU's bfloat16 matmuls are slow, float32 there
-    ceiling = benchmark.matmul_ceiling(device, torch.bfloat16 if half else torch.float32, sizes.ceiling_size)
-    setup = benchmark.BenchmarkArguments(
-        device=args.device,
-        dtype="float32",
-        autocast=half,
-        measure="train",
-        batch_tokens=sizes.batch_tokens,
-        train_length=sizes.train_length,
-        sweep_lengths=[sizes.train_length],
-        repeats=sizes.repeats,
-        warmup=sizes.warmup,
-    )
-
-    def train(implementation, **changes):
-        def measure(left):
-            result = benchmark.run_worker(replace(setup, **changes), implementation, timeout=left)["train"]
-            rate = benchmark.summarise(result["times"], result["tokens"])
-            flops = statistics.median(result["flops"] / t for t in result["times"])
-            return {
-                "tokens_per_s": rate,
-                "peak_memory_mib": result["peak_memory"] / 2**20,
-                "tflops_per_s": flops / 1e12,
-                "mfu": flops / ceiling["flops_per_s"],
-                "batch": result["batch"],
-                "length": result["length"],
-            }
-
-        return measured(deadline, measure)
-
-    # In the order of what matters most, since the budget may end the list: the eager comparison, where the time of
-    # the largest goes, the compiled comparison (largest first), the loss's chunk size.
-    largest = sizes.presets[-1]
-    order = [(preset, False) for preset in sizes.presets] + [(preset, True) for preset in reversed(sizes.presets)]
-    rows = []
-    for index, (preset, compiled) in enumerate(order):
-        rows += [
-            {"preset": preset, "implementation": implementation, "compiled": compiled}
-            | train(implementation, preset=preset, compile_training=compiled)
-            for implementation in ("vaswani", "marian")
-        ]
-        if index == len(sizes.presets) - 1:
-            profile = measured(
-                deadline,
-                lambda left: benchmark.run_worker(
-                    replace(setup, preset=largest, measure="profile"), "vaswani", timeout=left
-                ),
-            )
-    chunk_sweep = [
-        {"chunk_elements": elements} | train("vaswani", preset=largest, chunk_elements=elements)
-        for elements in sizes.chunk_sweep
-    ]
-    config = benchmark.build_model("vaswani", largest, sizes.train_length + 1).config
-    return {
-        "matmul_ceiling": ceiling,
-        "precision": "bf16 mixed precision over float32 weights" if half else "float32",
-        "rows": rows,
-        "chunk_sweep": chunk_sweep,
-        "profile": profile,
-        "profiled": f"vaswani {largest}, eager",
-        "flops_per_token": dict(
-            zip(("per_source_token", "per_target_token"), benchmark.flops_per_token(config, sizes.train_length)),
-            length=sizes.train_length,
-        ),
-        "sizes": {"batch_tokens": sizes.batch_tokens, "length": sizes.train_length},
-    }
-
-
-def generation(args, sizes: Sizes, deadline: Deadline) -> dict:
-    half = "bfloat16" if args.device == "cuda" else "float32"
-    setup = benchmark.BenchmarkArguments(
-        device=args.device,
-        preset=sizes.generation_preset,
-        measure="generate",
-        gen_source_length=sizes.generation_length,
-        gen_length=sizes.generation_length,
-        sweep_lengths=[2 * sizes.generation_length],
-        repeats=sizes.repeats,
-        warmup=sizes.warmup,
-    )
-    quantizations = ("float16", "int8_float16") if args.device == "cuda" else ("float32", "int8")
-    engines = [("eager", "vaswani", {"dtype": half}), ("static cache + compile", "vaswani", {"dtype": half})]
-    engines += [(f"CTranslate2 {q}", f"ctranslate2:{q}", {}) for q in quantizations]
-    rows = []
-    for batch in sizes.generation_batches:
-        for engine, implementation, changes in engines:
-            compiled = engine.startswith("static")
-
-            def measure(left, batch=batch, implementation=implementation, changes=changes, compiled=compiled):
-                if implementation.startswith("ctranslate2"):
-                    check_ctranslate2(args.device)
-                worker = replace(setup, gen_batch=batch, compile=compiled, **changes)
-                result = benchmark.run_worker(worker, implementation, timeout=left)
-                return {
-                    f"beam{beams}_sentences_per_s": benchmark.summarise(
-                        result[f"generate_beam{beams}"]["times"], result[f"generate_beam{beams}"]["sentences"]
-                    )
-                    for beams in (1, 4)
-                }
-
-            rows.append({"batch": batch, "engine": engine} | measured(deadline, measure))
-    return {"rows": rows, "dtype": half, "preset": sizes.generation_preset, "length": sizes.generation_length}
-
-
-def check_ctranslate2(device: str):
-    try:
-        import ctranslate2
-    except ImportError as error:
-        raise ImportError(
-            "ctranslate2 is not installed here (pip install ctranslate2: its CUDA build for a GPU)"
-        ) from error
-    if device == "cuda" and ctranslate2.get_cuda_device_count() == 0:
-        raise RuntimeError("ctranslate2 sees no CUDA device (a CPU-only build, or one for another CUDA)")
 
 
 class CarriedPairs(torch.utils.data.Dataset):
@@ -336,8 +362,9 @@ class CarriedPairs(torch.utils.data.Dataset):
         )
 
 
-def time_to_bleu(args, sizes: Sizes, deadline: Deadline) -> dict:
-    """The paper's recipe on the prepared corpus for `sizes.bleu_minutes` of training, test BLEU every few minutes.
+def time_to_bleu(args, sizes: Sizes, deadline: Deadline, publish) -> dict:
+    """The paper's recipe on the prepared corpus for the time left (at most `sizes.bleu_minutes` of training), test
+    BLEU every `sizes.bleu_every_minutes`.
 
     The recipe's own step (`vaswani.training.step.train_step`: label smoothing 0.1, the loss summed over the step's
     target tokens) over the numpy corpus: token-bucket batches of about 25,000 source and 25,000 target tokens
@@ -345,17 +372,20 @@ def time_to_bleu(args, sizes: Sizes, deadline: Deadline) -> dict:
     preset's dropout, `Accelerator(mixed_precision="bf16")` on a GPU. The schedule is the paper's
     (`inverse_sqrt_schedule`), scaled to the run: the paper warms up for 4,000 of 100,000 steps and peaks at
     d_model^-0.5 x 4000^-0.5; here the warmup is the same 4% of the steps the run will take (counted from the speed
-    of 10 calibration steps, on weights then thrown away), the peak the same. BLEU: `vaswani.training.evaluation`'s
-    `translate` with the model's default decoding (the paper's: beam 4, length penalty 0.6) and `corpus_bleu`
-    (sacreBLEU) on the first `bleu_pairs` test pairs; evaluation time is not counted.
+    of 10 calibration steps, on weights then thrown away), the peak the same. BLEU: the package's own decoding
+    (`translate_batch`, the pipeline's: the paper's beam 4 and length penalty 0.6, as `vaswani-evaluate` decodes)
+    and sacreBLEU's corpus BLEU on the first `bleu_pairs` test pairs; evaluation time is not counted as training.
+    The evaluations fit in the deadline: the untrained model's decoding of the longest batch (it runs to the length
+    limit, the slowest an evaluation gets) sets the time kept for each, and training stops while the last one fits.
     """
+    import sacrebleu
     from accelerate import Accelerator
     from transformers import AutoTokenizer
 
     from vaswani import VaswaniConfig, VaswaniForConditionalGeneration
+    from vaswani.modeling.pipeline_vaswani import translate_batch
     from vaswani.training.batching import StepBatches, TokenBucketSampler
     from vaswani.training.checkpoints import TrainState
-    from vaswani.training.evaluation import corpus_bleu, translate
     from vaswani.training.schedule import inverse_sqrt_schedule, paper_peak_lr
     from vaswani.training.step import train_step
 
@@ -367,6 +397,8 @@ def time_to_bleu(args, sizes: Sizes, deadline: Deadline) -> dict:
     tokenizer = AutoTokenizer.from_pretrained(corpus_dir / "tokenizer")
     test = json.loads((corpus_dir / "test.json").read_text())
     test_sources, references = test["sources"][: sizes.bleu_pairs], test["references"][: sizes.bleu_pairs]
+    by_length = sorted(range(len(test_sources)), key=lambda i: -len(test_sources[i]))  # less padding, longest first
+    batches = [by_length[start : start + 64] for start in range(0, len(by_length), 64)]
     config = VaswaniConfig.from_preset(sizes.bleu_preset, **tokenizer_ids(tokenizer))
     pairs = CarriedPairs(corpus_dir / "train.npz", config.pad_token_id, config.decoder_start_token_id)
     sampler = TokenBucketSampler(
@@ -394,29 +426,60 @@ def time_to_bleu(args, sizes: Sizes, deadline: Deadline) -> dict:
         state.add_step(result, time.perf_counter() - start)  # train_step ends in a sync: the time is its own
         return result.loss / result.target_tokens
 
+    def translated(model, rows) -> list[str]:
+        model.eval()
+        with torch.no_grad(), accelerator.autocast():
+            sources = [test_sources[i] for i in rows]
+            answers = translate_batch(model, tokenizer, sources, num_beams=4, length_penalty=0.6, do_sample=False)
+        model.train()
+        return [hypotheses[0]["translation_text"] for hypotheses in answers]
+
     calibration, step_times = fresh_run(), []
     for _ in range(10):
         before = calibration[3].train_seconds
         step(*calibration)
         step_times.append(calibration[3].train_seconds - before)
+    started = time.perf_counter()
+    translated(accelerator.unwrap_model(calibration[0]), batches[0])
+    evaluation_seconds = (time.perf_counter() - started) * len(batches)  # at most: untrained, the longest batch
     del calibration
     accelerator.free_memory()  # the calibration's model and optimizer
-    seconds = 60 * sizes.bleu_minutes
-    planned_steps = max(10, int(seconds / statistics.median(step_times[2:])))
+
+    # Training time: what is left once every evaluation (one every bleu_every_minutes, and the last) is kept aside.
+    every = 60 * sizes.bleu_every_minutes
+    available = deadline.left() - evaluation_seconds
+    available -= int(available / (every + evaluation_seconds)) * evaluation_seconds
+    seconds = min(60 * sizes.bleu_minutes, available)
+    step_seconds = statistics.median(step_times[2:])
+    planned_steps = max(1, int(seconds / step_seconds))
     warmup = max(1, round(0.04 * planned_steps))
     peak = paper_peak_lr(config.d_model, 4000)
+    metric = sacrebleu.metrics.BLEU()
+    results = {
+        "points": [],
+        "preset": sizes.bleu_preset,
+        "batch_tokens": sizes.bleu_batch_tokens,
+        "planned_minutes": seconds / 60,
+        "planned_steps": planned_steps,
+        "warmup_steps": warmup,
+        "peak_lr": peak,
+        "test_pairs": len(test_sources),
+        "evaluation_seconds_kept": evaluation_seconds,
+        "stopped_by_deadline": False,
+        "signature": "n/a (no evaluation yet)",
+    }
 
     run = fresh_run(warmup, peak)
     model, state = accelerator.unwrap_model(run[0]), run[3]
-    points, next_evaluation, losses = [], 60 * sizes.bleu_every_minutes, []
-    signature = "n/a"
+    losses, next_evaluation = [], every
 
     def evaluate():
-        nonlocal signature
-        with accelerator.autocast():
-            hypotheses = translate(model, tokenizer, test_sources, batch_size=64)
-        score, signature = corpus_bleu(hypotheses, references)
-        points.append(
+        hypotheses = [None] * len(test_sources)
+        for rows in batches:
+            for row, hypothesis in zip(rows, translated(model, rows)):
+                hypotheses[row] = hypothesis
+        score = metric.corpus_score(hypotheses, [references])
+        results["points"].append(
             {
                 "minutes": state.train_seconds / 60,
                 "steps": state.step,
@@ -424,46 +487,42 @@ def time_to_bleu(args, sizes: Sizes, deadline: Deadline) -> dict:
                 "train_loss": statistics.mean(losses[-50:]),
             }
         )
+        results["signature"] = str(metric.get_signature())
+        publish(results)
 
-    # The last evaluation must fit in the budget too: the loop keeps the time the previous one took in reserve.
-    evaluation_seconds = 0.0
-    while state.train_seconds < seconds and deadline.left() > evaluation_seconds:
+    while state.train_seconds < seconds:
+        if deadline.left() < evaluation_seconds + step_seconds:
+            results["stopped_by_deadline"] = True
+            break
         losses.append(step(*run))
         if state.train_seconds >= next_evaluation:
-            started = time.perf_counter()
             evaluate()
-            evaluation_seconds = time.perf_counter() - started
-            next_evaluation += 60 * sizes.bleu_every_minutes
-    if not points or points[-1]["steps"] != state.step:
+            next_evaluation += every
+    if losses and (not results["points"] or results["points"][-1]["steps"] != state.step):
         evaluate()
-    return {
-        "points": points,
-        "preset": sizes.bleu_preset,
-        "batch_tokens": sizes.bleu_batch_tokens,
-        "planned_steps": planned_steps,
-        "warmup_steps": warmup,
-        "peak_lr": peak,
-        "test_pairs": len(test_sources),
-        "stopped_by_budget": state.train_seconds < seconds,
-        "signature": signature,
-    }
+    return results
 
 
 SECTIONS = {
-    "correctness": correctness,
     "training": training,
     "generation": generation,
+    "correctness": correctness,
     "time_to_bleu": time_to_bleu,
 }
 
 
 @dataclass
 class MeasureArguments:
-    section: list[str] = field(metadata={"help": f"sections to run: {', '.join(SECTIONS)}"})
+    section: list[str] = field(
+        default_factory=lambda: list(SECTIONS), metadata={"help": f"sections to run, of {', '.join(SECTIONS)}"}
+    )
     device: str = field(default="cuda", metadata={"help": "cuda, or cpu (with --quick, to test the code)"})
-    quick: bool = field(default=False, metadata={"help": "every section on tiny sizes, in a few minutes"})
-    report_dir: str = field(default="gpu_report", metadata={"help": "where each section writes SECTION.json"})
+    quick: bool = field(default=False, metadata={"help": "every section on tiny sizes"})
+    report_dir: str = field(default="gpu_report", metadata={"help": "where the sections' JSON and gpu.md go"})
     corpus_dir: str = field(default=".gpu_carry/corpus", metadata={"help": "time_to_bleu's corpus (prepare's)"})
+    started_at: float | None = field(
+        default=None, metadata={"help": "when the run began, in seconds since the epoch (default: now)"}
+    )
 
     def __post_init__(self):
         unknown = [name for name in self.section if name not in SECTIONS]
@@ -473,29 +532,49 @@ class MeasureArguments:
 
 @command
 def main(argv) -> dict:
+    from benchmarks.gpu_report_render import render
+
     (args,) = parse_arguments([MeasureArguments], argv, description=__doc__.split("\n\n")[0])
     if args.device == "cuda" and not torch.cuda.is_available():
         raise UsageError("--device cuda asked for, but torch sees no CUDA device.")
     sizes = QUICK if args.quick else FULL
     if args.device == "cuda" and args.quick:
         print("--quick on a GPU: tiny sizes, figures that mean nothing", file=sys.stderr)
+    end = time.monotonic() + 60 * sizes.minutes - (time.time() - (args.started_at or time.time()))
     report_dir = Path(args.report_dir)
     report_dir.mkdir(parents=True, exist_ok=True)
+    sections = [name for name in SECTIONS if name in args.section]
+    facts = environment(torch.device(args.device))
     results = {}
-    for name in args.section:
-        deadline = Deadline(sizes.budget_minutes[name])
+    for index, name in enumerate(sections):
         started = time.monotonic()
-        result = {
-            "section": name,
-            "quick": args.quick,
-            "environment": environment(torch.device(args.device)),
-            "sizes": asdict(sizes),
-            "results": SECTIONS[name](args, sizes, deadline),
-        }
-        result["minutes"] = (time.monotonic() - started) / 60
-        (report_dir / f"{name}.json").write_text(json.dumps(result, indent=1))
-        print(f"{name}: {result['minutes']:.1f} min, written {report_dir / name}.json")
-        results[name] = result
+        share = 60 * sizes.section_minutes.get(name, sizes.minutes) if index < len(sections) - 1 else float("inf")
+        deadline = Deadline(min(end - started, share))
+
+        def save(section_results, complete=False, name=name, started=started):
+            result = {
+                "section": name,
+                "quick": args.quick,
+                "complete": complete,
+                "environment": facts,
+                "sizes": asdict(sizes),
+                "minutes": (time.monotonic() - started) / 60,
+                "results": section_results,
+            }
+            (report_dir / f"{name}.json").write_text(json.dumps(result, indent=1))
+            try:
+                render(report_dir, report_dir)
+            except Exception as error:  # the measurements go on without the page; the JSON holds them
+                print(f"rendering gpu.md failed: {error!r}", file=sys.stderr)
+            return result
+
+        try:
+            section_results = SECTIONS[name](args, sizes, deadline, save)
+        except Exception as error:  # the next sections still run; the traceback goes to stderr
+            traceback.print_exc()
+            section_results = {"not_measured": f"it failed: {error!r}"[:500]}
+        results[name] = save(section_results, complete=True)
+        print(f"{name}: {results[name]['minutes']:.1f} min, written {report_dir / name}.json and gpu.md")
     return results
 
 

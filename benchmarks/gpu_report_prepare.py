@@ -1,33 +1,114 @@
-"""GPU report, step 1 of 3: a folder that lets a GPU machine without network access measure the report.
+"""GPU report, step 1 of 2: the folder that lets a GPU machine without network access make the whole report in one
+command.
 
     python -m benchmarks.gpu_report_prepare [--dataset_dir outputs/main_job/data]
                                             [--tokenizer outputs/main_job/tokenizer] [--carry_dir .gpu_carry]
+    # step 2, on the GPU machine, from the root of the checkout, with the checkout and the folder carried there:
+    bash .gpu_carry/run.sh OUTPUT_DIR
 
 Run from the root of a checkout, on a machine with the `test` extra installed and a package index in reach. It
-writes into --carry_dir:
+writes into --carry_dir, and prints the folder's size (it refuses to leave one over --max_mib):
 - corpus/: the training pairs of --dataset_dir tokenized with --tokenizer into numpy arrays (train.npz: each side's
   ids end to end and their offsets), the first --test_pairs test pairs as text (test.json) and the tokenizer: what
   the time_to_bleu section of `benchmarks.gpu_report_measure` trains and scores on (scripts/main_job.sh makes the
   default corpus and tokenizer);
-- wheels/: the wheels of --packages at the versions installed here, with their dependencies, for --python_version
-  on manylinux x86_64, less those whose names start with one of --leave_out (wheels the GPU machine already has);
-- setup.sh: run on the GPU machine from the checkout's root, it installs the wheels, then this checkout (editable,
-  without dependencies).
-Then carry the folder and the checkout to the GPU machine and run `benchmarks.gpu_report_measure` there.
---corpus_only writes corpus/ alone.
+- wheels/: only the wheels the report needs that the GPU machine lacks or has at a version the report does not
+  accept, for CPython --python_version on manylinux x86_64. What the report needs: the installed vaswani's
+  requirements and those of REPORT_PACKAGES, followed through their dependencies as pip resolves them, stopping at
+  every package the machine has at an accepted version (GPU_MACHINE_PACKAGES, the one list of what the machine has).
+  torch and CUDA's libraries are never carried: the machine's torch must meet the package's range;
+- requirements.json: the wheels carried, every requirement the carry leaves to the machine, which `--check`
+  verifies there before anything is measured, and the machine's versions of those packages as GPU_MACHINE_PACKAGES
+  gives them (null: not read);
+- run.sh (benchmarks/gpu_report_run.sh): the one command that installs the wheels offline and measures.
+`--check --carry_dir DIR` (run.sh runs it) exits with an error naming every requirement of DIR/requirements.json
+that this Python environment does not meet. `--corpus_only` writes corpus/ alone.
 """
 
 import importlib.metadata
 import json
+import shutil
 import subprocess
 import sys
+import tempfile
+import venv
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import tomllib
+from packaging.markers import default_environment
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+from packaging.version import Version
 
+from benchmarks.benchmark import REPO_ROOT
 from vaswani.training.checks import UsageError
 from vaswani.training.cli import command, parse_arguments
+
+
+# The GPU machine the report is measured on: CPython 3.12.3 (its `python3`), torch 2.11.0 built for CUDA 13, and the
+# packages below, as its `pip list` read them in November 2026: a version where one was read, None where only the name
+# was (taken to be a version the report accepts: `--check` verifies that on the machine before it measures).
+GPU_MACHINE_PYTHON = "3.12"
+GPU_MACHINE_PACKAGES = {
+    **dict.fromkeys(
+        """absl-py aiofiles aiohappyeyeballs aiohttp aiosignal annotated-doc anyio attrs build certifi charset-normalizer
+        chex click cloudpickle cmake colorama contourpy coverage cuda-bindings cuda-core cuda-pathfinder cuda-toolkit
+        cycler cython diffrax e3nn einops equinox etils execnet filelock flatbuffers flax fonttools formulaic
+        frozenlist fsspec gpytorch grpcio h11 h5py hf-xet httpcore httpx humanize hypothesis idna imageio iniconfig
+        interface-meta jinja2 joblib kiwisolver lazy-loader lightning lightning-utilities linear-operator lineax
+        llvmlite lxml markdown markdown-it-py markupsafe matplotlib mdurl meson ml-dtypes mpi4py mpmath msgpack
+        multidict multipledispatch mypy-extensions nanobind narwhals networkx ninja numba numba-cuda nvidia-cublas
+        nvidia-cuda-cupti nvidia-cuda-nvrtc nvidia-cuda-runtime nvidia-cudnn-cu13 nvidia-cufft nvidia-cufile
+        nvidia-curand nvidia-cusolver nvidia-cusparse nvidia-cusparselt-cu13 nvidia-ml-py nvidia-nccl-cu13
+        nvidia-nvjitlink nvidia-nvshmem-cu13 nvidia-nvtx optax opt-einsum opt-einsum-fx optimistix orbax-checkpoint
+        packaging pandas pathspec patsy peft pillow pip pluggy portalocker prometheus-client propcache protobuf psutil
+        pyarrow pybind11 py-cpuinfo pygments pyparsing pyproject-hooks pyre-extensions pytest pytest-benchmark
+        pytest-cov pytest-mock pytest-timeout pytest-xdist python-dateutil pyyaml regex requests rich sacrebleu
+        scikit-build-core scikit-image scikit-learn scipy seaborn setuptools shellingham simplejson six
+        sortedcontainers statsmodels sympy tabulate tensorboard tensorboard-data-server tensorstore threadpoolctl
+        tifffile timm toolz tqdm treescope typer typing-extensions typing-inspect urllib3 uvloop wadler-lindig
+        werkzeug wheel wrapt xarray xxhash yarl zipp""".split()
+    ),
+    "accelerate": "1.15.0",
+    "botorch": "0.18.1",
+    "cupy-cuda13x": "14.2.0",
+    "huggingface-hub": "1.33.0",
+    "jax": "0.11.2",
+    "jax-cuda13-pjrt": "0.11.2",
+    "jax-cuda13-plugin": "0.11.2",
+    "jaxlib": "0.11.2",
+    "jaxtyping": "0.3.11",
+    "numpy": "2.5.2",
+    "numpyro": "0.21.0",
+    "onnx": "1.23.1",
+    "onnx-ir": "1.0.0",
+    "onnxruntime": "1.30.0",
+    "onnxscript": "0.7.2",
+    "pytorch-lightning": "2.6.6",
+    "safetensors": "0.8.0",
+    "sentence-transformers": "6.0.1",
+    "sentencepiece": "0.2.2",
+    "tiktoken": "0.14.0",
+    "tokenizers": "0.23.2",
+    "torch": "2.11.0",
+    "torch-geometric": "2.8.0.post1",
+    "torchaudio": "2.11.0",
+    "torchdiffeq": "0.2.5",
+    "torchmetrics": "1.9.0",
+    "torchvision": "0.26.0",
+    "transformers": "5.17.0",
+    "triton": "3.6.0",
+}
+# What the report runs with beyond the package's own requirements, from its extras (their ranges): the training
+# measurement's Accelerator, sacreBLEU for time_to_bleu, matplotlib for the page, pytest for the GPU tests.
+REPORT_PACKAGES = ("accelerate", "sacrebleu", "matplotlib", "pytest")
+
+
+def never_carried(name: str) -> bool:
+    """torch and the CUDA libraries it is built with: the machine's own, or the report cannot run there."""
+    return name in ("torch", "triton") or name.startswith(("nvidia-", "cuda-"))
 
 
 @dataclass
@@ -37,30 +118,15 @@ class PrepareArguments:
     source_lang: str = "en"
     target_lang: str = "es"
     test_pairs: int = field(default=1000, metadata={"help": "test pairs written for BLEU"})
-    carry_dir: str = field(default=".gpu_carry", metadata={"help": "where the corpus, wheels and setup.sh go"})
-    corpus_only: bool = field(default=False, metadata={"help": "write the corpus alone: no wheels, no setup.sh"})
-    # What the measuring sections import beyond torch and numpy; pytest and hypothesis run the correctness section.
-    packages: list[str] = field(
-        default_factory=lambda: [
-            "transformers",
-            "huggingface_hub",
-            "tokenizers",
-            "safetensors",
-            "accelerate",
-            "datasets",
-            "sacrebleu",
-            "sacremoses",
-            "pytest",
-            "hypothesis",
-        ],
-        metadata={"help": "packages whose installed versions are carried as wheels, with their dependencies"},
+    carry_dir: str = field(default=".gpu_carry", metadata={"help": "where the corpus, wheels and run.sh go"})
+    corpus_only: bool = field(default=False, metadata={"help": "write the corpus alone: no wheels, no run.sh"})
+    python_version: str = field(
+        default=GPU_MACHINE_PYTHON, metadata={"help": "the Python the wheels are for (the GPU machine's)"}
     )
-    leave_out: list[str] = field(
-        default_factory=lambda: ["numpy", "pyarrow", "pandas"],
-        metadata={"help": "wheels left out (the GPU machine has them)"},
-    )
-    python_version: str = field(default="3.12", metadata={"help": "the GPU machine's Python"})
     max_mib: float = field(default=64, metadata={"help": "the most the folder may hold, in MiB (0: no limit)"})
+    check: bool = field(
+        default=False, metadata={"help": "only check that this environment meets --carry_dir's requirements.json"}
+    )
 
 
 def prepare_corpus(dataset_dir, tokenizer_dir, corpus_dir: Path, source_lang="en", target_lang="es", test_pairs=1000):
@@ -92,50 +158,215 @@ def prepare_corpus(dataset_dir, tokenizer_dir, corpus_dir: Path, source_lang="en
     return corpus_dir
 
 
-def download_wheels(args, wheels: Path) -> list[str]:
-    """The wheels of --packages (at the versions installed here) and their dependencies, less --leave_out; returns
-    the requirements setup.sh installs."""
-    wheels.mkdir(parents=True, exist_ok=True)
-    requirements = [f"{name}=={importlib.metadata.version(name)}" for name in args.packages] + ["setuptools>=69"]
-    abi = f"cp{args.python_version.replace('.', '')}"
+def report_requirements() -> list[Requirement]:
+    """What the report needs installed: the checkout's base requirements (pyproject.toml), REPORT_PACKAGES with the
+    ranges its extras give them, and what builds the checkout (its build-system's requirements)."""
+    pyproject = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())
+    project = pyproject["project"]
+    in_extras = {}
+    for lines in project["optional-dependencies"].values():
+        for line in lines:
+            requirement = Requirement(line)
+            in_extras.setdefault(canonicalize_name(requirement.name), requirement)
+    missing = [name for name in REPORT_PACKAGES if name not in in_extras]
+    if missing:
+        raise UsageError(f"pyproject.toml's extras no longer name {', '.join(missing)}: update REPORT_PACKAGES.")
+    return (
+        [Requirement(line) for line in project["dependencies"]]
+        + [in_extras[name] for name in REPORT_PACKAGES]
+        + [Requirement(line) for line in pyproject["build-system"]["requires"]]
+    )
+
+
+def on_the_machine(requirement: Requirement) -> bool:
+    """Whether the GPU machine has the package at a version the requirement accepts (a version not read counts)."""
+    name = canonicalize_name(requirement.name)
+    if name not in GPU_MACHINE_PACKAGES:
+        return False
+    version = GPU_MACHINE_PACKAGES[name]
+    return version is None or requirement.specifier.contains(version, prereleases=True)
+
+
+def target_environment(python_version: str, extra: str = "") -> dict:
+    """Environment markers as the wheels' Python evaluates them: CPython `python_version` on Linux x86_64."""
+    return default_environment() | {
+        "python_version": python_version,
+        "python_full_version": f"{python_version}.0",
+        "implementation_name": "cpython",
+        "platform_python_implementation": "CPython",
+        "sys_platform": "linux",
+        "platform_system": "Linux",
+        "os_name": "posix",
+        "platform_machine": "x86_64",
+        "extra": extra,
+    }
+
+
+def resolve(requirements: list[Requirement]) -> dict:
+    """pip's resolution of `requirements` in an empty environment that holds the GPU machine's packages of known
+    version (their metadata alone), so that pip keeps those that fit and never resolves torch or CUDA's wheels:
+    {name: (version, its requirements)}. Only the metadata is fetched (`pip install --dry-run --report`)."""
+    with tempfile.TemporaryDirectory() as folder:
+        environment = Path(folder) / "machine"
+        venv.create(environment, with_pip=False)
+        python = environment / "bin" / "python"
+        site = subprocess.run(
+            [python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        for name, version in GPU_MACHINE_PACKAGES.items():
+            if version is not None:
+                record = Path(site) / f"{name.replace('-', '_')}-{version}.dist-info"
+                record.mkdir()
+                (record / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+        report = Path(folder) / "report.json"
+        # The running Python's own requires-python is not the machine's: the download checks it for the machine's.
+        done = subprocess.run(
+            [sys.executable, "-m", "pip", "--python", python, "install", "--dry-run", "--quiet"]
+            + ["--ignore-requires-python", "--only-binary=:all:", "--report", report, *map(str, requirements)],
+            capture_output=True,
+            text=True,
+        )
+        if done.returncode != 0:
+            raise UsageError(f"pip could not resolve {', '.join(map(str, requirements))}:\n{done.stderr[-3000:]}")
+        installs = json.loads(report.read_text())["install"]
+    return {
+        canonicalize_name(item["metadata"]["name"]): (
+            item["metadata"]["version"],
+            item["metadata"].get("requires_dist"),
+        )
+        for item in installs
+    }
+
+
+def carried_packages(requirements: list[Requirement], python_version: str) -> tuple[dict, list[str]]:
+    """The packages to carry, {name: version}, and the requirements left to the GPU machine: `requirements` followed
+    through the dependencies of each carried package (as `python_version` on Linux evaluates their markers), stopping
+    at those the machine meets. Packages installed here at a version the requirement accepts are carried at that
+    version (what the tests ran with), the others at what pip resolves."""
+    pins = []
+    for requirement in requirements:
+        if not on_the_machine(requirement):
+            try:
+                here = importlib.metadata.version(requirement.name)
+            except importlib.metadata.PackageNotFoundError:
+                here = None
+            fits = here is not None and requirement.specifier.contains(here, prereleases=True)
+            pins.append(Requirement(f"{requirement.name}=={here}") if fits else requirement)
+    resolved = resolve(pins) if pins else {}
+    carried, left_to_machine, seen = {}, set(), set()
+    pending = [(requirement, "") for requirement in requirements]
+    while pending:
+        requirement, extra = pending.pop()
+        if requirement.marker is not None and not requirement.marker.evaluate(
+            target_environment(python_version, extra)
+        ):
+            continue
+        name = canonicalize_name(requirement.name)
+        if on_the_machine(requirement):
+            left_to_machine.add(str(Requirement(f"{name}{requirement.specifier}")))
+            continue
+        if never_carried(name):
+            raise UsageError(
+                f"the GPU machine's {name} {GPU_MACHINE_PACKAGES.get(name)} does not meet {requirement}, and "
+                f"{name} is never carried: the package's range must accept the machine's."
+            )
+        if name not in resolved or not requirement.specifier.contains(resolved[name][0], prereleases=True):
+            raise UsageError(f"pip's resolution holds no {name} that meets {requirement}")
+        version, dependencies = resolved[name]
+        carried[name] = version
+        for wanted in {""} | requirement.extras:
+            if (name, wanted) not in seen:
+                seen.add((name, wanted))
+                pending += [(Requirement(line), wanted) for line in dependencies or []]
+    return carried, sorted(left_to_machine)
+
+
+def download_wheels(carried: dict, wheels: Path, python_version: str) -> list[str]:
+    """The wheels of `carried` ({name: version}) alone, without their dependencies, for CPython `python_version` on
+    manylinux x86_64 (any glibc from 2.5 to 2.39); the wheels' file names."""
+    shutil.rmtree(wheels, ignore_errors=True)
+    wheels.mkdir(parents=True)
+    if not carried:
+        return []
+    abi = f"cp{python_version.replace('.', '')}"
+    platforms = [f"manylinux_2_{minor}_x86_64" for minor in range(5, 40)]
+    platforms += ["manylinux2014_x86_64", "manylinux2010_x86_64", "manylinux1_x86_64", "any"]
     subprocess.run(
-        [sys.executable, "-m", "pip", "download", "--quiet", "--only-binary=:all:", "--dest", wheels]
-        + ["--python-version", args.python_version, "--implementation", "cp"]
-        + ["--abi", abi, "--abi", "abi3", "--abi", "none"]
-        + [f"--platform={p}" for p in ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")]
-        + ["--platform=any", *requirements],
+        [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:", "--dest", wheels]
+        + ["--python-version", python_version, "--implementation", "cp", "--abi", abi, "--abi", "abi3"]
+        + ["--abi", "none", *(f"--platform={platform}" for platform in platforms)]
+        + [f"{name}=={version}" for name, version in sorted(carried.items())],
         check=True,
     )
-    left_out = tuple(f"{name.replace('-', '_')}-" for name in args.leave_out)
-    for wheel in wheels.iterdir():
-        if wheel.name.startswith(left_out):
-            wheel.unlink()
-    return requirements
+    return sorted(path.name for path in wheels.glob("*.whl"))
+
+
+def check_environment(carry: Path):
+    """Refuse an environment that does not meet what the carry leaves to it and the wheels it carried."""
+    record = carry / "requirements.json"
+    if not record.is_file():
+        raise UsageError(
+            f"{carry} holds no requirements.json: make it with `python -m benchmarks.gpu_report_prepare`."
+        )
+    requirements = json.loads(record.read_text())
+    unmet = []
+    for line in requirements["left_to_machine"] + [f"{n}=={v}" for n, v in requirements["carried"].items()]:
+        requirement = Requirement(line)
+        try:
+            version = importlib.metadata.version(requirement.name)
+        except importlib.metadata.PackageNotFoundError:
+            unmet.append(f"{requirement} (not installed)")
+            continue
+        if not requirement.specifier.contains(Version(version), prereleases=True):
+            unmet.append(f"{requirement} ({version} installed)")
+    if unmet:
+        raise UsageError(
+            f"this Python ({sys.executable}) does not meet what {carry} was prepared for: {'; '.join(unmet)}. "
+            "Carry those packages (GPU_MACHINE_PACKAGES in benchmarks/gpu_report_prepare.py says what the machine has)."
+        )
+    print(f"{sys.executable} meets {carry}'s {len(requirements['left_to_machine'])} requirements and its wheels")
+
+
+def folder_mib(folder: Path) -> float:
+    return sum(path.stat().st_size for path in folder.rglob("*") if path.is_file()) / 2**20
 
 
 @command
 def main(argv) -> dict:
     (args,) = parse_arguments([PrepareArguments], argv, description=__doc__.split("\n\n")[0])
     carry = Path(args.carry_dir)
+    if args.check:
+        check_environment(carry)
+        return {}
     prepare_corpus(
         args.dataset_dir, args.tokenizer, carry / "corpus", args.source_lang, args.target_lang, args.test_pairs
     )
+    result = {"carry_dir": str(carry)}
     if not args.corpus_only:
-        requirements = download_wheels(args, carry / "wheels")
-        quoted = " ".join(f"'{requirement}'" for requirement in requirements)
-        (carry / "setup.sh").write_text(
-            "#!/usr/bin/env bash\n"
-            "# Run from the checkout's root: the carried wheels, then the checkout itself (no package index needed).\n"
-            "set -euo pipefail\n"
-            'carry=$(dirname "$0")\n'
-            f'python3 -m pip install --quiet --no-index --find-links "$carry/wheels" {quoted}\n'
-            "python3 -m pip install --quiet --no-deps --no-build-isolation -e .\n"
-        )
-    mib = sum(path.stat().st_size for path in carry.rglob("*") if path.is_file()) / 2**20
+        carried, left_to_machine = carried_packages(report_requirements(), args.python_version)
+        result["wheels"] = download_wheels(carried, carry / "wheels", args.python_version)
+        named = sorted(set(carried) | {Requirement(line).name for line in left_to_machine})
+        record = {
+            "python": args.python_version,
+            "carried": carried,
+            "left_to_machine": left_to_machine,
+            "machine_versions": {name: GPU_MACHINE_PACKAGES.get(name) for name in named},
+        }
+        (carry / "requirements.json").write_text(json.dumps(record, indent=1) + "\n")
+        shutil.copyfile(Path(__file__).with_name("gpu_report_run.sh"), carry / "run.sh")
+        result.update(record)
+    result["mib"] = mib = folder_mib(carry)
     if args.max_mib and mib > args.max_mib:
         raise UsageError(f"{carry} holds {mib:.1f} MiB, more than --max_mib {args.max_mib:g}")
-    print(f"{carry}: {mib:.1f} MiB" + ("" if args.corpus_only else f"; on the GPU machine: bash {carry}/setup.sh"))
-    return {"carry_dir": str(carry), "mib": mib}
+    parts = ", ".join(f"{part.name} {folder_mib(part):.1f} MiB" for part in sorted(carry.iterdir()) if part.is_dir())
+    print(f"{carry}: {mib:.1f} MiB ({parts})")
+    if not args.corpus_only:
+        print(f"wheels carried: {', '.join(result['wheels']) or 'none'}")
+        print(f"on the GPU machine, from the checkout's root: bash {carry}/run.sh OUTPUT_DIR")
+    return result
 
 
 if __name__ == "__main__":

@@ -1,12 +1,13 @@
-"""GPU report, step 3 of 3: the page, docs/benchmarks/gpu.md and its PNGs, from the sections' JSON.
+"""The GPU report's page, gpu.md and its PNGs, from the sections' JSON.
 
     python -m benchmarks.gpu_report_render --report_dir DIR [--output_dir docs/benchmarks]
 
-Run from the root of a checkout with the `test` extra installed, on any machine: it reads the SECTION.json files
-that `benchmarks.gpu_report_measure` wrote into DIR (a section not there is listed as not measured yet) and writes
-gpu.md with the environment they were measured in, a table of targets (training at 1.2x Marian's tokens/s, 50% MFU
-for the big preset, 1.5x from a static cache and torch.compile at batch 1, the CTranslate2 speed-up, time to BLEU)
-beside published anchors, one section each, and at most 3 PNGs (gpu_*.png).
+Run from the root of a checkout with the `test` extra installed, on any machine (`benchmarks.gpu_report_measure`
+also renders the page into its report folder after every measurement): it reads the SECTION.json files the sections
+wrote into DIR (a section not there is listed as not measured, one cut off as such) and writes gpu.md with the
+environment they were measured in, a table of targets (training at 1.2x Marian's tokens/s, 50% MFU for the big preset,
+1.5x from a static cache and torch.compile at batch 1, the CTranslate2 speed-up, time to BLEU) beside published
+anchors, one section each, and at most 3 PNGs (gpu_*.png).
 """
 
 import json
@@ -43,21 +44,25 @@ def ratio(ours: dict, theirs: dict, key: str) -> float | None:
 @command
 def main(argv) -> dict:
     (args,) = parse_arguments([RenderArguments], argv, description=__doc__.split("\n\n")[0])
+    result = render(Path(args.report_dir), Path(args.output_dir))
+    print(f"written {Path(args.output_dir) / 'gpu.md'} and {len(result['pictures'])} PNGs")
+    return result
+
+
+def render(report_dir: Path, output_dir: Path) -> dict:
+    """gpu.md and its PNGs in `output_dir`, from the sections' JSON in `report_dir`."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    report_dir, output_dir = Path(args.report_dir), Path(args.output_dir)
     sections = {
         name: json.loads((report_dir / f"{name}.json").read_text())
         for name in SECTIONS
         if (report_dir / f"{name}.json").exists()
     }
     if not sections:
-        raise UsageError(
-            f"{report_dir} holds no section's JSON: run `python -m benchmarks.gpu_report_measure --section NAME` first"
-        )
+        raise UsageError(f"{report_dir} holds no section's JSON: run `python -m benchmarks.gpu_report_measure` first")
     output_dir.mkdir(parents=True, exist_ok=True)
     first = next(iter(sections.values()))
     facts = first["environment"]
@@ -68,20 +73,28 @@ def main(argv) -> dict:
         f"{facts['torch']}, transformers {facts['transformers']}, Python {facts['python']}; {facts['date']}."
         + (" **Quick mode: tiny sizes, the figures test the code and mean nothing.**" if first["quick"] else ""),
         "",
-        "Written by `python -m benchmarks.gpu_report_render` from the sections' JSON (how each is measured: "
-        "`benchmarks/gpu_report_measure.py`).",
+        "Written by `benchmarks.gpu_report_render` from the sections' JSON (how each is measured: "
+        "`benchmarks/gpu_report_measure.py`; the whole report in one command: `benchmarks/README.md`).",
         "",
     ]
     targets = []
     for name in SECTIONS:
         if name not in sections:
-            lines += [f"## {name}", "", f"Not measured yet: `--section {name}` has not run on a GPU.", ""]
+            lines += [f"## {name}", "", "Not measured: the run ended before this section began.", ""]
             continue
         section = sections[name]
-        lines += [f"## {name} ({section['minutes']:.1f} min)", ""]
-        render = {"correctness": render_correctness, "training": render_training}.get(name)
-        render = render or {"generation": render_generation, "time_to_bleu": render_time_to_bleu}[name]
-        text, section_targets = render(section["results"], plt, output_dir)
+        state = "" if section.get("complete", True) else ", cut off: what follows was measured before the run ended"
+        lines += [f"## {name} ({section['minutes']:.1f} min{state})", ""]
+        if "not_measured" in section["results"]:
+            lines += [f"Not measured, because {section['results']['not_measured']}.", ""]
+            continue
+        render_section = {
+            "correctness": render_correctness,
+            "training": render_training,
+            "generation": render_generation,
+            "time_to_bleu": render_time_to_bleu,
+        }[name]
+        text, section_targets = render_section(section["results"], plt, output_dir)
         lines += [text, ""]
         targets += section_targets
     lines[6:6] = [
@@ -96,7 +109,6 @@ def main(argv) -> dict:
     ]
     (output_dir / "gpu.md").write_text("\n".join(lines))
     pictures = sorted(path.name for path in output_dir.glob("gpu_*.png"))
-    print(f"written {output_dir / 'gpu.md'} and {len(pictures)} PNGs")
     return {"pictures": pictures, "sections": sorted(sections)}
 
 
@@ -126,30 +138,32 @@ def render_training(results, plt, output_dir):
     per_token = results["flops_per_token"]
     lines = [
         f"Batches of {results['sizes']['batch_tokens']:,} source + as many target tokens, pairs of "
-        f"{results['sizes']['length']} tokens; the recipe's training step (`train_step`) in {precision}, AdamW "
-        "(fused on a GPU). MFU: model FLOPs "
+        f"{results['sizes']['length']} tokens; the recipe's training step (`train_step`) in {precision}. tokens/s "
+        "counts source + target tokens; target tokens/s counts the target side alone, as fairseq's `wps` does. MFU: "
+        "model FLOPs "
         f"(matrix products, forward and backward: 3 x the forward's 2 x multiply-adds; attention over every key) per "
         f"second over the {dtype} matmul peak measured in the same run, {ceiling:.3g} TFLOP/s. Per pair of "
         f"{per_token['length']}-token sentences of the largest preset: {per_token['per_source_token'] / 1e6:,.1f} "
         f"MFLOP per source token, {per_token['per_target_token'] / 1e6:,.1f} MFLOP per target token (output "
         "projection included).",
         "",
-        "| preset | implementation | torch.compile | tokens/s | vs Marian | peak memory MiB | TFLOP/s | MFU |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| preset | implementation | torch.compile | tokens/s | target tokens/s | vs Marian | peak memory MiB | TFLOP/s "
+        "| MFU |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     targets = []
     by_key = {(r["preset"], r["implementation"], r["compiled"]): r for r in results["rows"]}
     for row in results["rows"]:
         key = (row["preset"], row["implementation"], row["compiled"])
         if "not_measured" in row:
-            lines.append(f"| {key[0]} | {key[1]} | {key[2]} | not measured, because {row['not_measured']} | | | | |")
+            compiled = "yes" if key[2] else "no"
+            lines.append(f"| {key[0]} | {key[1]} | {compiled} | not measured, because {row['not_measured']} |||||")
             continue
-        marian = by_key[(row["preset"], "marian", row["compiled"])]
-        speedup = ratio(row, marian, "tokens_per_s")
+        speedup = ratio(row, by_key.get((row["preset"], "marian", row["compiled"]), {}), "tokens_per_s")
         lines.append(
             f"| {key[0]} | {key[1]} | {'yes' if key[2] else 'no'} | {fmt_rate(row['tokens_per_s'])} | "
-            f"{f'{speedup:.2f}x' if speedup else 'n/a'} | {row['peak_memory_mib']:,.0f} | {row['tflops_per_s']:.3g} "
-            f"| {row['mfu']:.1%} |"
+            f"{fmt_rate(row['target_tokens_per_s'])} | {f'{speedup:.2f}x' if speedup else 'n/a'} | "
+            f"{row['peak_memory_mib']:,.0f} | {row['tflops_per_s']:.3g} | {row['mfu']:.1%} |"
         )
         if row["implementation"] == "vaswani":
             label = f"{row['preset']} training, {'compiled' if row['compiled'] else 'eager'}: >= 1.2x Marian"
@@ -189,22 +203,25 @@ def render_training(results, plt, output_dir):
 def render_generation(results, plt, output_dir):
     lines = [
         f"The {results['preset']} preset ({results['dtype']} for eager and compiled), random weights (the same for "
-        f"every engine), {results['length']}-token sources, exactly {results['length']} generated tokens.",
+        f"every engine), {results['length']}-token sources, exactly {results['length']} generated tokens a sentence; "
+        "tokens/s counts the generated (target) tokens.",
         "",
-        "| batch | engine | greedy sentences/s | vs eager | beam-4 sentences/s | vs eager |",
-        "| --- | --- | --- | --- | --- | --- |",
+        "| batch | engine | greedy sentences/s | greedy tokens/s | vs eager | beam-4 sentences/s | beam-4 tokens/s | "
+        "vs eager |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     targets = []
     eager = {row["batch"]: row for row in results["rows"] if row["engine"] == "eager"}
     for row in results["rows"]:
         if "not_measured" in row:
-            lines.append(f"| {row['batch']} | {row['engine']} | not measured, because {row['not_measured']} | | | |")
+            lines.append(f"| {row['batch']} | {row['engine']} | not measured, because {row['not_measured']} ||||||")
             continue
-        speedups = [ratio(row, eager[row["batch"]], f"beam{beams}_sentences_per_s") for beams in (1, 4)]
+        speedups = [ratio(row, eager.get(row["batch"], {}), f"beam{beams}_sentences_per_s") for beams in (1, 4)]
         cells = [f"{s:.2f}x" if s else "n/a" for s in speedups]
         lines.append(
-            f"| {row['batch']} | {row['engine']} | {fmt_rate(row['beam1_sentences_per_s'])} | {cells[0]} | "
-            f"{fmt_rate(row['beam4_sentences_per_s'])} | {cells[1]} |"
+            f"| {row['batch']} | {row['engine']} | {fmt_rate(row['beam1_sentences_per_s'])} | "
+            f"{fmt_rate(row['beam1_tokens_per_s'])} | {cells[0]} | {fmt_rate(row['beam4_sentences_per_s'])} | "
+            f"{fmt_rate(row['beam4_tokens_per_s'])} | {cells[1]} |"
         )
         if row["engine"] == "static cache + compile" and row["batch"] == 1:
             met = speedups[0] is not None and speedups[0] >= 1.5
@@ -232,10 +249,11 @@ def render_generation(results, plt, output_dir):
 def render_time_to_bleu(results, plt, output_dir):
     lines = [
         f"The {results['preset']} preset, batches of about {results['batch_tokens']:,} padded tokens, the paper's "
-        f"schedule scaled to the run ({results['planned_steps']:,} steps planned, warmup {results['warmup_steps']}, "
-        f"peak learning rate {results['peak_lr']:.2e}); BLEU of beam 4 on {results['test_pairs']} test pairs, "
-        f"`{results['signature']}`"
-        + (" (stopped early by the section's time budget)" if results["stopped_by_budget"] else "")
+        f"schedule scaled to the time left ({results['planned_minutes']:.1f} minutes, {results['planned_steps']:,} "
+        f"steps planned, warmup {results['warmup_steps']}, peak learning rate {results['peak_lr']:.2e}); BLEU of beam "
+        f"4 on {results['test_pairs']} test pairs, `{results['signature']}`, "
+        f"{results['evaluation_seconds_kept']:.0f} s kept for each evaluation"
+        + (" (training stopped early by the run's deadline)" if results["stopped_by_deadline"] else "")
         + ".",
         "",
         "| training minutes | steps | training loss | test BLEU |",
