@@ -99,8 +99,9 @@ def shard_shared_embedding(accelerator: Accelerator, model: torch.nn.Module) -> 
     """FSDP2: make the modules that hold the shared embedding matrix (section 3.4) one shard unit.
 
     The matrix is one parameter held by the shared embedding, the encoder's and decoder's `embed_tokens` and the
-    output projection; `fully_shard` allows a parameter in one unit only, and accelerate groups only the input and
-    output embeddings, so the encoder's and decoder's holders would meet it again in another unit and torch refuses.
+    output projection; `fully_shard` manages a parameter in one unit only, and accelerate groups only the input and
+    output embeddings, so the encoder's and decoder's holders would meet it again in another unit: torch 2.12 and
+    later refuse that; torch 2.11 shards the matrix a second time, as a second parameter: the tie silently broken.
     Done before the optimizer is built, with the options accelerate gives its own units; accelerate then shards the
     layers and the rest, leaving this unit as it is.
     """
