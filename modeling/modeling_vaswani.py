@@ -484,9 +484,7 @@ class VaswaniDecoder(VaswaniPreTrainedModel):
                 )
             inputs_embeds = self.embed_tokens(input_ids)
         if use_cache and cache is None and not self.training:  # training never reuses keys and values
-            # Without the config: every layer attends to all positions, the layer a DynamicCache grows by default, and
-            # the config's decoder view is a deep copy, which torch 2.11 cannot compile.
-            cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
+            cache = EncoderDecoderCache(DynamicCache(config=self.config), DynamicCache(config=self.config))
         batch_size, length = inputs_embeds.shape[:2]
         # A static cache counts its tokens in a tensor: a compiled graph cannot branch on it, so the checks that
         # need its value run eagerly only. Compiled, the cache's size (a Python int) bounds the length instead.
