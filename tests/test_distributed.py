@@ -36,6 +36,7 @@ from safetensors.torch import load_file
 
 from vaswani import VaswaniForConditionalGeneration
 from vaswani.training.batching import TokenBucketSampler
+from vaswani.training.distributed import FSDP2_MIN_TORCH
 
 
 pytestmark = pytest.mark.slow
@@ -155,6 +156,7 @@ def test_a_gpu_config_on_a_machine_without_gpus_stops_saying_how_to_launch_on_th
     assert not (tmp_path / "out" / "checkpoints").exists()
 
 
+@pytest.mark.skipif(torch.__version__ < FSDP2_MIN_TORCH, reason="train.py refuses FSDP with this torch")
 @pytest.mark.parametrize("state_dict_type", ["FULL_STATE_DICT", "SHARDED_STATE_DICT"])
 def test_fsdp2_trains_as_ddp_does_and_resumes_exactly(corpus, ddp_run, tmp_path, state_dict_type):
     """configs/fsdp.yaml (FSDP2, the shared embedding's four holders one shard unit) with FSDP_ON_CPU: the weights

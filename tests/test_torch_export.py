@@ -91,6 +91,10 @@ def test_transformers_seq2seq_export_for_generation_decodes_as_generate(trained_
             assert token.item() == expected.sequences[0, step + 1].item()
 
 
+@pytest.mark.skipif(
+    torch.__version__ < (2, 13),
+    reason="torch 2.11 cannot compile the deep copy of the config with which the forward's own DynamicCache starts",
+)
 def test_compiled_eval_forward_gives_the_eager_logits(trained_tiny_model, batch):
     compiled = torch.compile(trained_tiny_model, backend="eager", fullgraph=True)
     with torch.no_grad():

@@ -7,9 +7,11 @@ dozen steps. The scripts run as subprocesses, as a user runs them (including two
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
+from accelerate.utils import DistributedType
 from helpers import (
     FAST,
     REPO_ROOT,
@@ -35,10 +37,13 @@ from helpers import (
     word_tokenizer,
 )
 from safetensors.torch import load_file
+from torch.torch_version import TorchVersion
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
 from vaswani.scripts import train
 from vaswani.training.checkpoints import average_checkpoints, load_checkpoint_weights
+from vaswani.training.checks import UsageError
+from vaswani.training.distributed import LaunchedStrategy
 from vaswani.training.evaluation import corpus_bleu, translate
 from vaswani.training.schedule import inverse_sqrt_lr, paper_peak_lr, peak_lr_of
 
@@ -669,3 +674,17 @@ def test_train_state_reads_the_checkpoints_of_earlier_versions(tmp_path):
                                                                   "num_processes": 1}))  # fmt: skip
     state = TrainState.read(tmp_path / "b")
     assert state.step == 6 and state.settings == {"num_processes": 1} and state.log_window["steps"] == 0
+
+
+@pytest.mark.parametrize(("version", "refused"), [("2.11.0", True), ("2.13.0", False)])
+def test_fsdp_with_a_torch_whose_fsdp2_fails_the_recipe_is_refused_naming_both_versions(monkeypatch, version, refused):
+    """torch 2.11's FSDP2 fails at the training step after the first validation: train.py stops at its start instead,
+    saying which torch it needs. accelerate sets FSDP up on GPUs only, so the Accelerator is one that reports it."""
+    monkeypatch.setattr(torch, "__version__", TorchVersion(version))
+    fsdp_accelerator = SimpleNamespace(distributed_type=DistributedType.FSDP, device=torch.device("cuda", 0))
+    strategy = LaunchedStrategy(fsdp=True, deepspeed=False, on_cpu=False)
+    if not refused:
+        strategy.check(fsdp_accelerator)
+        return
+    with pytest.raises(UsageError, match=r"^FSDP training needs torch 2\.13 or newer; this is torch 2\.11\.0\."):
+        strategy.check(fsdp_accelerator)

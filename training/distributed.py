@@ -18,6 +18,11 @@ from accelerate.utils import DistributedType, InitProcessGroupKwargs, ProjectCon
 from .checks import UsageError
 
 
+# The oldest torch tested whose FSDP2 trains this model through a run: with torch 2.11 the training step after the
+# first validation fails in the embedding ("got mixed torch.Tensor and DTensor"), the shared embedding's unit sharded.
+FSDP2_MIN_TORCH = (2, 13)
+
+
 @dataclass(frozen=True)
 class LaunchedStrategy:
     """What `accelerate launch` asked for (its environment variables: the strategy, the processes it started on this
@@ -55,7 +60,8 @@ class LaunchedStrategy:
 
     def check(self, accelerator: Accelerator) -> None:
         """Stop unless accelerate set up what the launch asked for, with no more processes than the CPU has cores
-        where there is no GPU (a GPU config, one process per GPU, would start its 8 processes on a laptop)."""
+        where there is no GPU (a GPU config, one process per GPU, would start its 8 processes on a laptop), and FSDP
+        only with a torch whose FSDP2 trains the model through a run."""
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
         if self.on_cpu and self.local_processes > cores:
             raise UsageError(
@@ -76,6 +82,12 @@ class LaunchedStrategy:
                     if self.fsdp and self.on_cpu
                     else "."
                 )
+            )
+        if self.fsdp and torch.__version__ < FSDP2_MIN_TORCH:
+            raise UsageError(
+                f"FSDP training needs torch {'.'.join(map(str, FSDP2_MIN_TORCH))} or newer; this is torch "
+                f"{torch.__version__}. Upgrade torch, or train with plain data parallelism (`accelerate launch "
+                "--multi_gpu ...`) or DeepSpeed ZeRO-2 (configs/deepspeed_zero2.yaml)."
             )
 
 
@@ -99,8 +111,9 @@ def shard_shared_embedding(accelerator: Accelerator, model: torch.nn.Module) -> 
     """FSDP2: make the modules that hold the shared embedding matrix (section 3.4) one shard unit.
 
     The matrix is one parameter held by the shared embedding, the encoder's and decoder's `embed_tokens` and the
-    output projection; `fully_shard` allows a parameter in one unit only, and accelerate groups only the input and
-    output embeddings, so the encoder's and decoder's holders would meet it again in another unit and torch refuses.
+    output projection; `fully_shard` manages a parameter in one unit only, and accelerate groups only the input and
+    output embeddings, so the encoder's and decoder's holders would meet it again in another unit: torch 2.12 and
+    later refuse that; torch 2.11 shards the matrix a second time, as a second parameter: the tie silently broken.
     Done before the optimizer is built, with the options accelerate gives its own units; accelerate then shards the
     layers and the rest, leaving this unit as it is.
     """
