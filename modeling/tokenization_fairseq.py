@@ -22,8 +22,6 @@ class FairseqMosesTokenizer(FSMTTokenizer):
     """FSMTTokenizer without the normalisation fairseq does not do, and with fairseq's `--moses-no-escape` and
     `--moses-no-dash-splits` options."""
 
-    _auto_class = "AutoTokenizer"  # save_pretrained writes this file and the auto_map beside the vocabulary
-
     def __init__(self, *args, moses_no_escape: bool = False, moses_no_dash_splits: bool = False, **kwargs):
         self.moses_no_escape = moses_no_escape
         self.moses_no_dash_splits = moses_no_dash_splits
@@ -46,5 +44,8 @@ class FairseqMosesTokenizer(FSMTTokenizer):
         special = set(self.all_special_tokens)
         return super().convert_tokens_to_string([token + "</w>" if token in special else token for token in tokens])
 
+
+# save_pretrained writes this file and the auto_map beside the vocabulary.
+FairseqMosesTokenizer.register_for_auto_class("AutoTokenizer")
 
 __all__ = ["FairseqMosesTokenizer"]
