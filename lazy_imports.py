@@ -5,14 +5,11 @@ import importlib
 import sys
 
 
-def lazy_names(package, homes, submodules=()):
+def lazy_names(package, homes):
     """`__getattr__` and `__dir__` for the package named `package`: each name of `homes` (name -> the module that
-    defines it, relative to `package`) is imported on first use and kept; each of `submodules` is imported when first
-    asked for as an attribute."""
+    defines it, relative to `package`) is imported on first use and kept."""
 
     def __getattr__(name):
-        if name in submodules:
-            return importlib.import_module(f".{name}", package)
         if name not in homes:
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
         value = getattr(importlib.import_module(homes[name], package), name)

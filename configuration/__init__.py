@@ -1,10 +1,6 @@
-"""The model's configuration (configuration_vaswani), imported on first use; `choices` names the presets and the
-initialisation schemes without importing it (and transformers, and torch)."""
+"""The model's configuration (configuration_vaswani); `choices` names the presets and the initialisation schemes."""
 
-from ..lazy_imports import lazy_names
+from .configuration_vaswani import PRESETS, VaswaniConfig, remote_code_files
 
-
-_LAZY = dict.fromkeys(("PRESETS", "VaswaniConfig", "remote_code_files"), ".configuration_vaswani")
-__getattr__, __dir__ = lazy_names(__name__, _LAZY, submodules=("configuration_vaswani", "choices"))
 
 __all__ = ["PRESETS", "VaswaniConfig", "remote_code_files"]

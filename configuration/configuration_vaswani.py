@@ -80,11 +80,9 @@ AUTO_MAP = {
     "AutoModel": "modeling_vaswani.VaswaniModel",
     "AutoModelForSeq2SeqLM": "modeling_vaswani.VaswaniForConditionalGeneration",
 }
-# transformers 5 has no built-in translation pipeline; the folder brings its own (modeling/pipeline_vaswani.py).
-# Where the package is installed, `import vaswani` registers that pipeline for the "translation" task itself, and a
-# loaded config leaves `custom_pipelines` out: with it, `pipeline()` would demand trust_remote_code for the package's
-# own code. A folder loaded without the package (remote code) keeps it.
-INSTALLED = bool(__package__) and __package__.startswith("vaswani.")
+# transformers 5 has no built-in translation pipeline and refuses the task name unless the model's config declares
+# it: the folder brings its own (modeling/pipeline_vaswani.py), which `pipeline("translation", model=folder)` runs
+# with trust_remote_code=True, or the installed package's with `pipeline_class=VaswaniTranslationPipeline`.
 CUSTOM_PIPELINES = {
     "translation": {
         "impl": "pipeline_vaswani.VaswaniTranslationPipeline",
@@ -93,6 +91,8 @@ CUSTOM_PIPELINES = {
         "type": "text",
     }
 }
+# This module runs as the installed package's, or as a saved folder's copy (remote code).
+INSTALLED = bool(__package__) and __package__.startswith("vaswani.")
 
 
 @strict
@@ -175,8 +175,6 @@ class VaswaniConfig(PreTrainedConfig):
 
     def __post_init__(self, **kwargs):
         self._check_values()
-        if INSTALLED:
-            kwargs.pop("custom_pipelines", None)
         super().__post_init__(**kwargs)
 
     def _check_values(self):
@@ -229,11 +227,7 @@ class VaswaniConfig(PreTrainedConfig):
         self.code_sha256 = hashlib.sha256("".join(code[name] for name in sorted(code)).encode()).hexdigest()
         if INSTALLED:  # the installed package, not a downloaded copy
             self.vaswani_version = importlib.metadata.version("vaswani")
-        try:
-            super().save_pretrained(save_directory, **kwargs)
-        finally:
-            if INSTALLED:  # written for the folder; in memory the package's registered pipeline serves
-                del self.custom_pipelines
+        super().save_pretrained(save_directory, **kwargs)
         for name, text in code.items():
             (Path(save_directory) / name).write_text(text, encoding="utf-8")
 

@@ -1,22 +1,16 @@
 """The model (modeling_vaswani), its decoding (generation_vaswani), its translation pipeline (pipeline_vaswani) and
-the tokenizer of converted fairseq models (tokenization_fairseq). Names are imported on first use, so that importing
-one of these modules (the tokenizer, say) does not import the others."""
+the tokenizer of converted fairseq models (tokenization_fairseq)."""
 
-from ..lazy_imports import lazy_names
-
-
-_LAZY = {
-    "VaswaniDecoder": ".modeling_vaswani",
-    "VaswaniEncoder": ".modeling_vaswani",
-    "VaswaniForConditionalGeneration": ".modeling_vaswani",
-    "VaswaniModel": ".modeling_vaswani",
-    "VaswaniPreTrainedModel": ".modeling_vaswani",
-    "label_smoothed_cross_entropy": ".modeling_vaswani",
-    "VaswaniTranslationPipeline": ".pipeline_vaswani",
-}
-__getattr__, __dir__ = lazy_names(
-    __name__, _LAZY, submodules=("modeling_vaswani", "generation_vaswani", "pipeline_vaswani", "tokenization_fairseq")
+from .modeling_vaswani import (
+    VaswaniDecoder,
+    VaswaniEncoder,
+    VaswaniForConditionalGeneration,
+    VaswaniModel,
+    VaswaniPreTrainedModel,
+    label_smoothed_cross_entropy,
 )
+from .pipeline_vaswani import VaswaniTranslationPipeline
+
 
 __all__ = [
     "VaswaniDecoder",

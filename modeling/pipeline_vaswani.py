@@ -1,7 +1,10 @@
-"""Translating text: `translate_batch`, and `pipeline("translation", model=...)` for vaswani models.
+"""Translating text: `translate_batch`, and the translation pipeline of vaswani models.
 
-transformers 5 removed its built-in translation pipeline; a saved vaswani folder declares this one in its config
-(`custom_pipelines`), and the library loads it from the folder like the model's own code. It takes one text or a list
+transformers 5 removed its built-in translation pipeline, and `pipeline("translation", ...)` refuses the task unless
+the model's config declares it: a saved vaswani folder declares this pipeline (`custom_pipelines`) and carries this
+file, which the library loads with `trust_remote_code=True` like the model's own code; where the package is installed,
+`pipeline("translation", model=folder, pipeline_class=VaswaniTranslationPipeline)` runs the package's, and
+`VaswaniTranslationPipeline(model=model, tokenizer=tokenizer)` serves a model in memory. It takes one text or a list
 of texts and answers `[{"translation_text": ...}]` per text, as the built-in pipeline did (a list of such answers per
 text with `num_return_sequences` > 1). Decoding follows the model's generation config (the paper's beam 4 and length
 penalty 0.6) unless the call passes other `generate()` arguments.
@@ -9,8 +12,8 @@ penalty 0.6) unless the call passes other `generate()` arguments.
 Beyond the built-in, as fairseq users expect: n-best lists with their scores (`num_return_sequences`,
 `return_scores`), a forced target prefix (`prefix`), word alignments from the encoder-decoder attention
 (`return_alignments`), and `max_source_length`, which says what it cut. `translate_batch` does the work for one batch;
-the pipeline calls it for each text, `vaswani.training.evaluation.translate` (and `vaswani-translate`) for batches of
-similar length.
+the pipeline and `vaswani.training.evaluation.translate` (and `vaswani-translate`) call it for batches of similar
+length.
 """
 
 import torch
@@ -57,6 +60,10 @@ def hard_alignments(model, input_ids, attention_mask, sequences, layer: int = -1
             target_index += 1
         alignments.append(pairs)
     return alignments
+
+
+BATCH_SIZE = 32
+"""How many texts are decoded together by default: by the pipeline, and by `vaswani.training.evaluation.translate`."""
 
 
 def translate_batch(
@@ -152,35 +159,49 @@ def sequence_scores(model, output, wanted: bool) -> list[float] | None:
 
 
 class VaswaniTranslationPipeline(Pipeline):
-    """Section 6.1 as a pipeline: tokenize the source, decode with `generate()`, detokenize the best hypothesis."""
+    """Section 6.1 as a pipeline: tokenize the sources, decode with `generate()`, detokenize the hypotheses.
 
-    _pipeline_calls_generate = True
+    A list of texts is decoded in batches of `batch_size` texts of similar length (longest first, as
+    `vaswani.training.evaluation.translate` decodes), and answered in its own order.
+    """
+
+    # The components `pipeline()` loads for it: the tokenizer, nothing else.
     _load_tokenizer = True
     _load_processor = False
     _load_image_processor = False
+    _load_video_processor = False
     _load_feature_extractor = False
+
+    def __init__(self, *args, task: str = "translation", batch_size: int = BATCH_SIZE, **kwargs):
+        super().__init__(*args, task=task, batch_size=batch_size, **kwargs)
 
     def __call__(self, texts: str | list[str], **kwargs):
         """One text: a list of `num_return_sequences` answers. A list of texts: one answer per text, or a list of
-        `num_return_sequences` answers per text when that is more than one (the removed built-in's shapes).
+        `num_return_sequences` answers per text when that is more than one (the removed built-in's shapes). Any other
+        iterable of texts (a generator, a dataset) is translated as it comes, in the pipeline's batches, unsorted.
 
-        Options besides `generate()`'s: `return_scores`, `return_alignments` (and `alignment_layer`, default the
-        last), `prefix` (a text every translation begins with; one per text for a list), `max_source_length`, and
-        `truncation=True`, which cuts sources to the longest the model takes.
+        Options besides `generate()`'s: `batch_size`, `return_scores`, `return_alignments` (and `alignment_layer`,
+        default the last), `prefix` (a text every translation begins with; one per text for a list),
+        `max_source_length`, and `truncation=True`, which cuts sources to the longest the model takes.
         """
         prefix = kwargs.pop("prefix", None)
-        if prefix is not None:
-            prefixes = [prefix] * len(texts) if isinstance(texts, list) and isinstance(prefix, str) else prefix
-            if isinstance(texts, list):
-                if len(prefixes) != len(texts):
-                    raise ValueError(f"{len(prefixes)} prefixes for {len(texts)} texts: give one per text.")
-                texts = [{"text": text, "prefix": p} for text, p in zip(texts, prefixes)]
-            else:
-                texts = {"text": texts, "prefix": prefix}
-        results = super().__call__(texts, **kwargs)
-        if isinstance(texts, list) and all(len(result) == 1 for result in results):
-            return [result[0] for result in results]
-        return results
+        if isinstance(texts, str):
+            return super().__call__({"text": texts, "prefix": prefix}, **kwargs)
+        if not isinstance(texts, (list, tuple)):
+            if prefix is not None:
+                raise ValueError("`prefix` needs the texts as a list, one prefix per text (or one for all).")
+            return super().__call__(texts, **kwargs)
+        prefixes = [prefix] * len(texts) if prefix is None or isinstance(prefix, str) else list(prefix)
+        if len(prefixes) != len(texts):
+            raise ValueError(f"{len(prefixes)} prefixes for {len(texts)} texts: give one per text.")
+        longest_first = sorted(range(len(texts)), key=lambda index: -len(texts[index]))
+        results = super().__call__([{"text": texts[i], "prefix": prefixes[i]} for i in longest_first], **kwargs)
+        answers = [None] * len(texts)
+        for index, result in zip(longest_first, results):
+            answers[index] = result
+        if all(len(hypotheses) == 1 for hypotheses in answers):
+            return [hypotheses[0] for hypotheses in answers]
+        return answers
 
     def _sanitize_parameters(
         self,
@@ -205,27 +226,22 @@ class VaswaniTranslationPipeline(Pipeline):
         forward = {key: value for key, value in options.items() if value is not None}
         return {}, {**forward, **(generate_kwargs or {}), **generation_parameters}, {}
 
-    def preprocess(self, text):
-        prefix = None
-        if isinstance(text, dict):
-            text, prefix = text["text"], text["prefix"]
+    def preprocess(self, inputs):
+        text, prefix = (inputs["text"], inputs["prefix"]) if isinstance(inputs, dict) else (inputs, None)
         if not isinstance(text, str):
             raise ValueError(f"The translation pipeline takes text (or a list of texts), got {type(text).__name__}.")
         return {"text": text, "prefix": prefix}
 
     def _forward(self, model_inputs, **options):
-        generate_kwargs = self._prepare_generate_kwargs(
-            {key: value for key, value in options.items() if key not in TRANSLATE_OPTIONS}
-        )
-        prefixes = None if model_inputs["prefix"] is None else [model_inputs["prefix"]]
-        translate_options = {key: value for key, value in options.items() if key in TRANSLATE_OPTIONS}
-        (answers,) = translate_batch(
-            self.model, self.tokenizer, [model_inputs["text"]], prefixes, **translate_options, **generate_kwargs
-        )
-        return {"answers": answers}
+        # One text, or (batch_size > 1) the pipeline's batch of them: each key then holds a list.
+        texts, prefixes = model_inputs["text"], model_inputs["prefix"]
+        one = isinstance(texts, str)
+        if one:
+            texts, prefixes = [texts], [prefixes]
+        if all(prefix is None for prefix in prefixes):
+            prefixes = None
+        answers = translate_batch(self.model, self.tokenizer, texts, prefixes, **options)
+        return {"answers": answers[0] if one else answers}
 
     def postprocess(self, model_outputs):
         return model_outputs["answers"]
-
-
-TRANSLATE_OPTIONS = ("max_source_length", "return_scores", "return_alignments", "alignment_layer")

@@ -17,6 +17,7 @@ from helpers import REPO_ROOT, run_command, script_command, script_env
 from hub_server import HubServer
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, LogitsProcessorList, pipeline
 
+from vaswani import VaswaniTranslationPipeline
 from vaswani.modeling.generation_vaswani import SourceLengthLimit
 from vaswani.scripts import convert_fairseq, finetune
 from vaswani.training.export import export, translate_ids, vocabulary
@@ -232,7 +233,7 @@ def translated_here(folder):
     model = AutoModelForSeq2SeqLM.from_pretrained(folder).eval()
     options = {"min_new_tokens": 4, "max_new_tokens": 6, "num_beams": 4}
     ours = model.generate(**tokenizer([SENTENCES[0]], return_tensors="pt"), **options)
-    translate = pipeline("translation", model=folder, **options)
+    translate = pipeline("translation", model=folder, pipeline_class=VaswaniTranslationPipeline, **options)
     expected = (ours[0].tolist(), translate(SENTENCES[0])[0]["translation_text"])
     assert expected[1] == tokenizer.decode(ours[0], skip_special_tokens=True)
     return repr(expected)

@@ -13,7 +13,7 @@ import pytest
 import sacrebleu
 from helpers import PAIRS
 
-import vaswani  # noqa: F401  (registers the translation pipeline)
+from vaswani import VaswaniTranslationPipeline
 from vaswani.scripts import evaluate_bleu
 from vaswani.training import evaluation
 from vaswani.training.evaluation import METRIC_DIR, corpus_bleu, load_metric, tokenized_bleu
@@ -93,16 +93,19 @@ def test_the_tokenized_bleu_is_the_papers_with_compounds_split():
 
 
 def test_the_evaluator_on_a_vaswani_model_scores_as_vaswani_evaluate(trained_text_model, tmp_path):
-    """evaluate.evaluator("translation") decodes through the translation pipeline that `import vaswani` registers, one
-    sentence at a time; vaswani-evaluate in length-sorted batches. The same model and sentences give the same BLEU."""
+    """evaluate's translation evaluator, on a model or its pipeline, decodes through the package's translation
+    pipeline, vaswani-evaluate through `translate()`, both in length-sorted batches. The same model and sentences give
+    the same BLEU."""
     model, tokenizer, folder = trained_text_model
     pairs = [*PAIRS, ("God is love.", "Dios es amor."), ("The earth is kind.", "La tierra es benigna.")]
     sources, references = [source for source, _ in pairs], [reference for _, reference in pairs]
     data = datasets.Dataset.from_dict({"text": sources, "label": references})
 
-    results = evaluate.evaluator("translation").compute(
-        model_or_pipeline=model, tokenizer=tokenizer, data=data, metric=load_metric("es")
-    )
+    evaluator = evaluation.TranslationEvaluator()
+    results = evaluator.compute(model_or_pipeline=model, tokenizer=tokenizer, data=data, metric=load_metric("es"))
+    translate = VaswaniTranslationPipeline(model=model, tokenizer=tokenizer)
+    through_the_pipeline = evaluator.compute(model_or_pipeline=translate, data=data, metric=load_metric("es"))
+    assert through_the_pipeline["score"] == results["score"]
 
     model_dir = shutil.copytree(folder, tmp_path / "model")  # vaswani-evaluate writes its results next to the model
     split = datasets.Dataset.from_dict({"translation": [{"en": source, "es": target} for source, target in pairs]})

@@ -35,7 +35,7 @@ _EXPORTS = {
         "pair_loader",
         "tokenize_split",
     ],
-    "evaluation": ["corpus_bleu", "load_metric", "translate", "validate"],
+    "evaluation": ["TranslationEvaluator", "corpus_bleu", "load_metric", "translate", "validate"],
     "faults": ["StopSignal"],
     "schedule": ["inverse_sqrt_lr", "inverse_sqrt_schedule", "paper_peak_lr"],
 }

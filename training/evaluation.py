@@ -5,8 +5,8 @@ paper's Table 2 measure) are how it scores. The scoring is also an `evaluate` me
 `metrics/vaswani_bleu` of the package, installed with it, whose module calls these two functions (one implementation).
 `load_metric()` loads it from that folder, offline, and the evaluation command, the periodic validation of training
 (`validate`) and fine-tuning's `compute_metrics` score through it, so that their BLEU scores are comparable with each
-other and with what `evaluate.load(...)` or `evaluate.evaluator("translation")` give with the same metric (each
-printed with its sacreBLEU signature). The Hub's `evaluate.load("sacrebleu")` is not used: it fetches the metric's code
+other and with what `evaluate.load(...)` or `evaluate`'s translation evaluator (`TranslationEvaluator`) give with
+the same metric (each printed with its sacreBLEU signature). The Hub's `evaluate.load("sacrebleu")` is not used: it fetches the metric's code
 from the Hub at run time, which fails offline and runs downloaded code.
 """
 
@@ -23,10 +23,10 @@ import sacrebleu
 import torch
 from sacremoses import MosesTokenizer
 from tqdm.auto import tqdm
-from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, Pipeline, pipeline
 
-from ..modeling import label_smoothed_cross_entropy
-from ..modeling.pipeline_vaswani import translate_batch
+from ..modeling import VaswaniTranslationPipeline, label_smoothed_cross_entropy
+from ..modeling.pipeline_vaswani import BATCH_SIZE, translate_batch
 from .arguments import DecodingArguments  # noqa: F401  (its home until it moved: still importable from here)
 from .checks import check_safetensors_weights, check_tokenizer_matches_config
 from .data import load_translation_dataset, text_pairs
@@ -54,7 +54,7 @@ def translations(
     model,
     tokenizer,
     sentences,
-    batch_size=32,
+    batch_size=BATCH_SIZE,
     num_beams=4,
     length_penalty=0.6,
     max_source_length=None,
@@ -164,6 +164,31 @@ def load_metric(target_lang=None, **load_options):
     """
     load_options.setdefault("keep_in_memory", True)
     return evaluate.load(str(METRIC_DIR), target_lang, **load_options)
+
+
+class TranslationEvaluator(evaluate.TranslationEvaluator):
+    """`evaluate`'s translation evaluator (`compute(model_or_pipeline, data, metric, ...)`: a metric of the translations
+    of a dataset's "text" column against its "label" column), decoding through the package's translation pipeline.
+
+    transformers 5 no longer lists the task "translation", so `evaluate.evaluator("translation")` refuses it, and
+    evaluate's own `prepare_pipeline` cannot build a pipeline with transformers 5. This one takes a pipeline as it is,
+    and builds the package's for a model (with `tokenizer`) or a saved folder.
+    """
+
+    def prepare_pipeline(self, model_or_pipeline, tokenizer=None, feature_extractor=None, device=None):
+        if isinstance(model_or_pipeline, Pipeline):
+            return model_or_pipeline
+        if model_or_pipeline is None:
+            raise ValueError("Give the model to evaluate: a model with its tokenizer, a saved folder or a pipeline.")
+        if isinstance(model_or_pipeline, (str, Path)):
+            return pipeline(
+                "translation",
+                model=str(model_or_pipeline),
+                tokenizer=tokenizer,
+                device=device,
+                pipeline_class=VaswaniTranslationPipeline,
+            )
+        return VaswaniTranslationPipeline(model=model_or_pipeline, tokenizer=tokenizer, device=device)
 
 
 def load_pairs(dataset_dir, split, source_lang, target_lang, max_samples=None):
