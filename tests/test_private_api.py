@@ -47,29 +47,24 @@ DOCUMENTED = {
     "_attn_implementation": "PreTrainedConfig: the attention implementation a model's forward dispatches on",
     "_sanitize_parameters": "Pipeline: a method every pipeline implements ('Adding a new pipeline')",
     "_forward": "Pipeline: a method every pipeline implements ('Adding a new pipeline')",
+    **dict.fromkeys(
+        (
+            "_load_tokenizer",
+            "_load_processor",
+            "_load_image_processor",
+            "_load_video_processor",
+            "_load_feature_extractor",
+        ),
+        "Pipeline: the components pipeline() loads, which the base class's comment asks subclasses to set",
+    ),
 }
 
 # (file, name): why this file still touches this private name (or import hook). Remove an entry with its use.
-REGISTRATION = "the finder that registers the model by writing into transformers' Auto tables as they are imported"
-PIPELINE_LOADS = "the class attributes by which transformers' own pipelines tell pipeline() what to load"
 ALLOWED = {
     **{
         ("modeling/generation_vaswani.py", name.split(".")[-1]): reason
         for name, reason in TRANSFORMERS_PRIVATE_NAMES.items()
     },
-    ("__init__.py", "meta_path"): REGISTRATION,
-    ("__init__.py", "MetaPathFinder"): REGISTRATION,
-    ("__init__.py", "exec_module"): REGISTRATION,
-    ("__init__.py", "_modules"): REGISTRATION,
-    ("__init__.py", "_model_mapping"): REGISTRATION,
-    ("__init__.py", "_reverse_config_mapping"): REGISTRATION,
-    ("modeling/pipeline_vaswani.py", "_prepare_generate_kwargs"): "the generate() arguments of a pipeline call, "
-    "built as transformers' own pipelines build them",
-    ("modeling/pipeline_vaswani.py", "_pipeline_calls_generate"): PIPELINE_LOADS,
-    ("modeling/pipeline_vaswani.py", "_load_tokenizer"): PIPELINE_LOADS,
-    ("modeling/pipeline_vaswani.py", "_load_processor"): PIPELINE_LOADS,
-    ("modeling/pipeline_vaswani.py", "_load_image_processor"): PIPELINE_LOADS,
-    ("modeling/pipeline_vaswani.py", "_load_feature_extractor"): PIPELINE_LOADS,
 }
 
 IMPORT_SYSTEM = {
