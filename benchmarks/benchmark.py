@@ -182,7 +182,7 @@ def measure_training(model, args, length: int, batch_tokens: int) -> dict:
         VaswaniLabelSmoothedCrossEntropy.accelerator_chunk_elements = args.chunk_elements
     accelerator = Accelerator(cpu=device.type == "cpu", mixed_precision="bf16" if args.autocast else "no")
     model.to(device=device, dtype=getattr(torch, args.dtype)).train()
-    optimizer = recipe_adam(model.parameters(), device, lr=1e-4)
+    optimizer = recipe_adam(accelerator, model.parameters(), lr=1e-4)
     step_model, optimizer = accelerator.prepare(torch.compile(model) if args.compile_training else model, optimizer)
     batch = max(1, batch_tokens // length)
     source, target = random_ids(batch, length, device), random_ids(batch, length, device)

@@ -438,7 +438,7 @@ def build_training(accelerator, config, args):
         f"dropout {config.dropout}, vocabulary {config.vocab_size}"
     )
     optimizer = recipe_adam(
-        model.parameters(), accelerator.device, betas=(args.adam_beta1, args.adam_beta2), eps=args.adam_epsilon
+        accelerator, model.parameters(), betas=(args.adam_beta1, args.adam_beta2), eps=args.adam_epsilon
     )
     peak_lr = peak_lr_of(args.lr_schedule, config.d_model, args.warmup_steps, args.lr_scale, args.peak_lr)
     scheduler = inverse_sqrt_schedule(optimizer, args.warmup_steps, peak_lr)

@@ -12,6 +12,7 @@ as a GPU's (`device_tensors`), unless run on one (`--device cuda`).
 import contextlib
 import traceback
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -169,9 +170,9 @@ def test_train_step_reads_once_per_step_after_its_last_backward(device_tensors):
     step reads the device once, after the step's last backward pass; before it, nothing waits."""
     accelerator = Accelerator(cpu=device_tensors.type == "cpu", gradient_accumulation_steps=2)
     model = VaswaniForConditionalGeneration(tiny_model_config())
-    # The recipe's optimizer on CUDA, fused (torch runs it on the CPU too): its step counts live with the weights,
+    # Adam as the recipe runs it on CUDA, fused (torch runs it on the CPU too): its step counts live with the weights,
     # where the unfused Adam keeps them on the host and reads them there, which costs no wait.
-    optimizer = recipe_adam(model.parameters(), "cuda")
+    optimizer = torch.optim.Adam(model.parameters(), fused=True)
     model, optimizer = accelerator.prepare(model, optimizer)
     rng = np.random.default_rng(0)
     with host_reads() as events:
@@ -222,7 +223,7 @@ def test_under_bf16_autocast_the_loss_takes_the_logits_as_autocast_made_them(mon
     accelerator = Accelerator(cpu=True, mixed_precision="bf16")
     torch.manual_seed(0)
     model = VaswaniForConditionalGeneration(tiny_model_config())
-    optimizer = recipe_adam(model.parameters(), accelerator.device)
+    optimizer = recipe_adam(accelerator, model.parameters())
     model, optimizer = accelerator.prepare(model, optimizer)
     batch = random_batch(np.random.default_rng(0))
     with torch.no_grad():
@@ -244,8 +245,10 @@ def test_under_bf16_autocast_the_loss_takes_the_logits_as_autocast_made_them(mon
 
 @pytest.mark.parametrize(("device", "fused"), [("cpu", False), ("cuda", True)])
 def test_the_recipes_adam_is_the_papers_and_fused_on_cuda(device, fused):
-    """Section 5.3: beta1 0.9, beta2 0.98, epsilon 1e-9; one fused kernel per update on CUDA."""
-    optimizer = recipe_adam([torch.nn.Parameter(torch.zeros(2))], device)
+    """Section 5.3: beta1 0.9, beta2 0.98, epsilon 1e-9; one fused kernel per update on CUDA (the accelerator of a
+    device that this machine may not have: only its device and its state are read)."""
+    accelerator = SimpleNamespace(device=torch.device(device), state=SimpleNamespace(deepspeed_plugin=None))
+    optimizer = recipe_adam(accelerator, [torch.nn.Parameter(torch.zeros(2))])
     assert isinstance(optimizer, torch.optim.Adam)
     assert (optimizer.defaults["betas"], optimizer.defaults["eps"]) == ((0.9, 0.98), 1e-9)
     assert optimizer.defaults["fused"] is fused and optimizer.defaults["weight_decay"] == 0

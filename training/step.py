@@ -48,11 +48,23 @@ def count_tokens(accelerator, batches) -> torch.Tensor:
     return accelerator.reduce(counts.to(accelerator.device, torch.float64), reduction="sum")
 
 
-def recipe_adam(parameters, device, lr=1.0, betas=(0.9, 0.98), eps=1e-9) -> torch.optim.Adam:
-    """Section 5.3's Adam (beta1 0.9, beta2 0.98, epsilon 1e-9) over `parameters` that train on `device`: fused into one
-    kernel per update on CUDA, as NVIDIA's and fairseq's GPU recipes run it; torch's default elsewhere. `lr` 1.0 is for
-    a schedule that sets the learning rate (`inverse_sqrt_schedule`)."""
-    return torch.optim.Adam(parameters, lr=lr, betas=betas, eps=eps, fused=torch.device(device).type == "cuda")
+def recipe_adam(accelerator, parameters, lr=1.0, betas=(0.9, 0.98), eps=1e-9):
+    """Section 5.3's Adam (beta1 0.9, beta2 0.98, epsilon 1e-9) over `parameters`, for `accelerator.prepare`: fused
+    into one kernel per update on CUDA, as NVIDIA's and fairseq's GPU recipes run it, torch's default elsewhere. `lr`
+    1.0 is for a schedule that sets the learning rate (`inverse_sqrt_schedule`).
+
+    Under a DeepSpeed config with an optimizer block (configs/deepspeed_zero2.json), DeepSpeed builds the optimizer
+    itself (its FusedAdam on GPUs, its CPU kernel on the CPU): this gives it `betas` and `eps` and returns accelerate's
+    `DummyOptim`, which hands it the parameters and `lr`.
+    """
+    plugin = accelerator.state.deepspeed_plugin
+    if plugin is not None and "optimizer" in plugin.deepspeed_config:
+        from accelerate.utils import DummyOptim
+
+        plugin.deepspeed_config["optimizer"]["params"].update(betas=list(betas), eps=eps)
+        return DummyOptim(parameters, lr=lr, weight_decay=0.0)
+    fused = accelerator.device.type == "cuda"
+    return torch.optim.Adam(parameters, lr=lr, betas=betas, eps=eps, fused=fused)
 
 
 def train_step(
@@ -69,6 +81,8 @@ def train_step(
     Batches on the host are checked and copied to the device without blocking (`batch_to_device`). On a GPU the step
     reads one tensor back, once, after its last backward pass: the host never waits for the device in between.
     """
+    # This step's learning rate: read before the backward passes, since DeepSpeed steps its schedule inside the last.
+    learning_rate = scheduler.get_last_lr()[0] if scheduler is not None else optimizer.param_groups[0]["lr"]
     counts = count_tokens(accelerator, batches)  # target and source tokens, every process's
     # DDP averages the gradients over the processes and Accelerate divides by the accumulated batches: undone here.
     scale = accelerator.num_processes * accelerator.gradient_accumulation_steps / counts[0]
@@ -107,7 +121,6 @@ def train_step(
     # The step's one read from the device, after its last backward pass.
     loss_sum, nll_sum, stop_votes, target_tokens, source_tokens = torch.cat((sums, counts)).tolist()
     finite = math.isfinite(loss_sum) and math.isfinite(nll_sum)
-    learning_rate = scheduler.get_last_lr()[0] if scheduler is not None else optimizer.param_groups[0]["lr"]
     if finite:
         if max_grad_norm > 0:
             accelerator.clip_grad_norm_(model.parameters(), max_grad_norm)
