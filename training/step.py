@@ -79,7 +79,9 @@ def train_step(
     paper does not). `stop_vote`: this process asks to stop after this step; every process learns the count.
 
     Batches on the host are checked and copied to the device without blocking (`batch_to_device`). On a GPU the step
-    reads one tensor back, once, after its last backward pass: the host never waits for the device in between.
+    reads one tensor back, once, after its last backward pass: the host never waits for the device in between. Under
+    mixed precision the step leaves the prepared model without accelerate's float32 copy of its outputs (and its
+    autocast): elsewhere, run it under `accelerator.autocast()`, as `validate` does.
     """
     # This step's learning rate: read before the backward passes, since DeepSpeed steps its schedule inside the last.
     learning_rate = scheduler.get_last_lr()[0] if scheduler is not None else optimizer.param_groups[0]["lr"]
