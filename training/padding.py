@@ -35,7 +35,8 @@ def pair_batch(source_ids, source_lengths, target_ids, target_lengths, pad_token
 
 
 def batch_to_device(batch, device, vocab_size):
-    """`batch` (the model's inputs and labels) on `device`.
+    """`batch` (the model's inputs and labels) on `device`; `vocab_size` is the model's (needed unless `device` is the
+    CPU).
 
     Ids are checked while they are on the host, where reading them costs no wait: the model checks only ids it can
     read for free (`on_host`), so a batch bound for a GPU is checked here, with the model's own errors, before it

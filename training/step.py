@@ -90,12 +90,13 @@ def train_step(
     scale = accelerator.num_processes * accelerator.gradient_accumulation_steps / counts[0]
     # The smoothed loss and plain cross-entropy summed over the step's tokens, and this process's stop vote.
     sums = torch.zeros(3, dtype=torch.float64, device=accelerator.device)
-    vocab_size = accelerator.unwrap_model(model).config.vocab_size
-    if accelerator.native_amp:
-        # accelerate wraps the prepared forward pass in autocast and a float32 copy of every output; the loss reads
-        # half-precision logits as they are, summing in float32 chunk by chunk, so the copy goes and the step
-        # autocasts the forward pass itself.
-        accelerator.unwrap_model(model, keep_fp32_wrapper=False)
+    vocab_size = None  # needed to check batches bound for a device; on the CPU the model checks them
+    if accelerator.native_amp or accelerator.device.type != "cpu":  # an unwrap costs milliseconds: only if needed
+        # Under mixed precision accelerate wraps the prepared forward pass in autocast and a float32 copy of every
+        # output; the loss reads half-precision logits as they are, summing in float32 chunk by chunk, so the copy
+        # goes and the step autocasts the forward pass itself.
+        unwrapped = accelerator.unwrap_model(model, keep_fp32_wrapper=not accelerator.native_amp)
+        vocab_size = unwrapped.config.vocab_size
     for index, batch in enumerate(batches):
         batch = batch_to_device(batch, accelerator.device, vocab_size)
         labels = batch.pop("labels")  # the loss is ours: summed over the step's tokens, not averaged
