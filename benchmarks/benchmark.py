@@ -42,7 +42,7 @@ import torch
 
 from vaswani.training.checks import UsageError
 from vaswani.training.cli import command, parse_arguments
-from vaswani.training.step import train_step
+from vaswani.training.step import recipe_adam, train_step
 
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -168,9 +168,9 @@ def measure_training(model, args, length: int, batch_tokens: int) -> dict:
     tokens; the loss per target token of each step is returned with the times.
 
     The weights are in --dtype; with --autocast, `Accelerator(mixed_precision="bf16")` runs the forward pass in
-    bfloat16 under autocast over float32 weights, as `accelerate launch --mixed_precision bf16` trains. AdamW with
-    weight decay 0 is the paper's Adam (fused on CUDA). Both models' logits go through the recipe's label-smoothed
-    loss, whose chunk size --chunk_elements sets on accelerators. --compile_training compiles the model with
+    bfloat16 under autocast over float32 weights, as `accelerate launch --mixed_precision bf16` trains. The optimizer
+    is the recipe's (`recipe_adam`: the paper's Adam, fused on CUDA). Both models' logits go through the recipe's
+    label-smoothed loss, whose chunk size --chunk_elements sets on accelerators. --compile_training compiles the model with
     `torch.compile` before `accelerator.prepare`.
     """
     from accelerate import Accelerator
@@ -182,9 +182,7 @@ def measure_training(model, args, length: int, batch_tokens: int) -> dict:
         VaswaniLabelSmoothedCrossEntropy.accelerator_chunk_elements = args.chunk_elements
     accelerator = Accelerator(cpu=device.type == "cpu", mixed_precision="bf16" if args.autocast else "no")
     model.to(device=device, dtype=getattr(torch, args.dtype)).train()
-    optimizer = torch.optim.AdamW(
-        model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9, weight_decay=0.0, fused=device.type == "cuda"
-    )
+    optimizer = recipe_adam(accelerator, model.parameters(), lr=1e-4)
     step_model, optimizer = accelerator.prepare(torch.compile(model) if args.compile_training else model, optimizer)
     batch = max(1, batch_tokens // length)
     source, target = random_ids(batch, length, device), random_ids(batch, length, device)

@@ -67,6 +67,41 @@ def positions_of(
     return ((real.cumsum(-1) - 1) * real)[:, -length:]
 
 
+def on_host(tensor: torch.Tensor) -> bool:
+    """Whether the values of `tensor` can be read without the host waiting for a device: a CPU tensor, outside
+    `torch.compile`. The model checks the values of its ids only then (a read of a GPU tensor stalls the host until
+    the GPU catches up, on every call); the training recipe checks its batches on the host before they move to a
+    device (`vaswani.training.padding.batch_to_device`)."""
+    return tensor.device.type == "cpu" and not is_torchdynamo_compiling()
+
+
+def check_token_ids(input_ids: torch.Tensor, vocab_size: int) -> None:
+    """Refuse token ids outside [0, vocab_size), where they can be read for free (`on_host`): an embedding would
+    otherwise fail with an index error that names no cause, or on a GPU a device-side assert."""
+    if not on_host(input_ids) or not input_ids.numel():
+        return
+    smallest, largest = torch.stack(torch.aminmax(input_ids)).tolist()
+    if smallest < 0 or largest >= vocab_size:
+        raise ValueError(
+            f"Token ids must be in [0, {vocab_size}) (vocab_size), got ids from {smallest} to {largest}. Do the "
+            "tokenizer and the model share the vocabulary?"
+        )
+
+
+def check_labels(labels: torch.Tensor, vocab_size: int, ignore_index: int = -100) -> None:
+    """Refuse labels outside [0, vocab_size) that are not `ignore_index`, where they can be read for free (`on_host`)."""
+    if not on_host(labels) or not labels.numel():
+        return
+    # One pass on the way through; the exact range of the labelled tokens is worked out only to report an error.
+    smallest, largest = torch.stack(torch.aminmax(labels.masked_fill(labels == ignore_index, 0))).tolist()
+    if smallest < 0 or largest >= vocab_size:
+        smallest, largest = torch.stack(torch.aminmax(labels[labels != ignore_index])).tolist()
+        raise ValueError(
+            f"labels must be in [0, {vocab_size}) (vocab_size) or {ignore_index} (ignored), got labels from "
+            f"{smallest} to {largest}."
+        )
+
+
 class VaswaniSinusoidalPositionalEncoding(nn.Module):
     """Section 3.5: PE(pos, 2i) = sin(pos / 10000^(2i/d_model)), PE(pos, 2i+1) = cos(pos / 10000^(2i/d_model)).
 
@@ -114,13 +149,7 @@ class VaswaniScaledEmbedding(nn.Embedding):
         self.scale = math.sqrt(config.d_model)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        if not is_torchdynamo_compiling() and input_ids.numel():
-            smallest, largest = torch.stack(torch.aminmax(input_ids)).tolist()  # one pass, one device sync
-            if smallest < 0 or largest >= self.num_embeddings:
-                raise ValueError(
-                    f"Token ids must be in [0, {self.num_embeddings}) (vocab_size), got ids from {smallest} to "
-                    f"{largest}. Do the tokenizer and the model share the vocabulary?"
-                )
+        check_token_ids(input_ids, self.num_embeddings)
         return super().forward(input_ids) * self.scale
 
 
@@ -625,7 +654,8 @@ def label_smoothed_cross_entropy(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token losses of `logits` (..., vocab_size) against `labels` (...): the label-smoothed cross-entropy
     (differentiable) and the plain cross-entropy (for logging), both at least float32 and 0 where labels ==
-    ignore_index."""
+    ignore_index. Half-precision logits (bf16 autocast's) are taken as they are: each chunk of rows is summed in
+    float32, so no float32 copy of the whole logits is made."""
     if logits.shape[:-1] != labels.shape:
         raise ValueError(
             f"labels have shape {tuple(labels.shape)}, but the logits have shape {tuple(logits.shape)}: expected "
@@ -634,15 +664,7 @@ def label_smoothed_cross_entropy(
     if not 0.0 <= label_smoothing < 1.0:
         raise ValueError(f"label_smoothing must be in [0, 1), got {label_smoothing}.")
     vocab_size = logits.shape[-1]
-    if not is_torchdynamo_compiling() and labels.numel():
-        # One pass and one device sync on the training path; the exact range is worked out only to report an error.
-        smallest, largest = torch.stack(torch.aminmax(labels.masked_fill(labels == ignore_index, 0))).tolist()
-        if smallest < 0 or largest >= vocab_size:
-            smallest, largest = torch.stack(torch.aminmax(labels[labels != ignore_index])).tolist()
-            raise ValueError(
-                f"labels must be in [0, {vocab_size}) (vocab_size) or {ignore_index} (ignored), got labels from "
-                f"{smallest} to {largest}."
-            )
+    check_labels(labels, vocab_size, ignore_index)
     loss, nll = VaswaniLabelSmoothedCrossEntropy.apply(
         logits.reshape(-1, vocab_size), labels.reshape(-1), label_smoothing, ignore_index
     )

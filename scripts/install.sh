@@ -12,8 +12,9 @@ if [ "$extras" = dev ]; then
     bash scripts/install_fairseq.sh > /dev/null
 fi
 if python3 -c "import deepspeed" 2> /dev/null; then
-    # DeepSpeed compiles its shared-memory op with g++ when a run first starts (about a minute), into
-    # ~/.cache/torch_extensions: once here instead, for the CPU, where the tests run it.
-    DS_ACCELERATOR=cpu python3 -c "from deepspeed.comm.torch import build_shm_op; build_shm_op()" > /dev/null 2>&1 ||
-        { echo "install.sh: DeepSpeed could not build its CPU op (it needs g++ and ninja)" >&2; exit 1; }
+    # DeepSpeed compiles its shared-memory op and its Adam (configs/deepspeed_zero2.json) with g++ when a run first
+    # needs them (minutes), into ~/.cache/torch_extensions: once here instead, for the CPU, where the tests run them.
+    DS_ACCELERATOR=cpu python3 -c "from deepspeed.comm.torch import build_shm_op; build_shm_op()
+from deepspeed.ops.op_builder import FusedAdamBuilder; FusedAdamBuilder().load()" > /dev/null 2>&1 ||
+        { echo "install.sh: DeepSpeed could not build its CPU ops (it needs g++ and ninja)" >&2; exit 1; }
 fi

@@ -398,6 +398,7 @@ def load_data(accelerator, dataset, tokenizer, config, args):
             f"--gradient_accumulation_steps ({accelerator.num_processes} x {per_step}); lower either."
         )
     collator = PairCollator(config.pad_token_id, config.decoder_start_token_id)
+    pin_memory = accelerator.device.type == "cuda"  # batches then copy to the GPU without blocking (train_step)
     bleu_rows = valid.rows[: args.eval_bleu_samples].tolist()
     bleu_texts = dataset["validation"].select(bleu_rows)["translation"] if bleu_rows else []
     accelerator.print(
@@ -412,8 +413,10 @@ def load_data(accelerator, dataset, tokenizer, config, args):
     )
     return RunData(
         train=train,
-        train_loader=pair_loader(train, sampler, collator, num_workers=args.dataloader_num_workers),
-        valid_loader=pair_loader(valid, valid_sampler, collator),
+        train_loader=pair_loader(
+            train, sampler, collator, num_workers=args.dataloader_num_workers, pin_memory=pin_memory
+        ),
+        valid_loader=pair_loader(valid, valid_sampler, collator, pin_memory=pin_memory),
         bleu_pairs=([pair[args.source_lang] for pair in bleu_texts], [pair[args.target_lang] for pair in bleu_texts]),
     )
 
@@ -421,11 +424,11 @@ def load_data(accelerator, dataset, tokenizer, config, args):
 def build_training(accelerator, config, args):
     """The model (the same initial weights on every process), Adam and the learning-rate schedule (section 5.3),
     prepared for the launched strategy; and the schedule's peak."""
-    import torch
     from accelerate.utils import set_seed
 
     from vaswani import VaswaniForConditionalGeneration
     from vaswani.training.distributed import configure_deepspeed, shard_shared_embedding
+    from vaswani.training.step import recipe_adam
 
     set_seed(args.seed)
     model = VaswaniForConditionalGeneration(config)
@@ -434,8 +437,8 @@ def build_training(accelerator, config, args):
         f"model: preset {args.preset}, {model.num_parameters() / 1e6:.1f}M parameters, d_model {config.d_model}, "
         f"dropout {config.dropout}, vocabulary {config.vocab_size}"
     )
-    optimizer = torch.optim.Adam(
-        model.parameters(), lr=1.0, betas=(args.adam_beta1, args.adam_beta2), eps=args.adam_epsilon
+    optimizer = recipe_adam(
+        accelerator, model.parameters(), betas=(args.adam_beta1, args.adam_beta2), eps=args.adam_epsilon
     )
     peak_lr = peak_lr_of(args.lr_schedule, config.d_model, args.warmup_steps, args.lr_scale, args.peak_lr)
     scheduler = inverse_sqrt_schedule(optimizer, args.warmup_steps, peak_lr)

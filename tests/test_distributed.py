@@ -204,9 +204,14 @@ def test_a_killed_process_restarts_the_job_from_the_last_checkpoint(corpus, ddp_
         assert max_difference(final_weights(ddp_run, name), final_weights(output_dir, name)) == 0, name
 
 
-def test_deepspeed_zero2_trains_as_ddp_does_and_resumes_exactly(corpus, ddp_run, tmp_path):
-    """configs/deepspeed_zero2.yaml on a machine without a GPU: ZeRO-2 for real (DeepSpeed's CPU accelerator, gloo),
-    no clipping as --max_grad_norm 0 says (DeepSpeed's default would clip at 1.0), DDP's weights, exact resume."""
+CHECKPOINT_4 = "checkpoints/step_0000004/model.safetensors"
+
+
+def test_deepspeed_zero2_trains_as_ddp_does_and_resumes(corpus, ddp_run, tmp_path):
+    """configs/deepspeed_zero2.yaml on a machine without a GPU: ZeRO-2 for real (DeepSpeed's CPU accelerator, gloo)
+    with DeepSpeed's own Adam (the config's optimizer block), no clipping as --max_grad_norm 0 says (DeepSpeed's
+    default would clip at 1.0), DDP's weights; a resumed run ends as an uninterrupted one, to float32 rounding (1.2e-7
+    measured: DeepSpeed's Adam does not resume bit-exactly, where torch's Adam wrapped by DeepSpeed did)."""
     train_py = SCRIPTS / "train.py"
     straight, stopped = tmp_path / "straight", tmp_path / "stopped"
     result = launch("deepspeed_zero2.yaml", train_py, *arguments(corpus, straight))
@@ -220,5 +225,6 @@ def test_deepspeed_zero2_trains_as_ddp_does_and_resumes_exactly(corpus, ddp_run,
 
     launch("deepspeed_zero2.yaml", train_py, *arguments(corpus, stopped, "--stop_after", 4))
     launch("deepspeed_zero2.yaml", train_py, *arguments(corpus, stopped, "--resume_from_checkpoint"))
+    assert max_difference(final_weights(straight, CHECKPOINT_4), final_weights(stopped, CHECKPOINT_4)) == 0
     for name in ("checkpoints/step_0000008/model.safetensors", "model.safetensors"):
-        assert max_difference(final_weights(straight, name), final_weights(stopped, name)) == 0, name
+        assert max_difference(final_weights(straight, name), final_weights(stopped, name)) < 1e-6, name

@@ -461,9 +461,10 @@ class PairCollator:
         )
 
 
-def pair_loader(split, sampler, collator, num_workers=0):
+def pair_loader(split, sampler, collator, num_workers=0, pin_memory=False):
     """A DataLoader that reads the sampler's batches from the memory-mapped pairs (one Arrow `take` per batch) and
-    pads them, in `num_workers` worker processes that prepare the next batches while the model trains.
+    pads them, in `num_workers` worker processes that prepare the next batches while the model trains. With
+    `pin_memory` (for a GPU) the batches come in page-locked memory, which copies to the GPU without blocking the host.
 
     It has a random generator of its own: a DataLoader draws a seed from the global one each time it is iterated,
     which would shift the dropout masks of every later step by when the loader was iterated (a resumed run starts
@@ -475,6 +476,7 @@ def pair_loader(split, sampler, collator, num_workers=0):
         batch_size=None,
         collate_fn=collator,
         num_workers=num_workers,
+        pin_memory=pin_memory,
         persistent_workers=num_workers > 0,
         prefetch_factor=4 if num_workers else None,
         generator=torch.Generator(),

@@ -44,19 +44,25 @@ class LaunchedStrategy:
 
     def accelerator(self, project_dir, ddp_timeout: int, **options) -> Accelerator:
         """The Accelerator for this launch. On the CPU, several launched processes train together over gloo: plain
-        data parallelism (accelerate's `cpu=True`), or DeepSpeed on its CPU accelerator (`DS_ACCELERATOR=cpu`)."""
+        data parallelism (accelerate's `cpu=True`), or DeepSpeed on its CPU accelerator (`DS_ACCELERATOR=cpu`). On
+        CUDA, float32 matrix products run in TF32."""
         process_group = {"timeout": timedelta(seconds=ddp_timeout)}
         sharded = self.fsdp or self.deepspeed  # set up by accelerate for their devices, or refused by `check`
         if self.on_cpu and sharded:
             process_group["backend"] = "gloo"
         if self.on_cpu and self.deepspeed:
             os.environ.setdefault("DS_ACCELERATOR", "cpu")  # read when DeepSpeed is first imported, just below
-        return Accelerator(
+        accelerator = Accelerator(
             cpu=self.on_cpu and not sharded,
             project_config=ProjectConfiguration(project_dir=str(project_dir), logging_dir=str(project_dir)),
             kwargs_handlers=[InitProcessGroupKwargs(**process_group)],
             **options,
         )
+        if accelerator.device.type == "cuda":
+            # float32 matrix products (all of them without mixed precision, the loss's few with it) on TF32 tensor
+            # cores, as NVIDIA's and fairseq's GPU recipes train; the setting reaches CUDA only.
+            torch.set_float32_matmul_precision("high")
+        return accelerator
 
     def check(self, accelerator: Accelerator) -> None:
         """Stop unless accelerate set up what the launch asked for, with no more processes than the CPU has cores

@@ -30,6 +30,7 @@ from ..modeling.pipeline_vaswani import BATCH_SIZE, translate_batch
 from .arguments import DecodingArguments  # noqa: F401  (its home until it moved: still importable from here)
 from .checks import check_safetensors_weights, check_tokenizer_matches_config
 from .data import load_translation_dataset, text_pairs
+from .padding import batch_to_device
 
 
 def load_translation_model(model_dir, tokenizer_dir=None, device=None):
@@ -236,7 +237,7 @@ def validate(
     batches = itertools.chain(valid_loader, itertools.repeat(filler, int(batches_each.max()) - len(valid_loader)))
     totals = torch.zeros(2, dtype=torch.float64, device=accelerator.device)  # loss sum, target tokens
     for batch in batches:
-        batch = {key: value.to(accelerator.device) for key, value in batch.items()}
+        batch = batch_to_device(batch, accelerator.device, config.vocab_size)
         with accelerator.autocast():
             logits = model(
                 input_ids=batch["input_ids"],

@@ -1,12 +1,12 @@
 """A batch of translation pairs as the model's inputs, from the pairs' token ids alone (numpy and torch, no
 `datasets`): `PairCollator` pads the Arrow pairs of `vaswani.training.data` with it, and a loop over data of its own
-(numpy arrays of ids) can call it directly.
+(numpy arrays of ids) can call it directly; `batch_to_device` moves such a batch to the device it trains on.
 """
 
 import numpy as np
 import torch
 
-from ..modeling.modeling_vaswani import shift_tokens_right
+from ..modeling.modeling_vaswani import check_labels, check_token_ids, shift_tokens_right
 
 
 def padded(values, lengths, fill):
@@ -32,3 +32,21 @@ def pair_batch(source_ids, source_lengths, target_ids, target_lengths, pad_token
         "decoder_input_ids": shift_tokens_right(labels, pad_token_id, decoder_start_token_id),
         "labels": labels,
     }
+
+
+def batch_to_device(batch, device, vocab_size):
+    """`batch` (the model's inputs and labels) on `device`; `vocab_size` is the model's (needed unless `device` is the
+    CPU).
+
+    Ids are checked while they are on the host, where reading them costs no wait: the model checks only ids it can
+    read for free (`on_host`), so a batch bound for a GPU is checked here, with the model's own errors, before it
+    moves. Tensors in pinned memory (the DataLoader's `pin_memory`) are copied without blocking the host.
+    """
+    device = torch.device(device)
+    if device.type != "cpu":
+        for name in ("input_ids", "decoder_input_ids"):
+            if name in batch:
+                check_token_ids(batch[name], vocab_size)
+        if "labels" in batch:
+            check_labels(batch["labels"], vocab_size)
+    return {name: value.to(device, non_blocking=True) for name, value in batch.items()}

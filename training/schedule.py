@@ -35,7 +35,15 @@ def peak_lr_of(schedule, d_model, warmup_steps, lr_scale=1.0, peak_lr=1e-3):
 
 def inverse_sqrt_schedule(optimizer, warmup_steps, peak_lr):
     """A `LambdaLR` over an optimizer built with lr=1.0, stepped once per optimizer step: its scheduler step k
-    (from 0) is the paper's step_num k + 1."""
-    from torch.optim.lr_scheduler import LambdaLR  # here, so that the commands list SCHEDULES without torch
+    (from 0) is the paper's step_num k + 1. Over accelerate's `DummyOptim` (DeepSpeed builds the optimizer:
+    `vaswani.training.step.recipe_adam`), accelerate's `DummyScheduler`, with which DeepSpeed builds the same schedule
+    over its optimizer and steps it after each update."""
+    # Imported here, so that the commands list SCHEDULES without torch or accelerate.
+    from accelerate.utils import DummyOptim, DummyScheduler
+    from torch.optim.lr_scheduler import LambdaLR
 
+    if isinstance(optimizer, DummyOptim):
+        return DummyScheduler(
+            optimizer, lr_scheduler_callable=lambda built: inverse_sqrt_schedule(built, warmup_steps, peak_lr)
+        )
     return LambdaLR(optimizer, lambda scheduler_step: inverse_sqrt_lr(scheduler_step + 1, warmup_steps, peak_lr))
