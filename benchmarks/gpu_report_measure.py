@@ -387,7 +387,7 @@ def time_to_bleu(args, sizes: Sizes, deadline: Deadline, publish) -> dict:
     from vaswani.training.batching import StepBatches, TokenBucketSampler
     from vaswani.training.checkpoints import TrainState
     from vaswani.training.schedule import inverse_sqrt_schedule, paper_peak_lr
-    from vaswani.training.step import train_step
+    from vaswani.training.step import recipe_adam, train_step
 
     corpus_dir = Path(args.corpus_dir)
     if not (corpus_dir / "train.npz").exists():
@@ -411,9 +411,7 @@ def time_to_bleu(args, sizes: Sizes, deadline: Deadline, publish) -> dict:
         `TrainState`, and the batches from its start."""
         torch.manual_seed(0)
         model = VaswaniForConditionalGeneration(config)
-        optimizer = torch.optim.Adam(
-            model.parameters(), lr=1.0 if warmup else 1e-4, betas=(0.9, 0.98), eps=1e-9, fused=device.type == "cuda"
-        )
+        optimizer = recipe_adam(accelerator, model.parameters(), lr=1.0 if warmup else 1e-4)
         scheduler = inverse_sqrt_schedule(optimizer, warmup, peak) if warmup else None
         model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
         state = TrainState()

@@ -49,7 +49,7 @@ from vaswani.training.data import (
 )
 from vaswani.training.evaluation import corpus_bleu, load_pairs, translate, validate
 from vaswani.training.schedule import inverse_sqrt_schedule
-from vaswani.training.step import train_step
+from vaswani.training.step import recipe_adam, train_step
 from vaswani.training.tokenizer import load_tokenizer
 
 
@@ -102,7 +102,7 @@ def train_run(variant, seed, args, data, run_path: Path) -> dict:
     config = VaswaniConfig.from_preset(args.preset, **tokenizer_ids(tokenizer))
     torch.manual_seed(seed)
     model = build_model(variant, config)
-    optimizer = torch.optim.Adam(model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9)
+    optimizer = recipe_adam(accelerator, model.parameters())
     scheduler = inverse_sqrt_schedule(optimizer, args.warmup_steps, args.peak_lr)
     sampler = TokenBucketSampler(train_split.source_lengths, train_split.target_lengths, args.batch_tokens, seed=seed)
     collator = PairCollator(config.pad_token_id, config.decoder_start_token_id)
