@@ -514,7 +514,7 @@ def test_a_disk_too_small_for_the_checkpoints_is_an_error_before_training(corpus
         rf"checkpoints of {checkpoint / 1e6:,.0f} MB \({parameters:,} parameters",
         message,
     ), message
-    assert sorted(path.name for path in (tmp_path / "out").iterdir()) == []  # nothing written
+    assert not (tmp_path / "out").exists()  # nothing written: the folder the command made is removed again
     disk_with(needed)
     model_class = VaswaniForConditionalGeneration
     assert check_free_space(tmp_path / "out", model_class, config, keep=2, existing=0) == needed
