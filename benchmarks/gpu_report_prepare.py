@@ -17,6 +17,8 @@ writes into --carry_dir, and prints the folder's size (it refuses to leave one o
   requirements and those of REPORT_PACKAGES, followed through their dependencies as pip resolves them, stopping at
   every package the machine has at an accepted version (GPU_MACHINE_PACKAGES, the one list of what the machine has).
   torch and CUDA's libraries are never carried: the machine's torch must meet the package's range;
+- build/: the wheels that build the checkout (pyproject.toml's build-system, at the versions installed here), always
+  carried: run.sh builds it in an isolated environment from them, whatever setuptools the machine has;
 - requirements.json: the wheels carried, every requirement the carry leaves to the machine, which `--check`
   verifies there before anything is measured, and the machine's versions of those packages as GPU_MACHINE_PACKAGES
   gives them (null: not read);
@@ -160,7 +162,7 @@ def prepare_corpus(dataset_dir, tokenizer_dir, corpus_dir: Path, source_lang="en
 
 def report_requirements() -> list[Requirement]:
     """What the report needs installed: the checkout's base requirements (pyproject.toml), REPORT_PACKAGES with the
-    ranges its extras give them, and what builds the checkout (its build-system's requirements)."""
+    ranges its extras give them."""
     pyproject = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())
     project = pyproject["project"]
     in_extras = {}
@@ -171,11 +173,24 @@ def report_requirements() -> list[Requirement]:
     missing = [name for name in REPORT_PACKAGES if name not in in_extras]
     if missing:
         raise UsageError(f"pyproject.toml's extras no longer name {', '.join(missing)}: update REPORT_PACKAGES.")
-    return (
-        [Requirement(line) for line in project["dependencies"]]
-        + [in_extras[name] for name in REPORT_PACKAGES]
-        + [Requirement(line) for line in pyproject["build-system"]["requires"]]
-    )
+    return [Requirement(line) for line in project["dependencies"]] + [in_extras[name] for name in REPORT_PACKAGES]
+
+
+def build_requirements() -> dict:
+    """What builds the checkout (pyproject.toml's build-system), {name: the version installed here}."""
+    pins = {}
+    for line in tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["build-system"]["requires"]:
+        requirement = Requirement(line)
+        try:
+            version = importlib.metadata.version(requirement.name)
+        except importlib.metadata.PackageNotFoundError:
+            version = None
+        if version is None or not requirement.specifier.contains(version, prereleases=True):
+            raise UsageError(
+                f"the checkout builds with {requirement}: install it here ({version or 'none'} installed)"
+            )
+        pins[canonicalize_name(requirement.name)] = version
+    return pins
 
 
 def on_the_machine(requirement: Requirement) -> bool:
@@ -348,6 +363,7 @@ def main(argv) -> dict:
     if not args.corpus_only:
         carried, left_to_machine = carried_packages(report_requirements(), args.python_version)
         result["wheels"] = download_wheels(carried, carry / "wheels", args.python_version)
+        download_wheels(build_requirements(), carry / "build", args.python_version)
         named = sorted(set(carried) | {Requirement(line).name for line in left_to_machine})
         record = {
             "python": args.python_version,

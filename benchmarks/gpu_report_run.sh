@@ -24,8 +24,9 @@ carry=$(cd "$(dirname "$0")" && pwd)
 site=$(mktemp -d "${TMPDIR:-/tmp}/vaswani-gpu-report-XXXXXX")
 shopt -s nullglob
 wheels=("$carry"/wheels/*.whl)
-python3 -m pip install --quiet --disable-pip-version-check --no-index --no-deps --no-build-isolation --no-compile \
-    --target "$site" "${wheels[@]}" .
+# The checkout is built in an isolated environment from the carried build/ wheels, whatever setuptools python3 has.
+python3 -m pip install --quiet --disable-pip-version-check --no-index --find-links "$carry/build" --no-deps \
+    --no-compile --target "$site" "${wheels[@]}" .
 export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
 echo "run.sh: ${#wheels[@]} wheels and the checkout installed into $site in $(($(date +%s) - started)) s"
 

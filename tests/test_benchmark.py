@@ -269,6 +269,8 @@ def test_the_carry_installs_offline_and_one_command_writes_every_section_and_the
     wheels = sorted(path.name.split("-")[:2] for path in (carry / "wheels").iterdir())
     assert wheels == [[name.replace("-", "_"), version] for name, version in sorted(record["carried"].items())]
     assert Version(record["machine_versions"]["transformers"]) < Version(record["carried"]["transformers"])
+    # What builds the checkout travels too: the stand-in keeps its venv's own setuptools, older than pyproject's floor.
+    assert [path.name.split("-")[0] for path in (carry / "build").iterdir()] == ["setuptools"]
     bin_dir = machine_like_environment(tmp_path / "machine", record)
     env = {key: value for key, value in script_env().items() if key not in ("PYTHONPATH", "VIRTUAL_ENV")}
     env["PATH"] = f"{bin_dir}:{env['PATH']}"
