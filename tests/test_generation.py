@@ -144,18 +144,28 @@ def test_the_padding_side_never_changes_a_translation(model, padded_batch, dtype
     assert_same_decoding(*left, *expected, dtype, DECODING[decoding]["num_beams"])
 
 
-@pytest.mark.parametrize("cache", ["none", *CACHES])
-def test_a_left_padded_decoder_prompt_decodes_as_each_prompt_alone(model, translation_pairs, dtype, cache):
-    """Forced target prefixes of different lengths in one batch: each continues as it does alone."""
+def left_padded_prompts(model, translation_pairs):
+    """Two sources and their forced target prefixes of 1 and 4 tokens, and the batch of both: the prefixes padded on
+    the left, with their mask."""
     device = model.device
     start = model.config.decoder_start_token_id
     sources = [translation_pairs[i][0] for i in (1, 6)]
     prompts = [[start], [start, *translation_pairs[6][1][:3]]]
     width = max(map(len, prompts))
-    options = {"use_cache": False} if cache == "none" else CACHES[cache]
     batch_ids, batch_mask, _ = (t.to(device) for t in pad_pairs([(source, [2]) for source in sources]))
     decoder_input_ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts], device=device)
     decoder_attention_mask = torch.arange(width, device=device) >= width - torch.tensor([1, 4], device=device)[:, None]
+    return sources, prompts, width, batch_ids, batch_mask, decoder_input_ids, decoder_attention_mask
+
+
+@pytest.mark.parametrize("cache", ["none", *CACHES])
+def test_a_left_padded_decoder_prompt_decodes_as_each_prompt_alone(model, translation_pairs, dtype, cache):
+    """Forced target prefixes of different lengths in one batch: each continues as it does alone."""
+    device = model.device
+    sources, prompts, width, batch_ids, batch_mask, decoder_input_ids, decoder_attention_mask = left_padded_prompts(
+        model, translation_pairs
+    )
+    options = {"use_cache": False} if cache == "none" else CACHES[cache]
     tokens, logits = decode(
         model,
         batch_ids,
@@ -181,14 +191,10 @@ def test_the_papers_beam_search_continues_a_left_padded_decoder_prompt_as_each_p
     own decoding methods: forced prefixes of different lengths in one batch each give the translation they give
     alone."""
     device = model.device
-    start = model.config.decoder_start_token_id
-    sources = [translation_pairs[i][0] for i in (1, 6)]
-    prompts = [[start], [start, *translation_pairs[6][1][:3]]]
-    width = max(map(len, prompts))
+    sources, prompts, width, batch_ids, batch_mask, decoder_input_ids, decoder_attention_mask = left_padded_prompts(
+        model, translation_pairs
+    )
     options = {"use_cache": False} if cache == "none" else CACHES[cache]
-    batch_ids, batch_mask, _ = (t.to(device) for t in pad_pairs([(source, [2]) for source in sources]))
-    decoder_input_ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts], device=device)
-    decoder_attention_mask = torch.arange(width, device=device) >= width - torch.tensor([1, 4], device=device)[:, None]
     tokens, _ = decode(
         model,
         batch_ids,

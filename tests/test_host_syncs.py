@@ -20,8 +20,9 @@ import torch
 from accelerate import Accelerator
 from accelerate.state import AcceleratorState, GradientState
 from helpers import VOCAB_SIZE, make_translation_pairs, pad_pairs, tiny_model_config
-from transformers import MarianConfig, MarianMTModel
+from transformers import MarianMTModel
 
+from benchmarks.benchmark import marian_config
 from vaswani import VaswaniForConditionalGeneration
 from vaswani.modeling import modeling_vaswani
 from vaswani.training import step as step_module
@@ -87,30 +88,13 @@ def device_tensors(monkeypatch, device):
     return device
 
 
-def marian_like(config) -> MarianMTModel:
-    """MarianMTModel of the same sizes, special ids and vocabulary."""
-    return MarianMTModel(
-        MarianConfig(
-            vocab_size=config.vocab_size,
-            d_model=config.d_model,
-            encoder_layers=config.encoder_layers,
-            decoder_layers=config.decoder_layers,
-            encoder_attention_heads=config.encoder_attention_heads,
-            decoder_attention_heads=config.decoder_attention_heads,
-            encoder_ffn_dim=config.encoder_ffn_dim,
-            decoder_ffn_dim=config.decoder_ffn_dim,
-            max_position_embeddings=config.max_position_embeddings,
-            pad_token_id=config.pad_token_id,
-            eos_token_id=config.eos_token_id,
-            decoder_start_token_id=config.decoder_start_token_id,
-        )
-    )
-
-
 def both_models(device):
     config = tiny_model_config()
     torch.manual_seed(0)
-    return {"vaswani": VaswaniForConditionalGeneration(config).to(device), "marian": marian_like(config).to(device)}
+    return {
+        "vaswani": VaswaniForConditionalGeneration(config).to(device),
+        "marian": MarianMTModel(marian_config(config)).to(device),
+    }
 
 
 def training_pass_reads(model, device):
