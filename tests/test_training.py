@@ -6,6 +6,7 @@ dozen steps. The scripts run as subprocesses, as a user runs them (including two
 """
 
 import json
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -81,6 +82,25 @@ def trained(corpus, tmp_path_factory):
 
 
 # --- Section 5.3: the learning rate. ---
+
+
+def test_the_schedule_is_built_without_the_deepspeed_extra():
+    """Without DeepSpeed installed (the `train` extra alone, as the main job installs it), accelerate.utils has no
+    DummyOptim: the schedule must not ask for it."""
+    code = """
+import importlib.metadata
+metadata = importlib.metadata.metadata
+def without_deepspeed(name):
+    if name == "deepspeed":
+        raise importlib.metadata.PackageNotFoundError(name)
+    return metadata(name)
+importlib.metadata.metadata = without_deepspeed  # accelerate then finds no DeepSpeed
+import torch
+from vaswani.training.schedule import inverse_sqrt_schedule
+optimizer = torch.optim.Adam([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+print(type(inverse_sqrt_schedule(optimizer, 10, 1e-3)).__name__)
+"""
+    assert run_command([sys.executable, "-c", code], check=True).stdout.split() == ["LambdaLR"]
 
 
 @pytest.mark.parametrize("d_model,warmup", [(512, 4000), (1024, 4000), (256, 130)])

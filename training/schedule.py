@@ -39,11 +39,14 @@ def inverse_sqrt_schedule(optimizer, warmup_steps, peak_lr):
     `vaswani.training.step.recipe_adam`), accelerate's `DummyScheduler`, with which DeepSpeed builds the same schedule
     over its optimizer and steps it after each update."""
     # Imported here, so that the commands list SCHEDULES without torch or accelerate.
-    from accelerate.utils import DummyOptim, DummyScheduler
+    from accelerate.utils import is_deepspeed_available
     from torch.optim.lr_scheduler import LambdaLR
 
-    if isinstance(optimizer, DummyOptim):
-        return DummyScheduler(
-            optimizer, lr_scheduler_callable=lambda built: inverse_sqrt_schedule(built, warmup_steps, peak_lr)
-        )
+    if is_deepspeed_available():  # accelerate.utils has DummyOptim only then (the `deepspeed` extra)
+        from accelerate.utils import DummyOptim, DummyScheduler
+
+        if isinstance(optimizer, DummyOptim):
+            return DummyScheduler(
+                optimizer, lr_scheduler_callable=lambda built: inverse_sqrt_schedule(built, warmup_steps, peak_lr)
+            )
     return LambdaLR(optimizer, lambda scheduler_step: inverse_sqrt_lr(scheduler_step + 1, warmup_steps, peak_lr))
