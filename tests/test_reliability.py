@@ -705,9 +705,14 @@ def test_resume_refuses_settings_that_change_the_steps_unless_told(corpus, strai
     assert {"long_pairs", "lr_schedule", "warmup_steps", "peak_lr", "adam_beta1", "adam_beta2", "adam_epsilon"} <= set(
         saved
     )
-    assert {"label_smoothing_factor", "max_grad_norm", "num_processes", "mixed_precision", "dataset", "tokenizer"} <= (
-        set(saved)
-    )
+    assert {
+        "label_smoothing_factor",
+        "max_grad_norm",
+        "num_processes",
+        "mixed_precision",
+        "train_split",
+        "tokenizer",
+    } <= (set(saved))
     # Told: it resumes, and says what changed.
     allowed = run_command(train_command(*resume, "--seed", "3", "--resume_with_changes"))
     assert allowed.returncode == 0, allowed.stderr[-2000:]
