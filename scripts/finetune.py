@@ -72,7 +72,7 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescript
 
 def parse_args(argv=None):
     """(ModelArguments, DataArguments, FinetuningArguments) from the command line: this command's own flags first, so
-    that --help and their mistakes answer before torch is imported, then the Seq2SeqTrainingArguments flags."""
+    that --help lists them alone (not the ~120 of the Trainer), then the Seq2SeqTrainingArguments flags."""
     description, rest = __doc__.split("\n\n", 1)
     return parse_arguments(
         (ModelArguments, DataArguments),
