@@ -13,7 +13,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -210,24 +209,16 @@ def train_arguments(data, tokenizer, output_dir, *flags):
     return ["--dataset_dir", data, "--tokenizer", tokenizer, "--output_dir", output_dir, *flags]
 
 
-def patched_train_program(*patches):
-    """Python that runs `patches` (indented code, which may change `train`), then scripts/train.py's main."""
-    body = "".join(textwrap.dedent(patch) for patch in patches)
-    return f"import sys\nfrom vaswani.scripts import train\n{body}\ntrain.main(sys.argv[1:])\n"
+# vaswani-train with a fault injected through its callbacks: tests/train_with_faults.py FAULT [arguments].
+FAULTY_TRAIN = REPO_ROOT / "tests" / "train_with_faults.py"
 
 
-def train_command(*arguments, patch=None):
-    """The command that runs scripts/train.py; with `patch`, that code runs first in the same interpreter."""
-    if patch is None:
+def train_command(*arguments, fault=None):
+    """The command that runs scripts/train.py; with `fault` (a name of train_with_faults.FAULTS), the console script
+    with that fault injected."""
+    if fault is None:
         return script_command("train", *arguments)
-    return [sys.executable, "-c", patched_train_program(patch), *map(str, arguments)]
-
-
-def patched_train(folder, *patches):
-    """patched_train_program(*patches) as the file folder/patched_train.py (accelerate launch takes a file)."""
-    script = Path(folder) / "patched_train.py"
-    script.write_text(patched_train_program(*patches))
-    return script
+    return [sys.executable, str(FAULTY_TRAIN), fault, *map(str, arguments)]
 
 
 def free_port():

@@ -165,7 +165,7 @@ def test_parsing_the_commands_arguments_imports_none_of_the_training_extras():
     which its registration with the Auto classes needs, and nothing more."""
     code = """
 import sys
-from vaswani.scripts.train import TrainArguments
+from vaswani.training.arguments import TrainArguments
 from vaswani.training.cli import parse_arguments
 (args,) = parse_arguments([TrainArguments], ["--dataset_dir", "d", "--tokenizer", "t", "--output_dir", "o"])
 print(args.preset, sorted({"datasets", "evaluate", "sacrebleu", "matplotlib", "pyarrow"} & set(sys.modules)))

@@ -2,9 +2,10 @@
 DDP, FSDP2 (configs/fsdp.yaml), a launch that asks for what the machine cannot give, and a lost process that restarts
 the job.
 
-accelerate sets FSDP up on GPU-like devices only. `FSDP_ON_CPU` is the smallest override of accelerate's state that
-lets FSDP2 run here: it takes the CPU's gloo processes for GPUs (their backend and their device). train.py never does
-this; only these tests do, to run the rest of the FSDP path as it runs on GPUs.
+accelerate sets FSDP up on GPU-like devices only. The stand-in `fsdp-on-cpu` of tests/train_with_faults.py is the
+smallest override of accelerate's state that lets FSDP2 run here: it takes the CPU's gloo processes for GPUs (their
+backend and their device). train.py never does this; only these tests do, to run the rest of the FSDP path as it runs
+on GPUs.
 
 Every test here launches processes, so the module is marked slow, to keep the default suite within its time;
 `.ci/run` runs it (`python3 -m pytest tests/test_distributed.py tests/test_fsdp.py -m slow`).
@@ -19,12 +20,12 @@ import pytest
 import torch
 from helpers import (
     FAST,
+    FAULTY_TRAIN,
     REPO_ROOT,
     SCRIPTS,
     accelerate_launch,
     make_dataset,
     max_difference,
-    patched_train,
     read_log,
     run_command,
     script_env,
@@ -41,35 +42,6 @@ from vaswani.training.distributed import FSDP2_MIN_TORCH
 
 pytestmark = pytest.mark.slow
 
-
-FSDP_ON_CPU = """
-    # The override of accelerate's state (tests only): the gloo processes of this CPU taken for GPUs.
-    import torch
-    from accelerate.state import PartialState
-    from accelerate.utils import DistributedType
-
-    PartialState._prepare_backend = lambda self, *args, **kwargs: ("gloo", DistributedType.MULTI_GPU)
-    PartialState.set_device = lambda self: setattr(self, "device", torch.device("cpu"))
-"""
-
-# Rank 1 dies without a word (SIGKILL, as a lost machine) after step 6 of its first life; the checkpoint of step 4
-# is the last one written.
-KILLED_AFTER_STEP_6 = """
-    import os
-    import signal
-
-    from vaswani.training.checkpoints import TrainState
-
-    add_step = TrainState.add_step
-
-    def add_step_then_die(self, *args, **kwargs):
-        add_step(self, *args, **kwargs)
-        first_life = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
-        if self.step == 6 and first_life and os.environ["RANK"] == "1":
-            os.kill(os.getpid(), signal.SIGKILL)
-
-    TrainState.add_step = add_step_then_die
-"""
 
 # Eight steps of two processes, checkpoints and validation every four, BLEU on one sentence (so one process has
 # none to translate): as every launch below trains.
@@ -159,20 +131,20 @@ def test_a_gpu_config_on_a_machine_without_gpus_stops_saying_how_to_launch_on_th
 @pytest.mark.skipif(torch.__version__ < FSDP2_MIN_TORCH, reason="train.py refuses FSDP with this torch")
 @pytest.mark.parametrize("state_dict_type", ["FULL_STATE_DICT", "SHARDED_STATE_DICT"])
 def test_fsdp2_trains_as_ddp_does_and_resumes_exactly(corpus, ddp_run, tmp_path, state_dict_type):
-    """configs/fsdp.yaml (FSDP2, the shared embedding's four holders one shard unit) with FSDP_ON_CPU: the weights
+    """configs/fsdp.yaml (FSDP2, the shared embedding's four holders one shard unit) with the `fsdp-on-cpu` stand-in: the weights
     of DDP's run to float32 rounding, validation with unequal shares (no hang: --ddp_timeout 60), checkpoints of
     either kind that resume to the same bits, and a final model that loads whole."""
-    script = patched_train(tmp_path, FSDP_ON_CPU)
+    script = [FAULTY_TRAIN, "fsdp-on-cpu"]
     options = ["--fsdp_state_dict_type", state_dict_type]
     straight, stopped = tmp_path / "straight", tmp_path / "stopped"
-    result = launch("fsdp.yaml", script, *arguments(corpus, straight), launcher_options=options)
+    result = launch("fsdp.yaml", *script, *arguments(corpus, straight), launcher_options=options)
     assert f"strategy: FSDP2, {state_dict_type}, 2 processes on cpu, mixed precision no" in result.stdout
     assert max_difference(final_weights(straight), final_weights(ddp_run)) < 1e-5
     ours, theirs = ([r for r in read_log(run) if "val_loss" in r] for run in (straight, ddp_run))
     assert [r["val_loss"] for r in ours] == pytest.approx([r["val_loss"] for r in theirs], abs=1e-4)
 
-    launch("fsdp.yaml", script, *arguments(corpus, stopped, "--stop_after", 4), launcher_options=options)
-    launch("fsdp.yaml", script, *arguments(corpus, stopped, "--resume_from_checkpoint"), launcher_options=options)
+    launch("fsdp.yaml", *script, *arguments(corpus, stopped, "--stop_after", 4), launcher_options=options)
+    launch("fsdp.yaml", *script, *arguments(corpus, stopped, "--resume_from_checkpoint"), launcher_options=options)
     for name in ("checkpoints/step_0000008/model.safetensors", "model.safetensors"):
         assert max_difference(final_weights(straight, name), final_weights(stopped, name)) == 0, name
 
@@ -190,10 +162,10 @@ def test_a_killed_process_restarts_the_job_from_the_last_checkpoint(corpus, ddp_
     restart a store of its own: in the one torchrun shares by default, the restarted processes find the addresses
     of the lost ones and time out connecting to them (pytorch/pytorch#135712)."""
     output_dir = tmp_path / "out"
-    script = patched_train(tmp_path, KILLED_AFTER_STEP_6)
+    script = [FAULTY_TRAIN, "rank-1-killed-after-step-6"]
     result = launch(
         None,
-        script,
+        *script,
         *arguments(corpus, output_dir, "--resume_from_checkpoint"),
         launcher_options=["--max_restarts", "1", "--rdzv_backend", "c10d"],
         env={"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"},

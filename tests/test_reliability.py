@@ -3,8 +3,8 @@ input gets one clear error before any time is spent.
 
 scripts/train.py runs as a subprocess, as a person or a cluster runs it, and is signalled or killed there. The faults
 that cannot be caused from outside (a full disk, a NaN at a chosen step, a kill halfway through a checkpoint file)
-are injected by a few lines that run before train.main() in that subprocess (`train_command(patch=...)`): the
-training script itself has no test hooks. Errors raised before training starts are checked in-process.
+are injected through the command's callbacks by tests/train_with_faults.py (`train_command(..., fault=...)`), with
+accelerate's save-state hooks and torch's module hooks. Errors raised before training starts are checked in-process.
 """
 
 import json
@@ -24,13 +24,13 @@ import pytest
 import torch
 from accelerate.utils import DistributedType
 from helpers import (
+    FAULTY_TRAIN,
     SCRIPTS,
     TINY,
     exit_message,
     finish,
     make_dataset,
     max_difference,
-    patched_train,
     read_log,
     run_command,
     save_pairs,
@@ -249,38 +249,6 @@ def test_two_processes_stop_after_the_same_step_when_the_launcher_gets_sigterm(c
 
 # --- 2. SIGKILL and a full disk: the half-written checkpoint is never used, nothing before it is lost. ---
 
-FULL_DISK_AT_STEP_12 = """
-    import errno
-    import accelerate.checkpointing as checkpointing
-
-    write = checkpointing.save
-
-    def save(obj, path, *args, **kwargs):  # the disk fills up when step 12's optimizer state is written
-        if str(path).endswith("tmp_step_0000012/optimizer.bin"):
-            raise OSError(errno.ENOSPC, "No space left on device", str(path))
-        write(obj, path, *args, **kwargs)
-
-    checkpointing.save = save
-"""
-
-KILLABLE_AT_STEP_24 = """
-    import time
-    from pathlib import Path
-    import accelerate.checkpointing as checkpointing
-
-    write = checkpointing.save
-
-    def save(obj, path, *args, **kwargs):  # step 24's optimizer state is half on disk when the process is killed
-        write(obj, path, *args, **kwargs)
-        if str(path).endswith("tmp_step_0000024/optimizer.bin"):
-            data = Path(path).read_bytes()
-            Path(path).write_bytes(data[:len(data) // 2])
-            Path(path).parent.parent.parent.joinpath("halfway").touch()
-            time.sleep(600)
-
-    checkpointing.save = save
-"""
-
 
 @pytest.mark.slow  # four training runs
 def test_a_full_disk_and_a_kill_during_a_checkpoint_lose_only_the_steps_since_the_last_one(corpus, straight, tmp_path):
@@ -289,7 +257,7 @@ def test_a_full_disk_and_a_kill_during_a_checkpoint_lose_only_the_steps_since_th
     arguments = arguments_for(corpus, output_dir)
 
     # The disk is full at step 12's checkpoint: a clear error, the half-written folder removed, step 6 intact.
-    result = run_command(train_command(*arguments, patch=FULL_DISK_AT_STEP_12))
+    result = run_command(train_command(*arguments, fault="full-disk-at-step-12"))
     assert result.returncode == 1, result.stderr[-3000:]
     assert re.search(
         r"could not write the checkpoint of step 12 in \S+ \(\[Errno 28\] No space left on device.*\)\. "
@@ -300,7 +268,7 @@ def test_a_full_disk_and_a_kill_during_a_checkpoint_lose_only_the_steps_since_th
     assert sorted(path.name for path in checkpoints.iterdir()) == ["step_0000006"]
 
     # Resumed, it is killed (SIGKILL) while step 24's optimizer state is half written.
-    process = start(train_command(*arguments, "--resume_from_checkpoint", patch=KILLABLE_AT_STEP_24))
+    process = start(train_command(*arguments, "--resume_from_checkpoint", fault="killable-at-step-24"))
     wait_for((output_dir / "halfway").exists, process, "the checkpoint of step 24 half written")
     process.kill()
     finish(process)
@@ -317,24 +285,6 @@ def test_a_full_disk_and_a_kill_during_a_checkpoint_lose_only_the_steps_since_th
     assert_ends_like(straight, output_dir)
 
 
-FILES_LIMITED_AT_STEP_12 = """
-    import resource
-    import signal
-
-    from vaswani.training import checkpoints
-
-    save_checkpoint = checkpoints.save_checkpoint  # train.py imports it from there when it saves
-
-    def limited(accelerator, model, config, checkpoint_root, train_state, *args, **kwargs):
-        if train_state.step == 12:  # from here on the kernel refuses to grow a file past 64 KiB (EFBIG)
-            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-            resource.setrlimit(resource.RLIMIT_FSIZE, (2**16, resource.RLIM_INFINITY))
-        return save_checkpoint(accelerator, model, config, checkpoint_root, train_state, *args, **kwargs)
-
-    checkpoints.save_checkpoint = limited
-"""
-
-
 @pytest.mark.slow  # training runs under a full disk
 @pytest.mark.parametrize("processes", [1, 2])
 def test_writes_the_kernel_refuses_during_a_checkpoint_keep_the_last_one_and_end_every_rank(
@@ -345,9 +295,9 @@ def test_writes_the_kernel_refuses_during_a_checkpoint_keep_the_last_one_and_end
     output_dir = tmp_path / "out"
     arguments = arguments_for(corpus, output_dir)
     if processes == 2:
-        command = [*two_process_launch(), patched_train(tmp_path, FILES_LIMITED_AT_STEP_12), *arguments]
+        command = [*two_process_launch(), FAULTY_TRAIN, "files-limited-at-step-12", *arguments]
     else:
-        command = train_command(*arguments, patch=FILES_LIMITED_AT_STEP_12)
+        command = train_command(*arguments, fault="files-limited-at-step-12")
     started = time.monotonic()
     result = run_command(command, timeout=240)
     assert result.returncode != 0 and time.monotonic() - started < 200
@@ -407,31 +357,13 @@ def test_an_interim_checkpoint_stays_only_until_the_next_one(tmp_path):
 
 # --- 3. Non-finite losses: skipped and counted; too many in a row stop the run, naming the last good checkpoint. ---
 
-NAN_AT_STEPS_3_4_AND_FROM_9 = """
-    import math
-
-    from vaswani.training import step as training_step
-
-    compute = training_step.label_smoothed_cross_entropy
-    steps = 0
-
-    def loss(logits, labels, label_smoothing):
-        global steps
-        smoothed, plain = compute(logits, labels, label_smoothing)
-        if logits.requires_grad:  # the training loss: once a step without gradient accumulation
-            steps += 1
-            if steps in (3, 4) or steps >= 9:
-                return smoothed * math.nan, plain * math.nan
-        return smoothed, plain
-
-    training_step.label_smoothed_cross_entropy = loss
-"""
-
 
 def test_non_finite_losses_are_skipped_and_counted_and_too_many_in_a_row_stop_the_run(corpus, tmp_path):
     output_dir = tmp_path / "out"
     flags = "--save_steps 2 --save_total_limit 5 --logging_steps 2 --max_bad_steps 3".split()
-    result = run_command(train_command(*arguments_for(corpus, output_dir, *flags), patch=NAN_AT_STEPS_3_4_AND_FROM_9))
+    result = run_command(
+        train_command(*arguments_for(corpus, output_dir, *flags), fault="nan-at-steps-3-4-and-from-9")
+    )
     assert result.returncode == 1, result.stderr[-3000:]
     checkpoints = output_dir / "checkpoints"
     assert (

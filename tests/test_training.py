@@ -10,11 +10,13 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 from accelerate.utils import DistributedType
 from helpers import (
     FAST,
+    FAULTY_TRAIN,
     REPO_ROOT,
     SCRIPTS,
     TINY,
@@ -24,7 +26,6 @@ from helpers import (
     free_port,
     make_dataset,
     max_difference,
-    patched_train,
     read_log,
     run_command,
     run_script,
@@ -42,6 +43,7 @@ from torch.torch_version import TorchVersion
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
 from vaswani.scripts import train
+from vaswani.training.batching import TokenBucketSampler
 from vaswani.training.checkpoints import average_checkpoints, load_checkpoint_weights
 from vaswani.training.checks import UsageError
 from vaswani.training.distributed import LaunchedStrategy
@@ -317,36 +319,6 @@ def test_resumed_run_ends_exactly_like_an_uninterrupted_one(corpus, tmp_path):
     assert [r["loss"] for r in resumed_log] == pytest.approx([r["loss"] for r in straight_log], abs=1e-6)
 
 
-# The first optimizer step's gradients, from rank 0 after DDP's all-reduce: fixed batches instead of the token
-# buckets (BATCH_BOUNDS: rows [b0, b1), [b1, b2), ... of the training split, dealt to the processes in turn).
-FIXED_BATCHES_AND_FIRST_GRADIENTS = """
-    import json
-    import os
-
-    import numpy as np
-    import torch
-
-    from vaswani.training import batching
-
-    class FixedBatches(batching.TokenBucketSampler):
-        def epoch_batches(self, epoch):
-            if not self.shuffle:  # validation keeps its own batches
-                return super().epoch_batches(epoch)
-            bounds = np.array(json.loads(os.environ["BATCH_BOUNDS"]))
-            return np.arange(len(self.source_lengths)), bounds, np.arange(len(bounds) - 1)
-
-    batching.TokenBucketSampler = FixedBatches  # train.py imports it from there when it batches
-    adam_step = torch.optim.Adam.step
-
-    def record_first_gradients(self, *args, **kwargs):
-        if self.state_dict()["state"] == {} and os.environ.get("RANK", "0") == "0":
-            torch.save([p.grad.clone() for group in self.param_groups for p in group["params"]], os.environ["GRADIENTS"])
-        return adam_step(self, *args, **kwargs)
-
-    torch.optim.Adam.step = record_first_gradients
-"""
-
-
 @pytest.mark.slow  # three training runs, one of two processes
 def test_a_step_has_the_token_normalised_gradient_however_its_tokens_are_split(corpus, tmp_path):
     """Section 5.1's batches are counted in tokens: a step's loss is the sum over all its target tokens divided by
@@ -354,22 +326,25 @@ def test_a_step_has_the_token_normalised_gradient_however_its_tokens_are_split(c
     here with 4 short pairs in one micro-batch and 2 long ones in the other (unequal token counts)."""
     words = [["the", "red", "cat"]] * 4 + [["the", "big", "green", "bird", "sees", "a", "small", "red", "dog"]] * 2
     save_pairs(tmp_path / "data", [word_pair(" ".join(w)) for w in words])
+    # Token buckets of 40 padded tokens cut the 6 pairs (8 and 20 tokens a pair) into 4 short and 2 long; 1000, none.
+    sampler = TokenBucketSampler(np.array([4] * 4 + [10] * 2), np.array([4] * 4 + [10] * 2), 40, shuffle=False)
+    assert sorted(len(batch) for batch in sampler) == [2, 4]
     common = ["--dataset_dir", tmp_path / "data", "--tokenizer", corpus[1], "--preset", "tiny", "--dropout", 0,
-              "--batch_tokens", 1000, "--max_steps", 1, "--save_steps", 1, "--average_last", 1, "--eval_steps", 0,
+              "--max_steps", 1, "--save_steps", 1, "--average_last", 1, "--eval_steps", 0,
               "--eval_bleu_samples", 0, "--report_to", "none"]  # fmt: skip
-    gradients, script = {}, patched_train(tmp_path, FIXED_BATCHES_AND_FIRST_GRADIENTS)
-    for name, bounds, launch, accumulate in (
-        ("one batch", [0, 6], [], 1),
-        ("two accumulated micro-batches", [0, 4, 6], [], 2),
-        ("two DDP processes", [0, 4, 6], two_process_launch(), 1),
+    gradients = {}
+    for name, batch_tokens, launch, accumulate in (
+        ("one batch", 1000, [], 1),
+        ("two accumulated micro-batches", 40, [], 2),
+        ("two DDP processes", 40, two_process_launch(), 1),
     ):
-        arguments = [*common, "--gradient_accumulation_steps", accumulate, "--output_dir", tmp_path / name]
+        arguments = [*common, "--batch_tokens", batch_tokens, "--gradient_accumulation_steps", accumulate,
+                     "--output_dir", tmp_path / name]  # fmt: skip
         if launch:
-            command = [*launch, script, *arguments]
+            command = [*launch, FAULTY_TRAIN, "first-gradients", *arguments]
         else:
-            command = train_command(*arguments, patch=FIXED_BATCHES_AND_FIRST_GRADIENTS)
-        env = script_env(BATCH_BOUNDS=json.dumps(bounds), GRADIENTS=str(tmp_path / f"{name}.pt"))
-        done = run_command(command, env=env)
+            command = train_command(*arguments, fault="first-gradients")
+        done = run_command(command, env=script_env(GRADIENTS=str(tmp_path / f"{name}.pt")))
         assert done.returncode == 0, f"{name}:\n{done.stderr[-3000:]}"
         gradients[name] = torch.load(tmp_path / f"{name}.pt")
     reference = gradients["one batch"]

@@ -144,7 +144,8 @@ def usage_errors_of(parser):
 
 
 def command(main=None, *, extra=None, needs=()):
-    """Decorate a command's `main(argv=None)`: a `UsageError` ends it with `NAME: error: message`, exit status 1.
+    """Decorate a command's `main(argv=None, **options)`: a `UsageError` ends it with `NAME: error: message`, exit
+    status 1. `options` are for callers from Python (e.g. vaswani-train's `callbacks`).
 
     Called with `argv` (from Python), it returns what `main` returns. Called without, as the console entry point does
     (`sys.exit(main())`), it returns None, so that a finished command exits with status 0 whatever `main` returns.
@@ -157,20 +158,20 @@ def command(main=None, *, extra=None, needs=()):
         return functools.partial(command, extra=extra, needs=needs)
 
     @functools.wraps(main)
-    def run(argv=None):
+    def run(argv=None, **options):
         name = Path(sys.argv[0]).name
         try:
-            return run_main(name, argv)
+            return run_main(name, argv, options)
         except BaseException:
             remove_empty_created_dirs()  # a failed command leaves no empty --output_dir behind
             raise
 
-    def run_main(name, argv):
+    def run_main(name, argv, options):
         try:
             if extra is not None:
                 check_extra(name, extra, needs)
             try:
-                result = main(sys.argv[1:] if argv is None else [str(argument) for argument in argv])
+                result = main(sys.argv[1:] if argv is None else [str(argument) for argument in argv], **options)
             except ModuleNotFoundError as error:
                 if extra is None or error.name is None or error.name.split(".")[0] == "vaswani":
                     raise

@@ -47,6 +47,7 @@ from datasets.data_files import EmptyDatasetError, get_data_patterns
 from datasets.fingerprint import Hasher, generate_fingerprint
 from huggingface_hub import constants as hf_constants
 
+from .batching import TokenBucketSampler
 from .checks import UsageError, check_dataset_exists
 from .padding import pair_batch
 
@@ -481,3 +482,102 @@ def pair_loader(split, sampler, collator, num_workers=0, pin_memory=False):
         prefetch_factor=4 if num_workers else None,
         generator=torch.Generator(),
     )
+
+
+@dataclass
+class TrainingData:
+    """A run's data (section 5.1): the training and validation pairs tokenized once into Arrow next to the dataset,
+    their token-bucket batches for this process, and the validation pairs that BLEU is measured on (sources,
+    references)."""
+
+    train: TokenizedSplit
+    train_loader: torch.utils.data.DataLoader
+    valid_loader: torch.utils.data.DataLoader
+    bleu_pairs: tuple
+
+    @classmethod
+    def load(cls, accelerator, dataset, tokenizer, config, args):
+        """The splits of `dataset` for the TrainArguments `args`. The main process tokenizes first; then the first
+        process of every other machine, which finds the files on a shared file system or else builds its machine's
+        own copy; then all the others, which map the files."""
+        with accelerator.main_process_first(), accelerator.local_main_process_first():
+            train, valid = (
+                tokenize_split(
+                    dataset[split],
+                    tokenizer,
+                    args.source_lang,
+                    args.target_lang,
+                    args.max_source_length,
+                    args.max_target_length,
+                    long_pairs,
+                    num_proc=args.num_proc,
+                )
+                for split, long_pairs in (("train", args.long_pairs), ("validation", "truncate"))
+            )
+        if not len(train):
+            raise UsageError(
+                f"no training pair fits --max_source_length {args.max_source_length} / --max_target_length "
+                f"{args.max_target_length} ({train.without_text} of them are not text)."
+            )
+        if not len(valid):
+            raise UsageError("the validation split has no pair with text on both sides.")
+        per_step = args.gradient_accumulation_steps
+        sampler = bucket_sampler(train, "training", args, accelerator, seed=args.seed, batches_per_step=per_step)
+        valid_sampler = bucket_sampler(valid, "validation", args, accelerator, shuffle=False, drop_remainder=False)
+        steps_per_epoch = sampler.batches_in_epoch(0) // per_step
+        if steps_per_epoch == 0:
+            raise UsageError(
+                f"the training split makes fewer batches of --batch_tokens {args.batch_tokens} than processes x "
+                f"--gradient_accumulation_steps ({accelerator.num_processes} x {per_step}); lower either."
+            )
+        collator = PairCollator(config.pad_token_id, config.decoder_start_token_id)
+        pin_memory = accelerator.device.type == "cuda"  # batches then copy to the GPU without blocking (train_step)
+        bleu_rows = valid.rows[: args.eval_bleu_samples].tolist()
+        bleu_texts = dataset["validation"].select(bleu_rows)["translation"] if bleu_rows else []
+        accelerator.print(
+            f"train: {len(train)} pairs ({train.too_long} longer than the maximum lengths dropped, {train.truncated} "
+            f"truncated, {train.without_text} without text dropped); validation: {len(valid)} pairs "
+            f"({valid.without_text} without text dropped); tokenized "
+            + ("earlier, read from the cache" if train.from_cache else "now and cached")
+            + " next to the dataset\n"
+            f"batches of <= {args.batch_tokens} padded tokens x {per_step} accumulated x {accelerator.num_processes} "
+            f"processes = <= {args.batch_tokens * per_step * accelerator.num_processes} tokens per optimizer step "
+            f"(paper: ~25000 source + ~25000 target); {steps_per_epoch} steps per epoch"
+        )
+        return cls(
+            train=train,
+            train_loader=pair_loader(
+                train, sampler, collator, num_workers=args.dataloader_num_workers, pin_memory=pin_memory
+            ),
+            valid_loader=pair_loader(valid, valid_sampler, collator, pin_memory=pin_memory),
+            bleu_pairs=(
+                [pair[args.source_lang] for pair in bleu_texts],
+                [pair[args.target_lang] for pair in bleu_texts],
+            ),
+        )
+
+    def summary(self, state):
+        """The data's figures for training_summary.json, after `state`'s steps."""
+        return {
+            "epochs": round(state.epoch + state.batch_index / max(len(self.train_loader.sampler), 1), 3),
+            "bleu_samples": len(self.bleu_pairs[0]),
+            "train_pairs": len(self.train),
+            "train_pairs_dropped": self.train.too_long,
+            "train_pairs_truncated": self.train.truncated,
+            "train_pairs_without_text": self.train.without_text,
+        }
+
+
+def bucket_sampler(split, name, args, accelerator, **options):
+    """`TokenBucketSampler` over a split for this process; a --batch_tokens too small for a pair is named."""
+    try:
+        return TokenBucketSampler(
+            split.source_lengths,
+            split.target_lengths,
+            args.batch_tokens,
+            num_replicas=accelerator.num_processes,
+            rank=accelerator.process_index,
+            **options,
+        )
+    except ValueError as error:
+        raise UsageError(f"--batch_tokens {args.batch_tokens}, {name} split: {error}") from error

@@ -97,6 +97,16 @@ class LaunchedStrategy:
             )
 
 
+def launch_accelerator(project_dir, *, use_cpu=False, ddp_timeout=1800, **accelerator_options) -> Accelerator:
+    """The accelerator of what `accelerate launch` set (processes, DDP / FSDP / DeepSpeed, precision), or a stop here
+    saying why that strategy cannot run (`LaunchedStrategy.check`); `accelerator_options` go to `Accelerator`."""
+    strategy = LaunchedStrategy.from_environment(cpu=use_cpu)
+    accelerator = strategy.accelerator(project_dir, ddp_timeout, **accelerator_options)
+    strategy.check(accelerator)
+    accelerator.print(f"strategy: {describe(accelerator)}")
+    return accelerator
+
+
 def describe(accelerator: Accelerator) -> str:
     """The strategy that runs, in a few words: for the start-up line and training_summary.json."""
     kind = accelerator.distributed_type

@@ -244,3 +244,14 @@ def after_failure(api: HfApi, repo_id: str, branch: str, head: str, token: str) 
     if now == head:
         return f"Nothing was committed: {repo_id}@{branch} is still at {head}."
     return f"{repo_id}@{branch} moved from {head} to {now} meanwhile (another push?)."
+
+
+def push_after_training(model_dir, repo_id, private=False):
+    """push_to_hub at the end of a run: a failure leaves the model safe on disk and says how to push it again."""
+    try:
+        print(f"pushed to the Hub: {push_to_hub(model_dir, repo_id, private=private)}")
+    except PushError as error:
+        raise UsageError(
+            f"{error}\nThe model is saved in {model_dir}; push it later with: "
+            f"vaswani-push-to-hub --model_dir {model_dir} --repo_id {repo_id}"
+        ) from error

@@ -1,16 +1,141 @@
-"""What a run leaves for a person to read: the step log (train_log.jsonl, one JSON object per line, easy to plot),
-its pictures (training_curves.png, lr_schedule.png) and a description of the hardware."""
+"""What a run shows while it trains and leaves for a person to read: a progress bar, the step log (train_log.jsonl,
+one JSON object per line, easy to plot; also to TensorBoard), its pictures (training_curves.png, lr_schedule.png),
+and training_summary.json (what the run did, measured, on which hardware).
+
+    report = TrainingReport(accelerator, output_dir, max_steps=1000, logging_steps=50, start=state)
+    ... each step: report.step(state, result, seconds); after a validation: report.validation(state, result)
+    report.end(state, final_eval, averaged, plot_schedule=..., summary={...})
+"""
 
 import json
 import os
 import platform
+import shlex
+import sys
+import time
 from pathlib import Path
 
+from accelerate.utils import DistributedType, gather_object
+from tqdm.auto import tqdm
+
+from .checkpoints import weights_checksum
+from .distributed import describe
 from .schedule import inverse_sqrt_lr
 
 
-# numpy, torch and matplotlib are imported by the functions that use them: the commands import this module before
-# they parse their arguments.
+# matplotlib is imported by the function that draws: a run that ends early never pays for it.
+
+
+class TrainingReport:
+    """The progress bar, train_log.jsonl and the tracker (`accelerator.log`: TensorBoard) of a run, written by the
+    main process; and what this command did (tokens, seconds), as against the whole run it may have resumed.
+
+    Log lines after the step the run `start`s from go: a resumed run writes them again."""
+
+    def __init__(self, accelerator, output_dir, *, max_steps, logging_steps, start, max_bad_steps=None):
+        self.accelerator, self.output_dir = accelerator, Path(output_dir)
+        self.log_path = self.output_dir / "train_log.jsonl"
+        self.max_steps, self.logging_steps, self.max_bad_steps = max_steps, logging_steps, max_bad_steps
+        self.wall_start, self.tokens, self.seconds, self.last_eval = time.time(), 0, 0.0, {}
+        if accelerator.is_main_process:
+            kept = [r for r in read_jsonl(self.log_path) if r["step"] <= start.step and not r.get("final")]
+            self.log_path.write_text("".join(json.dumps(record) + "\n" for record in kept))
+        self.progress = tqdm(
+            total=max_steps, initial=start.step, disable=not accelerator.is_main_process, desc="training"
+        )
+
+    def step(self, state, result, seconds):
+        """After `state.add_step(result, seconds)`: the bar, a word on a skipped step, and every `logging_steps` (and
+        at the last step) the log line of the steps since the last one."""
+        self.tokens, self.seconds = self.tokens + result.tokens, self.seconds + seconds
+        self.progress.update(1)
+        if not result.finite and self.accelerator.is_main_process:
+            self.progress.write(
+                f"step {state.step}: the loss is {result.loss}; step skipped, weights unchanged "
+                f"({state.bad_streak} in a row, the run stops at --max_bad_steps {self.max_bad_steps})"
+            )
+        if state.step % self.logging_steps and state.step != self.max_steps:
+            return
+        record = state.take_log_record(result.learning_rate)
+        self.progress.set_postfix(
+            loss=f"{record['loss']:.3f}", lr=f"{result.learning_rate:.2e}", tok_s=f"{record['tokens_per_sec']:.0f}"
+        )
+        self.accelerator.log({f"train/{k}": v for k, v in record.items() if k != "step"}, step=state.step)
+        if self.accelerator.is_main_process:
+            append_jsonl(self.log_path, record)
+
+    def validation(self, state, result):
+        """A validation's figures (`vaswani.training.evaluation.validate`), logged and shown."""
+        self.last_eval = result
+        self.accelerator.log({f"valid/{k}": v for k, v in result.items() if isinstance(v, float)}, step=state.step)
+        if self.accelerator.is_main_process:
+            append_jsonl(self.log_path, {"step": state.step, **result})
+            self.progress.write(
+                f"step {state.step}: validation loss {result['val_loss']:.3f}"
+                + (f", BLEU {result['bleu']:.2f}" if "bleu" in result else "")
+                + (f"; e.g. {result['example'][:100]!r}" if "example" in result else "")
+            )
+
+    def close(self):
+        self.progress.close()
+
+    def end(self, state, final_eval, averaged, *, plot_schedule, summary):
+        """The final model's validation (`final_eval`) logged, the plots drawn (`plot_schedule`: write_plots' schedule
+        arguments) and training_summary.json written: the run's measured figures and `summary` (what the caller
+        knows: data, model, processes, arguments)."""
+        self.accelerator.log({f"final/{k}": v for k, v in final_eval.items() if isinstance(v, float)}, step=state.step)
+        if not self.accelerator.is_main_process:
+            return
+        append_jsonl(
+            self.log_path, {"step": state.step, "final": True, "averaged_checkpoints": len(averaged), **final_eval}
+        )
+        write_plots(self.output_dir, **plot_schedule)
+        tokens_per_sec = self.tokens / self.seconds if self.seconds else None
+        summary = {
+            "steps": state.step,
+            "tokens_seen": state.tokens_seen,
+            "target_tokens_seen": state.target_tokens_seen,
+            "tokens_per_step": state.tokens_seen / max(state.step, 1),
+            "tokens_per_sec": tokens_per_sec,
+            "train_seconds": state.train_seconds,
+            "wall_seconds": time.time() - self.wall_start,
+            "final_val_loss": final_eval["val_loss"],
+            "final_val_ppl": final_eval["val_ppl"],
+            "final_val_bleu": final_eval.get("bleu"),
+            "bleu_signature": final_eval.get("bleu_signature"),
+            "last_periodic_eval": {k: v for k, v in self.last_eval.items() if k != "example"},
+            "averaged_checkpoints": [path.name for path in averaged],
+            "skipped_steps": state.skipped_steps,
+            "strategy": describe(self.accelerator),
+            "hardware": hardware_description(self.accelerator),
+            "world_size": self.accelerator.num_processes,
+            **summary,
+            "command": shlex.join([sys.executable, *sys.argv]),
+            "launched_by_accelerate": "ACCELERATE_MIXED_PRECISION" in os.environ,
+        }
+        (self.output_dir / "training_summary.json").write_text(json.dumps(summary, indent=2))
+        print(
+            f"final model (average of {len(averaged)} checkpoints) in {self.output_dir}: validation loss "
+            f"{final_eval['val_loss']:.3f}"
+            + (f", BLEU {final_eval['bleu']:.2f}" if "bleu" in final_eval else "")
+            + f"; {tokens_per_sec or 0:.0f} tokens/s"
+        )
+
+
+def process_records(accelerator, trained_model, final_model, tokenized):
+    """Per process, for the summary: checksums of its trained and averaged weights (the same on every process of a
+    data-parallel run; sharded weights have no whole copy to sum), and whether it tokenized the corpus."""
+    sharded = accelerator.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED)
+    return gather_object(
+        [
+            {
+                "rank": accelerator.process_index,
+                "trained": None if sharded else weights_checksum(trained_model),
+                "averaged": weights_checksum(final_model),
+                "tokenized": tokenized,
+            }
+        ]
+    )
 
 
 def read_jsonl(path):
