@@ -156,11 +156,12 @@ def test_fsdp2_trains_as_ddp_does_and_resumes_exactly(corpus, ddp_run, tmp_path,
 
 
 def test_a_killed_process_restarts_the_job_from_the_last_checkpoint(corpus, ddp_run, tmp_path):
-    """`accelerate launch --max_restarts 1 ... --resume_from_checkpoint` as the README writes it: rank 1 is SIGKILLed after step 6
-    (mid-epoch, two steps past the last checkpoint); the launcher restarts both processes, which resume from step 4
-    and end with the weights of the run that was never interrupted. TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 gives each
-    restart a store of its own: in the one torchrun shares by default, the restarted processes find the addresses
-    of the lost ones and time out connecting to them (pytorch/pytorch#135712)."""
+    """`accelerate launch --max_restarts 1 ... --resume_from_checkpoint` as docs/training.md writes it: rank 1 is
+    SIGKILLed after step 6 (mid-epoch, two steps past the last checkpoint); the launcher restarts both processes, which
+    resume from step 4 and end with the weights of the run that was never interrupted.
+    TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 gives each restart a store of its own: in the one torchrun shares by default,
+    the restarted processes find the addresses of the lost ones and time out connecting to them
+    (pytorch/pytorch#135712)."""
     output_dir = tmp_path / "out"
     script = [FAULTY_TRAIN, "rank-1-killed-after-step-6"]
     result = launch(

@@ -1,4 +1,4 @@
-"""ONNX export through transformers' exporters (README, "ONNX"): the prefill and decode programs, run by ONNX Runtime
+"""ONNX export through transformers' exporters (docs/exports.md, "ONNX"): the prefill and decode programs, run by ONNX Runtime
 through transformers' runners, decode as `generate()` does.
 
 `OnnxExporter().export_for_generation` runs `generate()` once to capture the decoder's first step (prefill: the encoder

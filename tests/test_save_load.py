@@ -117,7 +117,7 @@ def test_fresh_process_without_the_package_loads_with_remote_code(tiny_model, so
 
 
 def test_refreshing_a_folder_saved_by_an_earlier_version_gives_it_this_versions_code(tiny_model, tmp_path):
-    """README, "Loading anywhere": a folder keeps the code it was saved with; loading it with the package installed
+    """docs/sharing.md, "Loading anywhere": a folder keeps the code it was saved with; loading it with the package installed
     and saving it again replaces that code (and what the config says of it), and leaves the weights as they were."""
     old, new = tmp_path / "old", tmp_path / "new"
     tiny_model.save_pretrained(old)

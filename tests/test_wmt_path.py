@@ -1,4 +1,4 @@
-"""The README's WMT path (section "WMT-sized corpora"), as it is written: `--dataset wmt/wmt14 --dataset_config de-en`
+"""The WMT path of docs/training.md ("WMT-sized corpora"), as it is written: `--dataset wmt/wmt14 --dataset_config de-en`
 by Hub name online (a local stand-in for the Hub, tests/hub_server.py), and on a local copy in the Hub's layout
 offline, with or without the repo's README; a path that does not exist refused at once, never looked up on the Hub;
 a Hub that cannot be reached said so first, with the next step."""
@@ -14,13 +14,13 @@ from vaswani.scripts import finetune, prepare_data
 from vaswani.training import data
 
 
-# The README's command, with the output folder and the folder of the dataset left to each test.
-README_FLAGS = "--dataset_config de-en --source_lang en --target_lang de --num_proc 1".split()
+# docs/training.md's command, with the output folder and the folder of the dataset left to each test.
+DOCS_FLAGS = "--dataset_config de-en --source_lang en --target_lang de --num_proc 1".split()
 
 
-def test_the_readme_writes_the_command_the_tests_run():
-    readme = (REPO_ROOT / "README.md").read_text()
-    assert "--dataset wmt/wmt14 --dataset_config de-en --source_lang en --target_lang de" in readme
+def test_the_training_docs_write_the_command_the_tests_run():
+    page = (REPO_ROOT / "docs" / "training.md").read_text()
+    assert "--dataset wmt/wmt14 --dataset_config de-en --source_lang en --target_lang de" in page
 
 
 def write_hub_layout(folder, pairs_per_split, configs=("de-en", "fr-en")):
@@ -39,7 +39,7 @@ def write_hub_layout(folder, pairs_per_split, configs=("de-en", "fr-en")):
 def test_a_local_copy_in_the_hubs_layout_takes_the_configuration_name(tmp_path, capsys):
     folder = write_hub_layout(tmp_path / "wmt14", {"train": 300, "validation": 7, "test": 9})
     out = tmp_path / "data"
-    prepare_data.main(["--dataset", folder, *README_FLAGS, "--output_dir", out])
+    prepare_data.main(["--dataset", folder, *DOCS_FLAGS, "--output_dir", out])
     assert "kept 316 pairs, dropped 0" in capsys.readouterr().out
     prepared = datasets.load_from_disk(str(out))
     assert prepared["train"].features["translation"] == datasets.Translation(languages=["en", "de"])
@@ -87,7 +87,7 @@ def test_a_path_that_does_not_exist_is_refused_without_asking_the_hub(tmp_path, 
     monkeypatch.chdir(tmp_path)
     for path in ("./wmt14", str(tmp_path / "wmt14"), "~/no/such/wmt14", "data/wmt14", "a/b/c"):
         with pytest.raises(SystemExit) as raised:
-            prepare_data.main(["--dataset", path, *README_FLAGS, "--output_dir", tmp_path / "out"])
+            prepare_data.main(["--dataset", path, *DOCS_FLAGS, "--output_dir", tmp_path / "out"])
         assert str(raised.value) == (
             f"vaswani-prepare-data: error: --dataset {path} does not exist (a path: it is not looked up on the Hub)."
         )
@@ -96,7 +96,7 @@ def test_a_path_that_does_not_exist_is_refused_without_asking_the_hub(tmp_path, 
 def test_an_unreachable_hub_says_so_first_with_the_next_step(tmp_path):
     env = script_env(HF_HUB_OFFLINE="1", HF_HOME=str(tmp_path / "hf"), HF_DATASETS_CACHE=str(tmp_path / "cache"))
     result = run_command(
-        ["vaswani-prepare-data", "--dataset", "wmt/wmt14", *README_FLAGS, "--output_dir", tmp_path / "out"], env=env
+        ["vaswani-prepare-data", "--dataset", "wmt/wmt14", *DOCS_FLAGS, "--output_dir", tmp_path / "out"], env=env
     )
     assert result.returncode == 1 and "Traceback" not in result.stderr
     (line,) = [line for line in result.stderr.splitlines() if "error" in line]
@@ -117,7 +117,7 @@ def test_an_endpoint_that_does_not_answer_says_the_hub_cannot_be_reached(tmp_pat
 
 
 def test_a_hub_name_loads_online_with_the_hubs_configuration_name(tmp_path):
-    """The README's command against a Hub that holds wmt/wmt14 in its own layout: README.md naming the configs,
+    """docs/training.md's command against a Hub that holds wmt/wmt14 in its own layout: README.md naming the configs,
     a subfolder of Parquet files per configuration."""
     write_wmt14_folder(tmp_path / "repo", {"train": 300, "validation": 7, "test": 9})
     with HubServer(users={"wmt": "hf_wmt_token"}) as hub:
@@ -129,7 +129,7 @@ def test_a_hub_name_loads_online_with_the_hubs_configuration_name(tmp_path):
             "api.upload_folder(repo_id='wmt/wmt14', repo_type='dataset', folder_path=sys.argv[1])"
         )
         run_command([sys.executable, "-c", upload, tmp_path / "repo"], env=env, check=True)
-        command = ["vaswani-prepare-data", "--dataset", "wmt/wmt14", *README_FLAGS, "--output_dir", tmp_path / "data"]
+        command = ["vaswani-prepare-data", "--dataset", "wmt/wmt14", *DOCS_FLAGS, "--output_dir", tmp_path / "data"]
         result = run_command(command, env=env, check=True)
     assert "kept 316 pairs, dropped 0" in result.stdout
     prepared = datasets.load_from_disk(str(tmp_path / "data"))
