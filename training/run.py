@@ -172,8 +172,8 @@ class TrainingRun:
     def config_and_checkpoint(self, config, tokenizer, resume_from_checkpoint=None):
         """The config to train and the checkpoint to resume (None: start afresh), checked before anything starts:
         `resume_from_checkpoint` is None (the folder must hold no checkpoint yet), "latest" or a checkpoint folder,
-        whose model must be `config`'s and whose vocabulary must be the tokenizer's. Fails now, too, if the disk
-        cannot hold the run's checkpoints."""
+        whose model must be `config`'s and whose vocabulary must be the tokenizer's. Creates the output folder, and
+        fails now, too, if its disk cannot hold the run's checkpoints."""
         checkpoint = None
         if resume_from_checkpoint is None and list_checkpoints(self.checkpoint_root):
             raise UsageError(
@@ -185,6 +185,7 @@ class TrainingRun:
             if checkpoint is None and int(os.environ.get("RANK", "0")) == 0:
                 print(f"--resume_from_checkpoint: no checkpoint in {self.checkpoint_root} yet, starting from scratch.")
         existing = len(list_checkpoints(self.checkpoint_root))
+        self.checkpoint_root.parent.mkdir(parents=True, exist_ok=True)
         check_free_space(self.checkpoint_root.parent, VaswaniForConditionalGeneration, config, self.keep, existing)
         return config, checkpoint
 
