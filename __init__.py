@@ -34,7 +34,7 @@ AutoModelForSeq2SeqLM.register(VaswaniConfig, VaswaniForConditionalGeneration)
 AutoTokenizer.register(VaswaniConfig, tokenizer_class=FairseqMosesTokenizer)
 # transformers 5 refuses the task name "translation" in `pipeline()` unless the model's config declares the task
 # (`custom_pipelines`, which every saved vaswani folder does): the registry entry serves the pipeline's own saving, and
-# `pipeline("translation", model=folder, pipeline_class=VaswaniTranslationPipeline)` (README, "Translate").
+# `pipeline("translation", model=folder, pipeline_class=VaswaniTranslationPipeline)` (docs/sharing.md).
 PIPELINE_REGISTRY.register_pipeline(
     "translation", pipeline_class=VaswaniTranslationPipeline, pt_model=AutoModelForSeq2SeqLM, type="text"
 )

@@ -234,7 +234,7 @@ def measure_generation(model, args, num_beams: int) -> dict:
     model.to(device=device, dtype=getattr(torch, args.dtype)).eval()
     source = random_ids(args.gen_batch, args.gen_source_length, device)
     # The same search for every engine: transformers' beam search, which Marian and CTranslate2 also run (vaswani's
-    # default, the paper's GNMT-scored search, is timed against it in the README's "Decoding").
+    # default, the paper's GNMT-scored search, is timed against it in docs/decoding.md).
     options = {"paper_decoding": False} if model.config.model_type == "vaswani" else {}
     if args.compile:
         from transformers import CompileConfig

@@ -61,8 +61,8 @@ PRESETS = {
 }
 
 # The paper does not state how its weights were initialised. The schemes of the implementations it is reproduced with;
-# the default, "fairseq", learned fastest per step, from both seeds, in docs/benchmarks/learning_curves.md (README,
-# "Quality"); "bart" was as fast from one seed and stalled from the other.
+# the default, "fairseq", learned fastest per step, from both seeds, in docs/benchmarks/learning_curves.md
+# (docs/quality.md); "bart" was as fast from one seed and stalled from the other.
 INIT_SCHEMES = {
     # tensor2tensor, the paper's own code: Glorot-uniform projections ("uniform_unit_scaling"), embeddings
     # N(0, d_model^-0.5), so that the sqrt(d_model)-scaled embeddings enter the stacks with unit variance.

@@ -19,6 +19,7 @@ from vaswani import VaswaniConfig, VaswaniForConditionalGeneration
 from vaswani.training import (
     PairCollator,
     TokenBucketSampler,
+    TrainingRun,
     inverse_sqrt_schedule,
     load_translation_dataset,
     pair_loader,
@@ -27,7 +28,6 @@ from vaswani.training import (
     validate,
 )
 from vaswani.training.checks import tokenizer_ids
-from vaswani.training.run import TrainingRun
 from vaswani.training.step import recipe_adam
 
 

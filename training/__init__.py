@@ -6,10 +6,13 @@
     step         one optimizer step: the loss over the step's tokens, accumulation, the update (5.2-5.4)
     schedule     warmup, then the inverse square root of the step (5.3)
     checkpoints  save, keep, resume and average checkpoints (6.1)
+    run          a run's life in its folder: its model config, afresh or resumed with the same settings, the
+                 checkpoint grid, why it stops early, the final average (6.1); the loop's callbacks
     faults       preemption signals, non-finite losses, disk space
     evaluation   beam-search translation, sacreBLEU and the `evaluate` metric (6.1)
     finetuning   transformers' Seq2SeqTrainer with translation's defaults, this package's metric and decoding
-    records      the step log, its plots, the hardware
+    records      the progress bar, the step log, the summary, the plots, the hardware
+    arguments    the commands' flags that the library reads (training, decoding)
     checks       the one exception type for the user's mistakes, and the checks several commands make
     cli          the commands' argument parsing and exit style
 and, with their extras: corpus and bible (building a translation dataset; the default Debian SWORD corpus),
@@ -24,6 +27,9 @@ from ..lazy_imports import lazy_names
 # costs nothing until a name is used.
 _EXPORTS = {
     "checkpoints": ["TrainState", "average_checkpoints", "list_checkpoints", "load_weights_into", "save_checkpoint"],
+    "run": ["TrainingCallback", "TrainingRun", "model_config"],
+    "records": ["TrainingReport"],
+    "arguments": ["TrainArguments"],
     "batching": ["StepBatches", "TokenBucketSampler"],
     "padding": ["pair_batch"],
     "step": ["StepResult", "train_step"],
@@ -31,6 +37,7 @@ _EXPORTS = {
     "data": [
         "PairCollator",
         "TokenizedSplit",
+        "TrainingData",
         "load_translation_dataset",
         "pair_loader",
         "tokenize_split",
