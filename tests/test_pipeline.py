@@ -12,7 +12,6 @@ from helpers import word_tokenizer
 from transformers import AutoTokenizer, MarianConfig, MarianMTModel, T5Config, T5ForConditionalGeneration, pipeline
 
 from vaswani import VaswaniConfig, VaswaniForConditionalGeneration, VaswaniTranslationPipeline
-from vaswani.modeling import pipeline_vaswani
 from vaswani.training.evaluation import translations
 
 
@@ -77,19 +76,18 @@ def test_the_models_of_other_libraries_get_transformers_own_refusal_of_the_task(
         pipeline("translation", model=str(tmp_path / "model"))
 
 
-def test_a_list_is_translated_in_batches_of_similar_length_and_answered_in_its_own_order(tmp_path, monkeypatch):
+def test_a_list_is_translated_in_batches_of_similar_length_and_answered_in_its_own_order(tmp_path):
     model, tokenizer = saved_model(tmp_path / "model")
-    batches = []
+    batches = []  # the source ids each generate() call encodes, padding left out (a hook on the encoder)
 
-    def recorded(model, tokenizer, texts, *args, **kwargs):
-        batches.append(list(texts))
-        return translate_batch(model, tokenizer, texts, *args, **kwargs)
+    def recorded(encoder, args, kwargs):
+        ids, mask = kwargs["input_ids"], kwargs["attention_mask"].bool()
+        batches.append([row[keep].tolist() for row, keep in zip(ids, mask)])
 
-    translate_batch = pipeline_vaswani.translate_batch
-    monkeypatch.setattr(pipeline_vaswani, "translate_batch", recorded)
+    model.get_encoder().register_forward_pre_hook(recorded, with_kwargs=True)
     answers = VaswaniTranslationPipeline(model=model, tokenizer=tokenizer, batch_size=3)(SENTENCES, **OPTIONS)
 
-    longest_first = sorted(SENTENCES, key=len, reverse=True)
+    longest_first = tokenizer(sorted(SENTENCES, key=len, reverse=True))["input_ids"]
     assert batches == [longest_first[:3], longest_first[3:6], longest_first[6:]]
     expected = translations(model, tokenizer, SENTENCES, batch_size=3, num_beams=2, max_new_tokens=6)
     assert answers == [hypotheses[0] for hypotheses in expected]
