@@ -108,7 +108,9 @@ def main(argv, callbacks=()):
     state = run.start(accelerator, settings, args.seed, checkpoint, args.resume_with_changes)
     batches = run.step_batches(data.train_loader, state, args.gradient_accumulation_steps)
     if args.report_to != "none":
-        accelerator.init_trackers("logs", config={k: v for k, v in asdict(args).items() if v is not None})
+        accelerator.init_trackers(
+            "logs", config={k: v for k, v in asdict(args).items() if isinstance(v, (int, float, str, bool))}
+        )
     report = TrainingReport(
         accelerator,
         output_dir,

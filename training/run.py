@@ -168,6 +168,7 @@ class TrainingRun:
         self.max_steps, self.save_steps, self.average_last = max_steps, save_steps, average_last
         self.keep = max(save_total_limit, average_last)
         self.argv = list(argv)
+        self.resumed_from = None
 
     def config_and_checkpoint(self, config, tokenizer, resume_from_checkpoint=None):
         """The config to train and the checkpoint to resume (None: start afresh), checked before anything starts:
@@ -240,7 +241,7 @@ class TrainingRun:
                 Exception
             ) as error:  # a damaged file, or a pickle holding more than tensors (read with weights_only)
                 raise UsageError(f"cannot load checkpoint {checkpoint} ({type(error).__name__}: {error}).") from error
-            state = TrainState(**{**asdict(saved), "settings": settings})
+            state, self.resumed_from = TrainState(**{**asdict(saved), "settings": settings}), checkpoint
             accelerator.print(
                 f"resumed from {checkpoint}: step {state.step}, epoch {state.epoch}, batch {state.batch_index}"
             )
@@ -254,7 +255,7 @@ class TrainingRun:
             return StepBatches(train_loader, state, gradient_accumulation_steps)
         except ValueError as error:  # the checkpoint was written with other batches (--batch_tokens, processes, data)
             raise UsageError(
-                f"cannot continue at batch {state.batch_index} of epoch {state.epoch}: {error}."
+                f"cannot continue {self.resumed_from} at batch {state.batch_index} of epoch {state.epoch}: {error}."
             ) from error
 
     def save_if_due(self, accelerator, model, config, state, result, stop_after=None):
