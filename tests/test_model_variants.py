@@ -75,9 +75,14 @@ def test_a_config_file_or_folder_is_the_starting_point(corpus, tmp_path):
         (["--config_overrides", "vocab_size=9,pad_token_id=3"], "--config_overrides cannot set vocab_size, pad_token_id: the tokenizer decides them."),
         (["--preset", "tiny", "--config_name", "cfg"], "give --preset or --config_name, not both"),
         (["--config_name", "no/such/folder"], "--config_name no/such/folder:"),
+        (["--config_name", "bert.json"], "--config_name bert.json is a bert config, not a vaswani one."),
     ],
 )  # fmt: skip
-def test_a_config_that_cannot_be_built_is_refused_naming_the_field(corpus, tmp_path, capsys, flags, message):
+def test_a_config_that_cannot_be_built_is_refused_naming_the_field(
+    corpus, tmp_path, capsys, monkeypatch, flags, message
+):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "bert.json").write_text(json.dumps({"model_type": "bert", "hidden_size": 8}))
     error = exit_message(train.main, [*corpus_flags(corpus, tmp_path / "out"), *flags, *SHORT_RUN])
     error = capsys.readouterr().err if error == "2" else error  # argparse's usage error, on stderr
     assert message in error, error

@@ -97,9 +97,14 @@ def model_config(args, tokenizer):
     by `VaswaniConfig`'s own validation."""
     if args.config_name is not None:
         try:
-            values = VaswaniConfig.from_pretrained(args.config_name).to_dict()
+            saved, _ = VaswaniConfig.get_config_dict(args.config_name)
         except (OSError, ValueError) as error:
             raise UsageError(f"--config_name {args.config_name}: {error}") from error
+        if saved.get("model_type", VaswaniConfig.model_type) != VaswaniConfig.model_type:
+            raise UsageError(
+                f"--config_name {args.config_name} is a {saved['model_type']} config, not a {VaswaniConfig.model_type} one."
+            )
+        values = VaswaniConfig.from_dict(saved).to_dict()
     else:
         values = VaswaniConfig.from_preset(args.preset).to_dict()
     if args.config_overrides:
