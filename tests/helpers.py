@@ -9,6 +9,7 @@ No name here starts with `test`: pytest would collect it in every module that im
 import json
 import os
 import random
+import re
 import socket
 import subprocess
 import sys
@@ -279,6 +280,15 @@ def exit_message(main, arguments):
     with pytest.raises(SystemExit) as raised:
         main([str(argument) for argument in arguments])
     return str(raised.value)
+
+
+# --- The documentation. ---
+
+
+def docs_block(page, heading):
+    """The first ```python block after `heading` in `page` (a path from the checkout's root, e.g. docs/exports.md)."""
+    text = (REPO_ROOT / page).read_text()
+    return re.search(r"```python\n(.*?)```", text[text.index(heading) :], re.DOTALL)[1]
 
 
 # --- What a run wrote. ---

@@ -8,8 +8,7 @@ static cache keeps the decode step's shapes the same at every step, so that one 
 
 import pytest
 import torch
-from helpers import pad_pairs
-from test_readme import readme_block
+from helpers import docs_block, pad_pairs
 from transformers.exporters import ExportedModel
 from transformers.exporters.utils import decompose_for_generation
 
@@ -21,14 +20,14 @@ pytestmark = pytest.mark.filterwarnings(r"default:`isinstance\(treespec, LeafSpe
 
 
 @pytest.mark.slow  # two ONNX exports and 63 ONNX Runtime steps: about 30 s on 2 shared cores
-def test_readmes_onnx_programs_give_generates_greedy_logits_and_tokens_on_a_padded_batch(
+def test_the_docs_onnx_programs_give_generates_greedy_logits_and_tokens_on_a_padded_batch(
     trained_tiny_model, translation_pairs, tmp_path, monkeypatch
 ):
     model = trained_tiny_model
     input_ids, attention_mask, _ = pad_pairs(translation_pairs[:3])  # right-padded: 4, 5 and 6 tokens
     monkeypatch.chdir(tmp_path)
     snippet = {"model": model, "inputs": {"input_ids": input_ids, "attention_mask": attention_mask}}
-    exec(readme_block("## ONNX"), snippet)
+    exec(docs_block("docs/exports.md", "## ONNX"), snippet)
     assert set(snippet["exported"].components) == {"prefill", "decode"}
     exported = ExportedModel.from_pretrained("onnx-model")
     greedy, batch = snippet["greedy"], snippet["batch"]
