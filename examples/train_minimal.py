@@ -12,7 +12,6 @@ import argparse
 import time
 from pathlib import Path
 
-from accelerate import Accelerator
 from transformers import AutoTokenizer
 
 from vaswani import VaswaniConfig, VaswaniForConditionalGeneration
@@ -28,6 +27,7 @@ from vaswani.training import (
     validate,
 )
 from vaswani.training.checks import tokenizer_ids
+from vaswani.training.distributed import launch_accelerator
 from vaswani.training.step import recipe_adam
 
 
@@ -41,7 +41,8 @@ def main():
     parser.add_argument("--preset", default="tiny")
     parser.add_argument("--batch_tokens", type=int, default=2000)
     args = parser.parse_args()
-    accelerator = Accelerator(step_scheduler_with_optimizer=False)  # the schedule steps once per optimizer step
+    # The launched strategy (one process, DDP over GPUs or CPU cores, FSDP, DeepSpeed), checked to be what was asked.
+    accelerator = launch_accelerator(args.output_dir, step_scheduler_with_optimizer=False)  # our schedule: per step
 
     # Data (section 5.1): pairs tokenized once into Arrow, batches of about --batch_tokens tokens of similar length.
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)

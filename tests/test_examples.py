@@ -2,7 +2,8 @@
 
 import sys
 
-from helpers import REPO_ROOT, make_dataset, run_command, word_tokenizer
+import pytest
+from helpers import REPO_ROOT, make_dataset, run_command, two_process_launch, word_tokenizer
 from transformers import AutoModelForSeq2SeqLM
 
 from vaswani.training.checkpoints import load_checkpoint_weights
@@ -25,4 +26,20 @@ def test_the_minimal_loop_trains_resumes_and_averages_its_last_checkpoints(tmp_p
     final = load_checkpoint_weights(tmp_path / "run" / "final")[key]
     assert ((steps[0] + steps[1] + steps[2]) / 3 - final).abs().max() < 1e-6
     assert (steps[0] - steps[2]).abs().max() > 1e-3  # it trained
+    assert AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "run" / "final").config.d_model == 64
+
+
+@pytest.mark.slow  # two processes
+def test_the_minimal_loop_trains_on_two_processes_as_one_run(tmp_path):
+    """`accelerate launch` of the example: the launched strategy (DDP over gloo here), one log and one final model."""
+    data = make_dataset(tmp_path / "data", {"train": 200, "validation": 13})
+    tokenizer = word_tokenizer(tmp_path / "tokenizer")
+    script = REPO_ROOT / "examples" / "train_minimal.py"
+    result = run_command(
+        [*two_process_launch(), script, data, tokenizer, tmp_path / "run", "--max_steps", 20, "--save_steps", 10],
+        check=True,
+    )
+    assert "strategy: data parallel (MULTI_CPU, gloo), 2 processes on cpu" in result.stdout
+    assert result.stdout.count("step 20: loss") == 1  # the main process speaks for both
+    assert "final model: the average of step_0000010, step_0000020" in result.stdout
     assert AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "run" / "final").config.d_model == 64

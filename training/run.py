@@ -189,7 +189,7 @@ class TrainingRun:
         if resume_from_checkpoint is not None:
             checkpoint, config = self.checkpoint_to_resume(resume_from_checkpoint, config, tokenizer)
             if checkpoint is None and int(os.environ.get("RANK", "0")) == 0:
-                print(f"--resume_from_checkpoint: no checkpoint in {self.checkpoint_root} yet, starting from scratch.")
+                print(f"no checkpoint in {self.checkpoint_root} yet: starting from scratch.")
         existing = len(list_checkpoints(self.checkpoint_root))
         self.checkpoint_root.parent.mkdir(parents=True, exist_ok=True)
         check_free_space(self.checkpoint_root.parent, VaswaniForConditionalGeneration, config, self.keep, existing)
