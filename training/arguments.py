@@ -1,6 +1,7 @@
 """The commands' argument dataclasses that the library's parts read too: how to decode (vaswani-evaluate,
-vaswani-translate) and how to train (vaswani-train, and any loop that runs `vaswani.training.run` on them). Light
-modules only (no accelerate, datasets or matplotlib), so that --help and a mistake in the flags answer at once."""
+vaswani-translate) and how to train (vaswani-train, and any loop that runs `vaswani.training.run` on them). It
+imports what `import vaswani` brings and no more (no datasets, evaluate or matplotlib), so that --help and a mistake
+in the flags answer without the training extras."""
 
 import argparse
 import os
