@@ -13,8 +13,10 @@ unpadded tokens, `</s>` included.
 
 import torch
 from torch import distributed
-from transformers import LogitsProcessor
+from transformers import LogitsProcessor, LogitsProcessorList
+from transformers.cache_utils import Cache, DynamicLayer, EncoderDecoderCache
 from transformers.generation import GenerateBeamEncoderDecoderOutput
+from transformers.modeling_outputs import BaseModelOutput
 
 
 # Section 6.1: "maximum output length [of] input length + 50".
@@ -61,13 +63,15 @@ class SourceLengthLimit(LogitsProcessor):
     def __init__(self, limits: torch.Tensor, eos_token_id: int):
         self.limits = limits
         self.eos_token_id = eos_token_id
+        # Read once here, so that the steps before any sentence's limit ask the device nothing.
+        self.earliest = int(limits.min())
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
-        limits = self.limits.to(input_ids.device).repeat_interleave(input_ids.shape[0] // self.limits.shape[0])
         # The token chosen now is the (cur_len)-th after the start token.
-        at_limit = limits <= input_ids.shape[1]
-        if not at_limit.any():
+        if input_ids.shape[1] < self.earliest:
             return scores
+        limits = self.limits.to(input_ids.device).repeat_interleave(input_ids.shape[0] // self.limits.shape[0])
+        at_limit = limits <= input_ids.shape[1]
         forced = torch.full_like(scores, -float("inf"))
         forced[:, self.eos_token_id] = scores[:, self.eos_token_id]
         return torch.where(at_limit[:, None], forced, scores)
@@ -97,6 +101,75 @@ def next_step_kwargs(outputs, model_kwargs: dict) -> dict:
     return model_kwargs
 
 
+class BeamSearchCacheLayer(DynamicLayer):
+    """A decoder self-attention cache layer for beam search, which moves each position's keys and values once a step.
+
+    `DynamicLayer` appends a step's keys and values by concatenation, a copy of the whole cache, and a beam reorder
+    copies it again. Here keys and values live in one buffer with room for the steps to come: a step writes its
+    position in place, and a reorder gathers the chosen rows straight into a second buffer, which becomes the first.
+    `keys` and `values` are views of the filled positions, as `DynamicLayer`'s tensors are read.
+    """
+
+    room = 32  # positions allocated ahead, each time the buffer fills up
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        super().lazy_initialization(key_states, value_states)
+        self.filled, self.buffer, self.spare = 0, None, None
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        end = self.filled + key_states.shape[-2]
+        if self.buffer is None or end > self.buffer.shape[3]:
+            rows, heads, _, head_dim = key_states.shape
+            shape = (2, rows, heads, end + self.room, head_dim)
+            buffer = key_states.new_empty(shape)
+            if self.buffer is not None:
+                buffer[:, :, :, : self.filled] = self.buffer[:, :, :, : self.filled]
+            self.buffer, self.spare = buffer, key_states.new_empty(shape)
+        self.buffer[0, :, :, self.filled : end] = key_states
+        self.buffer[1, :, :, self.filled : end] = value_states
+        self.filled = end
+        self.keys, self.values = self.buffer[0, :, :, :end], self.buffer[1, :, :, :end]
+        return self.keys, self.values
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        """Keep row `beam_idx[i]` as row i (fewer rows where sentences left the batch)."""
+        target = self.spare[:, : beam_idx.shape[0], :, : self.filled]
+        torch.index_select(self.buffer[:, :, :, : self.filled], 1, beam_idx, out=target)
+        self.buffer, self.spare = self.spare[:, : beam_idx.shape[0]], self.buffer
+        self.keys, self.values = self.buffer[0, :, :, : self.filled], self.buffer[1, :, :, : self.filled]
+
+
+def reorder_self_attention_cache(cache, rows: torch.Tensor, filled: int) -> None:
+    """Give each row of the decoder's self-attention cache the keys and values of row `rows[i]`, for the `filled`
+    positions it holds. A static cache is rewritten in place, so that its tensors keep the addresses a compiled step
+    reads. The encoder-decoder attention cache is left alone: every beam of a sentence holds the same projection of
+    the same encoder output, so reordering beams within sentences never changes it."""
+    for layer in cache.self_attention_cache.layers:
+        if layer.is_compileable:
+            for states in (layer.keys, layer.values):
+                held = states[:, :, :filled]
+                held.copy_(held.index_select(0, rows))
+        else:
+            layer.reorder_cache(rows)
+
+
+def select_batch_rows(model_kwargs: dict, rows: torch.Tensor, old_rows: int) -> None:
+    """Keep `rows` (of `old_rows`) of everything the decoder reads per row: the encoder's output and padding mask,
+    the decoder's mask and positions, and the encoder-decoder attention cache."""
+    for key, value in model_kwargs.items():
+        if isinstance(value, torch.Tensor) and value.dim() and value.shape[0] == old_rows:
+            model_kwargs[key] = value.index_select(0, rows)
+    encoder_outputs = model_kwargs.get("encoder_outputs")
+    if encoder_outputs is not None:
+        model_kwargs["encoder_outputs"] = BaseModelOutput(
+            last_hidden_state=encoder_outputs.last_hidden_state.index_select(0, rows)
+        )
+    if model_kwargs.get("cache") is not None:
+        model_kwargs["cache"].cross_attention_cache.reorder_cache(rows)
+
+
 def gnmt_beam_search(model, input_ids, logits_processor, stopping_criteria, generation_config, **model_kwargs):
     """Beam search as tensor2tensor runs it for the paper: `generate(custom_generate=gnmt_beam_search)`.
 
@@ -118,7 +191,7 @@ def gnmt_beam_search(model, input_ids, logits_processor, stopping_criteria, gene
     return_dict = generation_config.return_dict_in_generate
     return_scores = return_dict and generation_config.output_scores
     # Per step, as transformers' beam search records them: (logits, decoder attentions, cross-attentions, decoder
-    # hidden states), each for the live rows of that step.
+    # hidden states), each for every row of the batch.
     recorded = {
         name: () if return_dict and getattr(generation_config, flag) else None
         for name, flag in (
@@ -131,9 +204,40 @@ def gnmt_beam_search(model, input_ids, logits_processor, stopping_criteria, gene
     rows, prompt_length = input_ids.shape
     batch_size = rows // num_beams
     device = input_ids.device
-    row_offsets = torch.arange(batch_size, device=device)[:, None] * num_beams
+    beam_range = torch.arange(num_beams, device=device)
+    # The longest hypothesis each sentence can grow to: its own limit (SourceLengthLimit) or the batch's.
+    longest = torch.full((batch_size,), max_length - prompt_length, device=device)
+    for processor in logits_processor:
+        if isinstance(processor, SourceLengthLimit):
+            longest = torch.minimum(longest, processor.limits.to(device) + 1 - prompt_length)
 
-    # Live hypotheses: one at first (the others start at -inf, so that the first step does not pick k copies).
+    # As transformers' greedy search and sampling do: with a static cache on an accelerator (or a `compile_config`
+    # that asks for it everywhere), every step after the first runs one compiled graph.
+    compile_steps = model._valid_auto_compile_criteria(model_kwargs, generation_config)  # TRANSFORMERS_PRIVATE_NAMES
+    compiled_step = model.get_compiled_call(generation_config.compile_config) if compile_steps else model.__call__
+    # A finished sentence leaves the search, as CTranslate2 drops it: the model, the length limit and the search's own
+    # tensors then hold the sentences still searched (`active`, their indices in the batch). The batch stays whole
+    # where that cannot be: a static cache keeps its shape (one compiled graph), sharded models (synced_gpus) run
+    # every step on every process, the per-step attentions and hidden states are returned for every row, and logits
+    # processors other than the length limit may count on the batch's rows (a finished sentence then gets no
+    # continuation: its log-probabilities are -inf).
+    cache = model_kwargs.get("cache")
+    can_drop = not (
+        synced_gpus
+        or compile_steps
+        or (cache is not None and cache.is_compileable)
+        or recorded["decoder_attentions"] is not None
+        or recorded["decoder_hidden_states"] is not None
+        or any(not isinstance(processor, SourceLengthLimit) for processor in logits_processor)
+    )
+    if can_drop and cache is not None and cache.get_seq_length() == 0:
+        layers = [BeamSearchCacheLayer() for _ in range(model.config.decoder_layers)]
+        model_kwargs["cache"] = EncoderDecoderCache(Cache(layers=layers), cache.cross_attention_cache)
+    encoder_outputs = model_kwargs.get("encoder_outputs")
+
+    # The search, for the active sentences. Live hypotheses: one at first (the others start at -inf, so that the
+    # first step does not pick k copies). Finished ones: the k best, padded to max_length.
+    active = torch.arange(batch_size, device=device)
     live = input_ids.view(batch_size, num_beams, prompt_length)
     live_scores = torch.full((batch_size, num_beams), -float("inf"), device=device)
     live_scores[:, 0] = 0.0
@@ -142,19 +246,22 @@ def gnmt_beam_search(model, input_ids, logits_processor, stopping_criteria, gene
     finished = torch.full((batch_size, num_beams, max_length), pad_token_id, device=device)
     finished_scores = torch.full((batch_size, num_beams), -float("inf"), device=device)
     finished_beams = torch.full((batch_size, num_beams, max_length - prompt_length), -1, device=device)
-    sentence_done = torch.zeros(batch_size, dtype=torch.bool, device=device)
+    done = torch.zeros(batch_size, dtype=torch.bool, device=device)  # sentences kept in the batch once finished
+    # What each sentence returns, written as it leaves the search.
+    results = [finished.clone(), finished_scores.clone(), finished_beams.clone()]
     step_scores = ()
 
-    # As transformers' greedy search and sampling do: with a static cache on an accelerator (or a `compile_config`
-    # that asks for it everywhere), every step after the first runs one compiled graph.
-    compiled_step = (
-        model.get_compiled_call(generation_config.compile_config)
-        if model._valid_auto_compile_criteria(model_kwargs, generation_config)  # TRANSFORMERS_PRIVATE_NAMES
-        else model.__call__
-    )
+    def whole_batch(tensor: torch.Tensor, fill) -> torch.Tensor:
+        """A per-row tensor of the active sentences as one of every row of the batch (`fill` for the others)."""
+        if tensor.shape[0] == rows:
+            return tensor
+        active_rows = (active[:, None] * num_beams + beam_range).view(-1)
+        return tensor.new_full((rows, *tensor.shape[1:]), fill).index_copy_(0, active_rows, tensor)
+
     this_peer_finished = False
     while any_peer_unfinished(this_peer_finished, synced_gpus, device):
-        flat_live = live.reshape(rows, -1)
+        searched = active.shape[0]
+        flat_live = live.reshape(searched * num_beams, -1)
         cur_len = flat_live.shape[1]
         next_length = 1 if model_kwargs.get("use_cache") and cur_len > prompt_length else None
         model_inputs = model.prepare_inputs_for_generation(flat_live, next_sequence_length=next_length, **model_kwargs)
@@ -163,30 +270,32 @@ def gnmt_beam_search(model, input_ids, logits_processor, stopping_criteria, gene
         if synced_gpus and this_peer_finished:
             continue
         logits = outputs.logits[:, -1, :].float()
+        if not can_drop:
+            logits = logits.masked_fill(done.repeat_interleave(num_beams)[:, None], -float("inf"))
         for name, steps in recorded.items():
             if steps is not None:
-                recorded[name] = steps + ((logits.clone() if name == "logits" else getattr(outputs, name)),)
+                step = logits.clone() if name == "logits" else getattr(outputs, name)
+                recorded[name] = steps + (whole_batch(step, -float("inf")),)
         del outputs
-        log_probs = torch.log_softmax(logits, dim=-1)
-        log_probs = logits_processor(flat_live, log_probs)
+        log_probs = logits_processor(flat_live, torch.log_softmax(logits, dim=-1))
         if return_scores:
-            step_scores += (log_probs,)
+            step_scores += (whole_batch(log_probs, -float("inf")),)
         vocab_size = log_probs.shape[-1]
 
         # The 2k best continuations of the sentence's k live hypotheses.
-        totals = (live_scores[:, :, None] + log_probs.view(batch_size, num_beams, vocab_size)).view(batch_size, -1)
+        totals = (live_scores[:, :, None] + log_probs.view(searched, num_beams, vocab_size)).view(searched, -1)
         candidate_scores, candidate_ids = totals.topk(2 * num_beams, dim=1)
         origin = candidate_ids // vocab_size
         tokens = candidate_ids % vocab_size
         candidates = torch.cat((live.gather(1, origin[:, :, None].expand(-1, -1, cur_len)), tokens[:, :, None]), 2)
         history = live_beams.gather(1, origin[:, :, None].expand(-1, -1, live_beams.shape[2]))
-        candidate_beams = torch.cat((history, (origin + row_offsets)[:, :, None]), 2)
-        ends = stopping_criteria(candidates.view(-1, cur_len + 1), step_scores or None).view(batch_size, -1)
+        candidate_beams = torch.cat((history, (origin + active[:, None] * num_beams)[:, :, None]), 2)
+        ends = stopping_criteria(candidates.view(-1, cur_len + 1), step_scores or None).view(searched, -1)
         ends &= candidate_scores > -float("inf")
 
         # Finished: penalised by length, merged with the earlier finished ones, the k best kept.
         penalised = candidate_scores / gnmt_length_penalty(cur_len + 1 - prompt_length, alpha)
-        penalised = penalised.masked_fill(~ends | sentence_done[:, None], -float("inf"))
+        penalised = penalised.masked_fill(~ends, -float("inf"))
         padded = torch.nn.functional.pad(candidates, (0, max_length - cur_len - 1), value=pad_token_id)
         padded_beams = torch.nn.functional.pad(candidate_beams, (0, max_length - cur_len - 1), value=-1)
         finished_scores, keep = torch.cat((finished_scores, penalised), 1).topk(num_beams, dim=1)
@@ -199,26 +308,58 @@ def gnmt_beam_search(model, input_ids, logits_processor, stopping_criteria, gene
         live_scores, keep = candidate_scores.masked_fill(ends, -float("inf")).topk(num_beams, dim=1)
         live = candidates.gather(1, keep[:, :, None].expand(-1, -1, cur_len + 1))
         live_beams = candidate_beams.gather(1, keep[:, :, None].expand(-1, -1, candidate_beams.shape[2]))
-        if model_kwargs.get("cache") is not None:
-            model_kwargs["cache"].reorder_cache((origin.gather(1, keep) + row_offsets).view(-1))
+        source_beams, positions = origin.gather(1, keep), torch.arange(searched, device=device)
 
-        # Done: k finished, and no live hypothesis can still beat the worst of them. Log-probabilities only fall as a
-        # hypothesis grows, and lp is monotonic in |Y|, so its best possible score is reached at one end.
+        # Done: the hypotheses it returns are finished, and no live one can still beat the worst of them (so no
+        # later one can change what it returns). Log-probabilities only fall as a hypothesis grows, and lp is
+        # monotonic in |Y|, so a live hypothesis' best possible score is reached at one end: now, or at the longest
+        # the sentence allows.
         best_live = torch.maximum(
             live_scores[:, 0] / gnmt_length_penalty(cur_len + 1 - prompt_length, alpha),
-            live_scores[:, 0] / gnmt_length_penalty(max_length - prompt_length, alpha),
+            live_scores[:, 0] / gnmt_length_penalty(longest, alpha),
         )
-        sentence_done |= (finished_scores[:, -1] > -float("inf")) & (best_live < finished_scores[:, -1])
-        sentence_done |= live_scores[:, 0] == -float("inf")
-        this_peer_finished = bool(sentence_done.all())
+        worst_returned = finished_scores[:, num_return - 1]
+        done_now = (worst_returned > -float("inf")) & (best_live < worst_returned) | (
+            live_scores[:, 0] == -float("inf")
+        )
+        if not can_drop:
+            done |= done_now
+            this_peer_finished = bool(done.all())
+        else:
+            leaving = int(done_now.sum())  # the step's one read of the device
+            this_peer_finished = leaving == searched
+            if leaving and not this_peer_finished:
+                gone, still = done_now.nonzero().view(-1), (~done_now).nonzero().view(-1)
+                for result, state in zip(results, (finished, finished_scores, finished_beams)):
+                    result[active[gone]] = state[gone]
+                active, longest, source_beams, positions = active[still], longest[still], source_beams[still], still
+                live, live_scores, live_beams = live[still], live_scores[still], live_beams[still]
+                finished, finished_scores, finished_beams = (
+                    finished[still],
+                    finished_scores[still],
+                    finished_beams[still],
+                )
+                logits_processor = LogitsProcessorList(
+                    SourceLengthLimit(processor.limits[still], processor.eos_token_id)
+                    for processor in logits_processor
+                )
+                select_batch_rows(
+                    model_kwargs, (still[:, None] * num_beams + beam_range).view(-1), searched * num_beams
+                )
+        if model_kwargs.get("cache") is not None and not this_peer_finished:
+            # Each kept hypothesis continues the cache row it came from, among the rows of the last step.
+            beam_rows = positions[:, None] * num_beams + source_beams
+            reorder_self_attention_cache(model_kwargs["cache"], beam_rows.view(-1), cur_len)
 
+    for result, state in zip(results, (finished, finished_scores, finished_beams)):
+        result[active] = state
+    finished, finished_scores, finished_beams = results
     sequences = finished[:, :num_return].reshape(batch_size * num_return, max_length)
     beam_indices = finished_beams[:, :num_return].reshape(batch_size * num_return, -1)
     generated = int((beam_indices >= 0).sum(1).max())
     sequences, beam_indices = sequences[:, : prompt_length + generated], beam_indices[:, :generated]
     if not return_dict:
         return sequences
-    encoder_outputs = model_kwargs["encoder_outputs"]
     return GenerateBeamEncoderDecoderOutput(
         sequences=sequences,
         sequences_scores=finished_scores[:, :num_return].reshape(-1) if return_scores else None,
