@@ -11,9 +11,11 @@ decodes this way when its generation config says `paper_decoding=True`: `gnmt_be
 unpadded tokens, `</s>` included.
 """
 
+import copy
+
 import torch
 from torch import distributed
-from transformers import LogitsProcessor, LogitsProcessorList
+from transformers import CompileConfig, LogitsProcessor, LogitsProcessorList
 from transformers.cache_utils import Cache, DynamicLayer, EncoderDecoderCache
 from transformers.generation import GenerateBeamEncoderDecoderOutput
 from transformers.modeling_outputs import BaseModelOutput
@@ -75,6 +77,28 @@ class SourceLengthLimit(LogitsProcessor):
         forced = torch.full_like(scores, -float("inf"))
         forced[:, self.eos_token_id] = scores[:, self.eos_token_id]
         return torch.where(at_limit[:, None], forced, scores)
+
+
+def rounding_as_eager(compile_config: CompileConfig | None) -> CompileConfig:
+    """`compile_config` (transformers' default where None), with inductor rounding every intermediate result to the
+    model's dtype as eager execution does (`emulate_precision_casts`).
+
+    Inductor fuses a step's elementwise work and keeps what it computes in float32, where eager rounds each operation's
+    result: in bfloat16 a compiled step's logits then differ from eager ones by a unit in the last place (1/64 at 8),
+    and two hypotheses whose scores lie closer than that swap places, so that compiling changed which hypotheses a
+    beam search kept (tests/test_generation.py). A config that sets a mode other than transformers' default
+    ("reduce-overhead", CUDA graphs) or "default" is the user's to tune and is kept as it is.
+    """
+    compile_config = compile_config or CompileConfig()
+    options = dict(compile_config.options or {})
+    if compile_config.mode == "reduce-overhead":
+        options["triton.cudagraphs"] = True  # what the mode stands for; torch takes a mode or options, not both
+    elif compile_config.mode not in (None, "default"):
+        return compile_config
+    options.setdefault("emulate_precision_casts", True)
+    rounded = copy.copy(compile_config)
+    rounded.mode, rounded.options = None, options
+    return rounded
 
 
 def any_peer_unfinished(this_peer_finished: bool, synced_gpus: bool, device: torch.device) -> bool:
@@ -214,7 +238,11 @@ def gnmt_beam_search(model, input_ids, logits_processor, stopping_criteria, gene
     # As transformers' greedy search and sampling do: with a static cache on an accelerator (or a `compile_config`
     # that asks for it everywhere), every step after the first runs one compiled graph.
     compile_steps = model._valid_auto_compile_criteria(model_kwargs, generation_config)  # TRANSFORMERS_PRIVATE_NAMES
-    compiled_step = model.get_compiled_call(generation_config.compile_config) if compile_steps else model.__call__
+    compiled_step = (
+        model.get_compiled_call(rounding_as_eager(generation_config.compile_config))
+        if compile_steps
+        else model.__call__
+    )
     # A finished sentence leaves the search, as CTranslate2 drops it: the model, the length limit and the search's own
     # tensors then hold the sentences still searched (`active`, their indices in the batch). The batch stays whole
     # where that cannot be: a static cache keeps its shape (one compiled graph), sharded models (synced_gpus) run
@@ -270,14 +298,18 @@ def gnmt_beam_search(model, input_ids, logits_processor, stopping_criteria, gene
         if synced_gpus and this_peer_finished:
             continue
         logits = outputs.logits[:, -1, :].float()
-        if not can_drop:
-            logits = logits.masked_fill(done.repeat_interleave(num_beams)[:, None], -float("inf"))
-        for name, steps in recorded.items():
-            if steps is not None:
-                step = logits.clone() if name == "logits" else getattr(outputs, name)
-                recorded[name] = steps + (whole_batch(step, -float("inf")),)
+        # A finished sentence kept in the batch has no continuation, as one that left it has none.
+        finished_rows = None if can_drop else done.repeat_interleave(num_beams)[:, None]
+        if recorded["logits"] is not None:
+            step = logits.clone() if finished_rows is None else logits.masked_fill(finished_rows, -float("inf"))
+            recorded["logits"] += (whole_batch(step, -float("inf")),)
+        for name in ("decoder_attentions", "cross_attentions", "decoder_hidden_states"):
+            if recorded[name] is not None:
+                recorded[name] += (getattr(outputs, name),)
         del outputs
         log_probs = logits_processor(flat_live, torch.log_softmax(logits, dim=-1))
+        if finished_rows is not None:
+            log_probs = log_probs.masked_fill(finished_rows, -float("inf"))
         if return_scores:
             step_scores += (whole_batch(log_probs, -float("inf")),)
         vocab_size = log_probs.shape[-1]

@@ -148,6 +148,33 @@ def random_batch(rng, pairs=6):
     )
 
 
+def beam_search_reads(model, device, max_new_tokens, **options):
+    """The host reads of one beam search (4 beams) of the test pairs, and its number of decoding steps."""
+    input_ids, attention_mask, _ = (tensor.to(device) for tensor in pad_pairs(make_translation_pairs()))
+    steps = []
+    hook = model.lm_head.register_forward_hook(lambda *_: steps.append(1))
+    model.eval()
+    with torch.no_grad(), host_reads() as events:
+        model.generate(input_ids, attention_mask=attention_mask, num_beams=4, max_new_tokens=max_new_tokens, **options)
+    hook.remove()
+    return len(reads(events)), len(steps)
+
+
+def test_the_papers_beam_search_reads_no_more_per_step_than_transformers_beam_search_on_marian(device_tensors):
+    """Each step of the default decoding waits for the device no more often than transformers' beam search does
+    for MarianMTModel: counted over the steps that a longer decoding adds."""
+    options = {"vaswani": {"paper_decoding": True}, "marian": {}}
+    per_step = {}
+    for name, model in both_models(device_tensors).items():
+        (short_reads, short_steps), (long_reads, long_steps) = (
+            beam_search_reads(model, device_tensors, tokens, **options[name]) for tokens in (4, 12)
+        )
+        assert long_steps > short_steps, name
+        per_step[name] = (long_reads - short_reads) / (long_steps - short_steps)
+    print(per_step)
+    assert per_step["vaswani"] <= per_step["marian"], per_step
+
+
 def test_train_step_reads_once_per_step_after_its_last_backward(device_tensors):
     """Two steps of two accumulated batches: outside the model's forward passes (the test above counts those), the
     step reads the device once, after the step's last backward pass; before it, nothing waits."""

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 from helpers import pad_pairs
-from transformers import GenerationConfig, GenerationMixin, LogitsProcessor
+from transformers import GenerationConfig, GenerationMixin, LogitsProcessor, LogitsProcessorList
 
 from vaswani import VaswaniConfig, VaswaniForConditionalGeneration
 from vaswani.training.evaluation import tokenized_bleu
@@ -176,3 +176,52 @@ def test_tokenized_bleu_splits_compounds_as_tensor2tensor_does():
     # "Ein rich ##AT##-##AT## text Format" against "Ein rich ##AT##-##AT## text ##AT##-##AT## Format".
     score = tokenized_bleu(["Ein rich-text Format"], ["Ein rich-text-Format"], "de")
     assert (score.sys_len, score.ref_len) == (5, 6)
+
+
+class Unchanged(LogitsProcessor):
+    """Changes nothing; a logits processor other than the length limit may count on the batch's rows, so the search
+    keeps every sentence in the batch to its end."""
+
+    def __call__(self, input_ids, scores):
+        return scores
+
+
+def decoded_rows(model, input_ids, **options):
+    """generate()'s output, and the number of rows the model decoded at each step."""
+    rows = []
+    hook = model.lm_head.register_forward_hook(lambda module, args, output: rows.append(args[0].shape[0]))
+    try:
+        output = model.generate(input_ids, output_scores=True, return_dict_in_generate=True, **options)
+    finally:
+        hook.remove()
+    return output, rows
+
+
+def test_finished_sentences_leave_the_batch_and_no_translation_or_score_changes(trained_tiny_model, translation_pairs):
+    input_ids, attention_mask = padded_sources(translation_pairs)
+    options = {"attention_mask": attention_mask, "num_return_sequences": 2}
+    dropping, rows = decoded_rows(trained_tiny_model, input_ids, **options)
+    whole, whole_rows = decoded_rows(
+        trained_tiny_model, input_ids, logits_processor=LogitsProcessorList([Unchanged()]), **options
+    )
+    assert set(whole_rows) == {12}
+    assert rows[0] == 12 and rows[-1] < 12 and rows == sorted(rows, reverse=True), rows
+    assert torch.equal(dropping.sequences, whole.sequences)
+    assert torch.equal(dropping.beam_indices, whole.beam_indices)
+    torch.testing.assert_close(dropping.sequences_scores, whole.sequences_scores)
+    # A finished sentence's steps score -inf either way.
+    torch.testing.assert_close(torch.stack(dropping.scores), torch.stack(whole.scores))
+
+
+def test_a_sentence_stops_once_the_hypotheses_it_returns_are_settled(trained_tiny_model, translation_pairs):
+    """Returning the best hypothesis only, the search stops sooner than returning all four, with the same best."""
+    input_ids, attention_mask = padded_sources(translation_pairs)
+    best, best_rows = decoded_rows(trained_tiny_model, input_ids, attention_mask=attention_mask)
+    all_four, all_rows = decoded_rows(
+        trained_tiny_model, input_ids, attention_mask=attention_mask, num_return_sequences=4
+    )
+    assert sum(best_rows) < sum(all_rows)
+    for sentence, sequence in enumerate(best.sequences):
+        length = generated_length(sequence) + 1
+        assert torch.equal(sequence[:length], all_four.sequences[4 * sentence, :length])
+    torch.testing.assert_close(best.sequences_scores, all_four.sequences_scores[::4])
