@@ -81,8 +81,34 @@ def translate_batch(
     "translation_text" and, if asked, "score" (what the beam search ranked by: the log-probability divided by the
     length penalty; with greedy decoding, the log-probability) and "alignment" (`hard_alignments`). A source longer
     than `max_source_length` tokens is cut to that length (its final </s> kept), logged, and its answers say how many
-    tokens were dropped ("source_tokens_dropped"). `prefixes` forces each translation to begin with its text.
+    tokens were dropped ("source_tokens_dropped"). `prefixes` forces each translation to begin with its text. A
+    blank text (empty, or only spaces) has nothing to translate: its answers are empty, with a score of 0 and no
+    alignment (decoding </s> alone would make a sentence up).
     """
+    if prefixes is not None and len(prefixes) != len(texts):
+        raise ValueError(f"{len(prefixes)} prefixes for {len(texts)} texts: give one per text.")
+    blank = [not text.strip() for text in texts]
+    if any(blank):
+        kept = [index for index, is_blank in enumerate(blank) if not is_blank]
+        translated = iter(
+            translate_batch(
+                model,
+                tokenizer,
+                [texts[index] for index in kept],
+                None if prefixes is None else [prefixes[index] for index in kept],
+                return_scores,
+                return_alignments,
+                alignment_layer,
+                max_source_length,
+                **generate_kwargs,
+            )
+            if kept
+            else []
+        )
+        empty = {"translation_text": ""} | ({"score": 0.0} if return_scores else {})
+        empty |= {"alignment": []} if return_alignments else {}
+        count = generate_kwargs.get("num_return_sequences") or model.generation_config.num_return_sequences or 1
+        return [[dict(empty) for _ in range(count)] if is_blank else next(translated) for is_blank in blank]
     device = next(model.parameters()).device
     dropped = {}  # text index -> source tokens cut by max_source_length
     if max_source_length is not None:
@@ -102,8 +128,6 @@ def translate_batch(
     ).to(device)
     prompts = None
     if prefixes is not None:
-        if len(prefixes) != len(texts):
-            raise ValueError(f"{len(prefixes)} prefixes for {len(texts)} texts: give one per text.")
         start = model.config.decoder_start_token_id
         prompts = [[start, *tokenizer(text_target=p, add_special_tokens=False).input_ids] for p in prefixes]
     # Sentences with prompts of the same length decode together (a decoder prompt has one length per batch).

@@ -65,6 +65,10 @@ def main(argv):
         raise UsageError(f"--nbest must be between 1 and --num_beams ({decoding.num_beams}), got {args.nbest}.")
     check_output_file(args.output)
     sources = read_lines(args.input, "--input")
+    if not sources:
+        raise UsageError(
+            f"--input {args.input} is empty: give one sentence per line (a blank line gives a blank one)."
+        )
     prefixes = read_lines(args.prefixes, "--prefixes") if args.prefixes else None
     if prefixes is not None and len(prefixes) != len(sources):
         raise UsageError(f"--prefixes has {len(prefixes)} lines but --input {len(sources)}: give one per sentence.")

@@ -112,3 +112,29 @@ def test_nbest_beyond_the_beam_is_refused(trained_text_model, tmp_path):
     _, _, folder = trained_text_model
     with pytest.raises(SystemExit):
         run(folder, tmp_path, SOURCES[:1], "--nbest", "5", "--num_beams", "4")
+
+
+def test_a_blank_line_keeps_its_place_with_an_empty_translation(trained_text_model, tmp_path):
+    model, tokenizer, folder = trained_text_model
+    sources = [SOURCES[0], "", SOURCES[1], "   "]
+    _, lines = run(folder, tmp_path, sources)
+    assert lines == [PAIRS[0][1], "", PAIRS[1][1], ""]
+    _, rows = run(folder, tmp_path, sources, "--nbest", "2", "--scores", "--alignments")
+    assert [row.split("\t")[:4] for row in rows[2:4]] == [["1", "0", "0.0000", ""], ["1", "1", "0.0000", ""]]
+    translate_text = VaswaniTranslationPipeline(model=model, tokenizer=tokenizer)
+    assert translate_text(sources) == [
+        {"translation_text": PAIRS[0][1]},
+        {"translation_text": ""},
+        {"translation_text": PAIRS[1][1]},
+        {"translation_text": ""},
+    ]
+    assert translate_text("") == [{"translation_text": ""}]
+
+
+def test_an_empty_input_file_is_refused(trained_text_model, tmp_path):
+    _, _, folder = trained_text_model
+    (tmp_path / "in.txt").write_text("", encoding="utf-8")
+    with pytest.raises(SystemExit) as exit_info:
+        translate.main(["--model", folder, "--input", tmp_path / "in.txt", "--output", tmp_path / "out.txt"])
+    assert "in.txt is empty" in str(exit_info.value.code)  # the message the command exits with (status 1)
+    assert not (tmp_path / "out.txt").exists()
