@@ -21,7 +21,11 @@ goes for each of vaswani's decodings (torch's profiler, the model's parts marked
 printed and written as `decoding_<device>.{json,md}` in --output_dir.
 """
 
+import argparse
+import importlib.util
 import json
+import subprocess
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -83,42 +87,39 @@ class DecodingBenchmarkArguments:
     profile: bool = field(default=False, metadata={"help": "also profile one decoding of each of vaswani's decodings"})
     no_ctranslate2: bool = field(default=False, metadata={"help": "leave out the CTranslate2 rows"})
     output_dir: str = "docs/benchmarks"
+    engine: str | None = field(default=None, metadata={"help": argparse.SUPPRESS})  # a measuring process's one engine
 
 
-def engines(args, model, tokenizer) -> dict:
-    """Name -> function translating a list of sentences into a list of translations, in order."""
+def engine_names(args) -> list[str]:
+    """The engines measured: vaswani's decodings, Marian's, and CTranslate2's where it is installed."""
+    names = [*VASWANI_DECODINGS, "MarianMTModel, beam 4", "MarianMTModel, greedy"]
+    if args.no_ctranslate2 or importlib.util.find_spec("ctranslate2") is None:
+        return names
+    return [*names, "CTranslate2 float32, beam 4", "CTranslate2 float32, greedy", "CTranslate2 int8, beam 4"]
+
+
+def engine(name: str, args, model, tokenizer):
+    """The function that translates a list of sentences into a list of translations, in order, as `name` does."""
     from vaswani.training.evaluation import translate
 
-    table = {
-        name: (lambda sentences, options=options: translate(model, tokenizer, sentences, **options))
-        for name, options in VASWANI_DECODINGS.items()
-    }
-    marian = marian_twin(model)
-    for name, options in (("beam 4", BEAM), ("greedy", GREEDY)):
-        table[f"MarianMTModel, {name}"] = lambda sentences, options=options: marian_translate(
-            marian, tokenizer, sentences, args.batch_size, options
-        )
-    if args.no_ctranslate2:
-        return table
-    try:
-        import ctranslate2
-    except ImportError:
-        return table
+    options = BEAM if name.endswith("beam 4") else GREEDY
+    if name in VASWANI_DECODINGS:
+        return lambda sentences: translate(model, tokenizer, sentences, **VASWANI_DECODINGS[name])
+    if name.startswith("MarianMTModel"):
+        marian = marian_twin(model)
+        return lambda sentences: marian_translate(marian, tokenizer, sentences, args.batch_size, options)
     import tempfile
+
+    import ctranslate2
 
     from vaswani.training.export import export
 
-    for quantization in ("float32", "int8"):
-        folder = tempfile.mkdtemp(prefix=f"ct2-{quantization}-")
-        export(model, folder, tokenizer=tokenizer, quantization=quantization)
-        translator = ctranslate2.Translator(folder, device="cpu", intra_threads=args.threads)
-        for name, beam in (("beam 4", 4), ("greedy", 1)):
-            if quantization == "int8" and beam == 1:
-                continue
-            table[f"CTranslate2 {quantization}, {name}"] = lambda sentences, translator=translator, beam=beam: (
-                ctranslate2_translate(translator, tokenizer, sentences, args.batch_size, beam)
-            )
-    return table
+    folder = tempfile.mkdtemp(prefix="ct2-")
+    export(model, folder, tokenizer=tokenizer, quantization=name.split()[1].rstrip(","))
+    translator = ctranslate2.Translator(folder, device="cpu", intra_threads=args.threads)
+    return lambda sentences: ctranslate2_translate(
+        translator, tokenizer, sentences, args.batch_size, options["num_beams"]
+    )
 
 
 def batches(sentences: list[str], batch_size: int):
@@ -172,9 +173,10 @@ PARTS = {  # profiler range -> the module of the model it times
 
 
 def profile(model, decode, sentences) -> dict:
-    """Seconds of one decoding, and the share of each part: the model's parts (PARTS, by module hooks), then the
-    torch operators run outside them (log-softmax, cache reordering, the beam's bookkeeping), and what remains:
-    Python between the operators."""
+    """Seconds of one decoding under torch's profiler, and the share of each part: the model's parts (PARTS, marked
+    by module hooks, Python inside them included), the operators the search runs outside the model (log-softmax,
+    cache reordering and selection, top-k), and the rest: the search's other operators and Python between them
+    (`generate()`'s set-up, the length limit, masks, the bookkeeping of hypotheses)."""
     from torch.profiler import ProfilerActivity, record_function
     from torch.profiler import profile as torch_profile
 
@@ -199,30 +201,17 @@ def profile(model, decode, sentences) -> dict:
             hook.remove()
     events = prof.key_averages()
     total_us = seconds * 1e6
-    shares = {name: events_total(events, name) / total_us for name in PARTS}
-    inside = sum(shares.values())
-    ops = {
-        "log-softmax": ("aten::log_softmax", "aten::_log_softmax"),
+    shares = {name: sum(e.cpu_time_total for e in events if e.key == name) / total_us for name in PARTS}
+    # The model's parts call no log-softmax, top-k or index_select: their time is all the search's.
+    outside = {
+        "log-softmax": ("aten::log_softmax",),
         "cache reordering and selection": ("aten::index_select",),
         "top-k": ("aten::topk",),
     }
-    for label, names in ops.items():
-        shares[label] = sum(outside_self_time(events, op) for op in names) / total_us
-    all_ops = sum(e.self_cpu_time_total for e in events if e.key.startswith("aten::")) / total_us
-    shares["other operators (beam bookkeeping, masks, length limit)"] = max(
-        0.0, all_ops - inside - sum(shares[label] for label in ops)
-    )
-    shares["Python between operators"] = max(0.0, 1.0 - all_ops)
+    for label, names in outside.items():
+        shares[label] = sum(e.self_cpu_time_total for e in events if e.key in names) / total_us
+    shares["the rest: the search's other operators and Python"] = max(0.0, 1.0 - sum(shares.values()))
     return {"seconds": seconds, "shares": shares}
-
-
-def events_total(events, key) -> float:
-    return sum(event.cpu_time_total for event in events if event.key == key)
-
-
-def outside_self_time(events, op) -> float:
-    """An operator's self time; the model's parts call no log-softmax, top-k or index_select, so it is all outside."""
-    return sum(event.self_cpu_time_total for event in events if event.key == op)
 
 
 def markdown(results: dict) -> str:
@@ -251,25 +240,50 @@ def markdown(results: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-@command
-def main(argv=None) -> dict:
-    (args,) = parse_arguments([DecodingBenchmarkArguments], argv, description=__doc__.split("\n\n")[0])
-    import platform
+def measure_once(args, name: str) -> dict:
+    """One decoding of the sentences by `name`, in a process of its own: CTranslate2's threads, and the memory each
+    engine leaves behind, never slow another engine down."""
+    settings = {key: value for key, value in asdict(args).items() if key not in ("engine", "profile")}
+    forwarded = [f"--{key}={value}" for key, value in settings.items() if not isinstance(value, bool)]
+    forwarded += [f"--{key}" for key, value in settings.items() if value is True]
+    command_line = [sys.executable, "-m", "benchmarks.decoding", *forwarded, "--engine", name]
+    finished = subprocess.run(
+        command_line, capture_output=True, text=True, check=True, cwd=Path(__file__).parent.parent
+    )
+    return json.loads(finished.stdout.strip().splitlines()[-1])
 
-    from vaswani.training.evaluation import corpus_bleu, load_pairs, load_translation_model
+
+def load(args):
+    from vaswani.training.evaluation import load_pairs, load_translation_model
 
     torch.set_num_threads(args.threads)
     model, tokenizer = load_translation_model(args.model, device="cpu")
     sources, references, _ = load_pairs(args.dataset_dir, "test", args.source_lang, args.target_lang, args.samples)
-    sentences, references = sources.to_pylist(), references.to_pylist()
-    table = engines(args, model, tokenizer)
-    times, outputs = {name: [] for name in table}, {}
+    return model, tokenizer, sources.to_pylist(), references.to_pylist()
+
+
+@command
+def main(argv=None) -> dict:
+    (args,) = parse_arguments([DecodingBenchmarkArguments], argv, description=__doc__.split("\n\n")[0])
+    model, tokenizer, sentences, references = load(args)
+    if args.engine:
+        translate = engine(args.engine, args, model, tokenizer)
+        start = time.perf_counter()
+        with torch.inference_mode():
+            translations = translate(sentences)
+        print(json.dumps({"seconds": time.perf_counter() - start, "translations": translations}))
+        return {}
+    import platform
+
+    from vaswani.training.evaluation import corpus_bleu
+
+    names = engine_names(args)
+    times, outputs = {name: [] for name in names}, {}
     for round_ in range(args.rounds):
-        for name in table if round_ % 2 == 0 else reversed(table):
-            start = time.perf_counter()
-            with torch.inference_mode():
-                outputs[name] = table[name](sentences)
-            times[name].append(time.perf_counter() - start)
+        for name in names if round_ % 2 == 0 else reversed(names):
+            measured = measure_once(args, name)
+            times[name].append(measured["seconds"])
+            outputs[name] = measured["translations"]
             print(f"round {round_ + 1}: {name}: {times[name][-1]:.2f} s", flush=True)
     default = outputs[next(iter(VASWANI_DECODINGS))]
     results = {
@@ -285,16 +299,17 @@ def main(argv=None) -> dict:
                 "seconds": min(times[name]),
                 "times": times[name],
                 "same_as_default": sum(a == b for a, b in zip(outputs[name], default)),
+                "differing_sentences": [i for i, (a, b) in enumerate(zip(outputs[name], default)) if a != b],
                 "bleu": corpus_bleu(outputs[name], references)[0].score,
             }
-            for name in table
+            for name in names
         },
     }
     if args.profile:
         results["profile"] = {}
         for name in VASWANI_DECODINGS:
             with torch.inference_mode():
-                results["profile"][name] = profile(model, table[name], sentences)
+                results["profile"][name] = profile(model, engine(name, args, model, tokenizer), sentences)
     page = markdown(results)
     print(page)
     output_dir = Path(args.output_dir)

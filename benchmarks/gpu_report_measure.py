@@ -19,7 +19,8 @@ Sections, in order:
   `Accelerator(mixed_precision="bf16")` over float32 weights, one batch of random pairs of one length for both; on a
   CPU, float32 throughout); then, as time allows, a profile of one step of the largest preset and the sweep of the
   loss's chunk size.
-- generation: greedy and beam 4 at each batch size, eager and with a static cache and torch.compile: sentences/s and
+- generation: greedy and beam 4 (transformers' beam search, and for vaswani the paper's, its default) at each batch
+  size, eager and with a static cache and torch.compile, vaswani and MarianMTModel of the same sizes: sentences/s and
   generated (target) tokens/s (benchmark.measure_generation); CTranslate2 where it is installed (measure_ctranslate2).
 - correctness: the GPU tests (tests/test_gpu.py: half-precision logits against float32, eager, sdpa and flash
   attention, compiled static-cache generation, a bf16 autocast step) and the generation tests on the device in
@@ -248,23 +249,27 @@ def generation(args, sizes: Sizes, deadline: Deadline, publish) -> dict:
 
     def rates(result):
         return {
-            f"beam{beams}_{amount}_per_s": benchmark.summarise(
-                result[f"generate_beam{beams}"]["times"], result[f"generate_beam{beams}"][amount]
+            f"{search}_{amount}_per_s": benchmark.summarise(
+                result[f"generate_{search}"]["times"], result[f"generate_{search}"][amount]
             )
-            for beams in (1, 4)
+            for search in ("beam1", "beam4", "paper_beam4")
+            if f"generate_{search}" in result
             for amount in ("sentences", "tokens")
         }
 
-    # Eager at every batch size first, then the static cache with torch.compile, whose compilation takes longer.
+    # Eager at every batch size first, then the static cache with torch.compile, whose compilation takes longer; each
+    # vaswani row beside MarianMTModel's of the same sizes, measured the same way.
     for engine, compiled in (("eager", False), ("static cache + compile", True)):
         for batch in sizes.generation_batches:
+            for implementation in ("vaswani", "marian"):
 
-            def measure(left, batch=batch, compiled=compiled):
-                worker = replace(setup, gen_batch=batch, compile=compiled)
-                return rates(benchmark.run_worker(worker, "vaswani", timeout=left))
+                def measure(left, batch=batch, compiled=compiled, implementation=implementation):
+                    worker = replace(setup, gen_batch=batch, compile=compiled)
+                    return rates(benchmark.run_worker(worker, implementation, timeout=left))
 
-            results["rows"].append({"batch": batch, "engine": engine} | measured(deadline, measure))
-            publish(results)
+                row = {"batch": batch, "model": implementation, "engine": engine}
+                results["rows"].append(row | measured(deadline, measure))
+                publish(results)
     quantizations = ("float16", "int8_float16") if args.device == "cuda" else ("float32", "int8")
     missing = ctranslate2_missing(args.device)
     for quantization in quantizations:
@@ -274,7 +279,7 @@ def generation(args, sizes: Sizes, deadline: Deadline, publish) -> dict:
                 worker = replace(setup, gen_batch=batch, dtype="float32")
                 return rates(benchmark.run_worker(worker, f"ctranslate2:{quantization}", timeout=left))
 
-            row = {"batch": batch, "engine": f"CTranslate2 {quantization}"}
+            row = {"batch": batch, "model": "vaswani", "engine": f"CTranslate2 {quantization}"}
             results["rows"].append(row | ({"not_measured": missing} if missing else measured(deadline, measure)))
             publish(results)
     return results

@@ -179,19 +179,19 @@ def reorder_self_attention_cache(cache, rows: torch.Tensor, filled: int) -> None
             layer.reorder_cache(rows)
 
 
-def select_batch_rows(model_kwargs: dict, rows: torch.Tensor, old_rows: int) -> None:
-    """Keep `rows` (of `old_rows`) of everything the decoder reads per row: the encoder's output and padding mask,
-    the decoder's mask and positions, and the encoder-decoder attention cache."""
+def select_batch_rows(model_kwargs: dict, sentences: torch.Tensor, num_beams: int) -> None:
+    """Keep the rows of `sentences` in everything the decoder reads: per sentence, the encoder's output and padding
+    mask and the encoder-decoder attention cache; per hypothesis (`num_beams` a sentence), the decoder's mask and
+    positions."""
+    rows = (sentences[:, None] * num_beams + torch.arange(num_beams, device=sentences.device)).view(-1)
     for key, value in model_kwargs.items():
-        if isinstance(value, torch.Tensor) and value.dim() and value.shape[0] == old_rows:
-            model_kwargs[key] = value.index_select(0, rows)
-    encoder_outputs = model_kwargs.get("encoder_outputs")
-    if encoder_outputs is not None:
-        model_kwargs["encoder_outputs"] = BaseModelOutput(
-            last_hidden_state=encoder_outputs.last_hidden_state.index_select(0, rows)
-        )
+        if isinstance(value, torch.Tensor) and value.dim():
+            model_kwargs[key] = value.index_select(0, sentences if key == "attention_mask" else rows)
+    model_kwargs["encoder_outputs"] = BaseModelOutput(
+        last_hidden_state=model_kwargs["encoder_outputs"].last_hidden_state.index_select(0, sentences)
+    )
     if model_kwargs.get("cache") is not None:
-        model_kwargs["cache"].cross_attention_cache.reorder_cache(rows)
+        model_kwargs["cache"].cross_attention_cache.reorder_cache(sentences)
 
 
 def gnmt_beam_search(model, input_ids, logits_processor, stopping_criteria, generation_config, **model_kwargs):
@@ -258,10 +258,19 @@ def gnmt_beam_search(model, input_ids, logits_processor, stopping_criteria, gene
         or recorded["decoder_hidden_states"] is not None
         or any(not isinstance(processor, SourceLengthLimit) for processor in logits_processor)
     )
-    if can_drop and cache is not None and cache.get_seq_length() == 0:
-        layers = [BeamSearchCacheLayer() for _ in range(model.config.decoder_layers)]
-        model_kwargs["cache"] = EncoderDecoderCache(Cache(layers=layers), cache.cross_attention_cache)
     encoder_outputs = model_kwargs.get("encoder_outputs")
+    if can_drop:
+        if cache is not None and cache.get_seq_length() == 0:
+            layers = [BeamSearchCacheLayer() for _ in range(model.config.decoder_layers)]
+            model_kwargs["cache"] = EncoderDecoderCache(Cache(layers=layers), cache.cross_attention_cache)
+        # generate() repeats each sentence's encoder output for its beams; the decoder's encoder-decoder attention
+        # takes it once per sentence, its beams' queries together (VaswaniAttention): a k-th of the keys, values and
+        # cache.
+        model_kwargs["encoder_outputs"] = BaseModelOutput(
+            last_hidden_state=encoder_outputs.last_hidden_state[::num_beams]
+        )
+        if model_kwargs.get("attention_mask") is not None:
+            model_kwargs["attention_mask"] = model_kwargs["attention_mask"][::num_beams]
 
     # The search, for the active sentences. Live hypotheses: one at first (the others start at -inf, so that the
     # first step does not pick k copies). Finished ones: the k best, padded to max_length.
@@ -375,9 +384,7 @@ def gnmt_beam_search(model, input_ids, logits_processor, stopping_criteria, gene
                     SourceLengthLimit(processor.limits[still], processor.eos_token_id)
                     for processor in logits_processor
                 )
-                select_batch_rows(
-                    model_kwargs, (still[:, None] * num_beams + beam_range).view(-1), searched * num_beams
-                )
+                select_batch_rows(model_kwargs, still, num_beams)
         if model_kwargs.get("cache") is not None and not this_peer_finished:
             # Each kept hypothesis continues the cache row it came from, among the rows of the last step.
             beam_rows = positions[:, None] * num_beams + source_beams

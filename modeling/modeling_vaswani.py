@@ -236,6 +236,13 @@ class VaswaniAttention(nn.Module):
                 if self.is_cross_attention:
                     cache.is_updated[self.layer_idx] = True
 
+        if key_states.shape[0] < query_states.shape[0]:
+            # Beam search keeps one encoder output per sentence (generation_vaswani.py): the hypotheses of a sentence
+            # attend to it as one sequence of queries, (sentences, heads, hypotheses x length, head_dim).
+            hypotheses = query_states.shape[0] // key_states.shape[0]
+            query_states = query_states.unflatten(0, (-1, hypotheses)).transpose(1, 2).flatten(2, 3)
+            if attention_mask is not None and attention_mask.shape[2] > 1:  # a mask row per query: per hypothesis
+                attention_mask = attention_mask.repeat(1, 1, hypotheses, 1)
         attention_interface: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
             self.config._attn_implementation, eager_attention_forward
         )
