@@ -204,7 +204,7 @@ def profile(model, decode, sentences) -> dict:
     shares = {name: sum(e.cpu_time_total for e in events if e.key == name) / total_us for name in PARTS}
     # The model's parts call no log-softmax, top-k or index_select: their time is all the search's.
     outside = {
-        "log-softmax": ("aten::log_softmax",),
+        "log-softmax": ("aten::log_softmax", "aten::_log_softmax"),
         "cache reordering and selection": ("aten::index_select",),
         "top-k": ("aten::topk",),
     }
