@@ -286,9 +286,7 @@ def test_the_carry_installs_offline_and_one_command_writes_every_section_and_the
     eager = [row for row in training["rows"] if not row["compiled"]]
     assert [row["implementation"] for row in eager] == ["vaswani", "marian"]
     assert all(0 < row["mfu"] < 1 and row["target_tokens_per_s"]["median"] > 0 for row in eager)
-    generation = {
-        (row["batch"], row["model"], row["engine"]): row for row in results["generation"]["results"]["rows"]
-    }
+    generation = {(row["batch"], row["model"], row["engine"]): row for row in results["generation"]["results"]["rows"]}
     for engine in ("eager", "static cache + compile"):  # every vaswani row has Marian's beside it
         assert generation[(1, "vaswani", engine)]["paper_beam4_tokens_per_s"]["median"] > 0
         assert generation[(1, "marian", engine)]["beam4_tokens_per_s"]["median"] > 0
