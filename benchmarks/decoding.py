@@ -24,6 +24,7 @@ printed and written as `decoding_<device>.{json,md}` in --output_dir.
 import argparse
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 import time
@@ -288,7 +289,8 @@ def main(argv=None) -> dict:
     default = outputs[next(iter(VASWANI_DECODINGS))]
     results = {
         "when": time.strftime("%Y-%m-%d"),
-        "machine": f"{platform.machine()} CPU, torch {torch.__version__}",
+        "machine": f"{platform.machine()} CPU, torch {torch.__version__}"
+        + (f", OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}" if "OMP_WAIT_POLICY" in os.environ else ""),
         "sentences": len(sentences),
         "batch_size": args.batch_size,
         "threads": args.threads,
