@@ -10,7 +10,7 @@ import sys
 
 import pytest
 import torch
-from helpers import make_dataset, run_command, script_env, word_tokenizer
+from helpers import PAIRS, make_dataset, run_command, script_env, word_tokenizer
 from packaging.version import Version
 
 
@@ -78,6 +78,30 @@ def test_benchmark_compiled_generation_writes_its_own_table(tmp_path):
     assert [row["implementation"] for row in data["rows"]] == ["vaswani", "marian"]
     assert data["settings"]["compile"] and all(row["beam4_sentences_per_s"]["median"] > 0 for row in data["rows"])
     assert "static KV cache and torch.compile" in (tmp_path / "cpu_tiny_float32_compile.md").read_text()
+
+
+@pytest.mark.benchmark
+def test_decoding_benchmark_times_every_engine_on_the_same_sentences(trained_text_model, tmp_path):
+    """benchmarks/decoding.py end to end on a model that knows its test pairs by heart: every engine translates them,
+    and MarianMTModel holding the model's weights translates as transformers' beam search of the model does."""
+    from datasets import Dataset, DatasetDict
+
+    _, _, folder = trained_text_model
+    test = Dataset.from_dict({"translation": [{"en": source, "es": target} for source, target in PAIRS]})
+    DatasetDict(train=test, validation=test, test=test).save_to_disk(str(tmp_path / "data"))
+    run_in_checkout(
+        "-m", "benchmarks.decoding", "--model", folder, "--dataset_dir", tmp_path / "data", "--batch_size", "3",
+        "--rounds", "1", "--profile", "--output_dir", tmp_path / "out",
+    )  # fmt: skip
+    results = json.loads((tmp_path / "out" / "decoding_cpu.json").read_text())
+    rows = results["rows"]
+    assert results["sentences"] == len(PAIRS)
+    assert rows["vaswani, the paper's beam search (default)"]["bleu"] == pytest.approx(100.0)
+    assert rows["MarianMTModel, beam 4"]["bleu"] == pytest.approx(rows["vaswani, transformers' beam search"]["bleu"])
+    assert rows["CTranslate2 float32, greedy"]["same_as_default"] == len(PAIRS)
+    for profiled in results["profile"].values():
+        assert sum(profiled["shares"].values()) == pytest.approx(1.0, abs=1e-6)
+    assert "| CTranslate2 int8, beam 4 |" in (tmp_path / "out" / "decoding_cpu.md").read_text()
 
 
 # --- What the figures rest on, checked in one process from the checkout's root. ---

@@ -381,6 +381,26 @@ def test_cross_attention_cache_holds_each_layers_projection_of_the_encoder_outpu
                 torch.testing.assert_close(cached, expected, msg=lambda m: f"layer {index} {name}: {m}")
 
 
+def test_hypotheses_sharing_one_encoder_output_attend_to_it_as_with_their_own_copies(model, padded_batch, dtype):
+    """Beam search gives the decoder one encoder output per sentence and several hypotheses per sentence (the
+    encoder-decoder attention takes them as one sequence of queries): the logits of decoding with copies of it."""
+    input_ids, attention_mask = padded_batch
+    hypotheses = 3
+    with torch.no_grad():
+        encoded = model.model.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        decoder_input_ids = torch.randint(4, model.config.vocab_size, (len(input_ids) * hypotheses, 5))
+        decoder_input_ids = decoder_input_ids.to(input_ids.device)
+        shared = model(
+            encoder_outputs=(encoded,), attention_mask=attention_mask, decoder_input_ids=decoder_input_ids
+        ).logits
+        copies = model(
+            encoder_outputs=(encoded.repeat_interleave(hypotheses, 0),),
+            attention_mask=attention_mask.repeat_interleave(hypotheses, 0),
+            decoder_input_ids=decoder_input_ids,
+        ).logits
+    torch.testing.assert_close(shared, copies, **tolerance(dtype))
+
+
 def test_cross_attention_keys_are_computed_once(model, padded_batch):
     input_ids, attention_mask = padded_batch
     calls = []
