@@ -215,18 +215,80 @@ def measure_training(model, args, length: int, batch_tokens: int) -> dict:
     }
 
 
-def profile_training(model, args) -> str:
-    """Where the time of one training step goes: torch.profiler's operators, most device (else CPU) time first."""
-    from torch.profiler import ProfilerActivity, profile
+# What a step's time is spent on, by the name of the kernel (on a CPU, of the operator) that spends it; the first
+# pattern that matches wins. Eager kernels of the loss are told by the operator that launched them (`LOSS_RANGE`).
+KERNEL_KINDS = (
+    ("loss", r"logsumexp|log_?softmax|nll_loss|cross_?entropy"),
+    ("attention", r"flash|fmha|attention|sdpa"),
+    ("matrix products", r"gemm|cutlass|xmma|nvjet|cublas|wgmma|^aten::(mm|addmm|bmm|baddbmm|linear|matmul)$"),
+    ("optimizer", r"multi_tensor|foreach|adam"),
+    ("normalisation and reductions", r"norm|reduce|triton_red|triton_per|softmax|amax|sum|mean"),
+    (
+        "elementwise",
+        r"elementwise|triton_poi|vectorized|unrolled|copy|fill|dropout|relu|add|sub|mul|div|exp|where|cat",
+    ),
+)
+LOSS_RANGE = "label-smoothed loss"
 
+
+def kernel_kind(name: str, in_loss: bool) -> str:
+    if in_loss:
+        return "loss"
+    return next((kind for kind, pattern in KERNEL_KINDS if re.search(pattern, name, re.I)), "other")
+
+
+def profile_training(model, args) -> dict:
+    """Where the time of one training step goes (torch.profiler): on CUDA each kernel's device time, on a CPU each
+    operator's own time, grouped into KERNEL_KINDS (`shares`, of the step's profiled total) and the `top` kernels.
+    Eager, the loss's kernels are those launched under its forward and backward (timed in a `LOSS_RANGE` range);
+    compiled, those whose fused names say so."""
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    from vaswani.modeling.modeling_vaswani import VaswaniLabelSmoothedCrossEntropy as Loss
+
+    if not args.compile_training:  # a range around the loss; a compiled graph would break at it
+        for name in ("forward", "backward"):
+
+            def ranged(*inputs, original=getattr(Loss, name)):
+                with record_function(LOSS_RANGE):
+                    return original(*inputs)
+
+            setattr(Loss, name, staticmethod(ranged))
     warm, once = copy.copy(args), copy.copy(args)  # copies keep the worker's memory baseline
     warm.repeats, once.warmup, once.repeats = 1, 0, 1
     measure_training(model, warm, args.train_length, args.batch_tokens)  # warm-up (and compilation)
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if args.device == "cuda" else [])
-    with profile(activities=activities) as profiler:
+    on_cuda = args.device == "cuda"
+    with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_cuda else [])) as profiler:
         measure_training(model, once, args.train_length, args.batch_tokens)
-    sort_by = "self_cuda_time_total" if args.device == "cuda" else "self_cpu_time_total"
-    return profiler.key_averages().table(sort_by=sort_by, row_limit=15, max_name_column_width=50)
+    spent = {}  # (kernel name, kind) -> [calls, microseconds]
+    for event in profiler.events():
+        parents, parent = set(), event
+        while parent is not None:
+            parents.add(parent.name)
+            parent = parent.cpu_parent
+        pieces = (
+            [(k.name, k.duration) for k in event.kernels] if on_cuda else [(event.name, event.self_cpu_time_total)]
+        )
+        for name, microseconds in pieces:
+            entry = spent.setdefault((name, kernel_kind(name, LOSS_RANGE in parents)), [0, 0.0])
+            entry[0] += 1
+            entry[1] += microseconds
+    total = sum(microseconds for _, microseconds in spent.values())
+    if not total:
+        raise RuntimeError("the profiler recorded no kernel time")
+    shares = {}
+    for (_, kind), (_, microseconds) in spent.items():
+        shares[kind] = shares.get(kind, 0.0) + microseconds / total
+    top = sorted(spent.items(), key=lambda item: -item[1][1])[:12]
+    return {
+        "total_ms": total / 1000,
+        "timed": "device time of each kernel" if on_cuda else "each operator's own CPU time",
+        "shares": dict(sorted(shares.items(), key=lambda item: -item[1])),
+        "top": [
+            {"kernel": name[:120], "kind": kind, "calls": calls, "ms": us / 1000, "share": us / total}
+            for (name, kind), (calls, us) in top
+        ],
+    }
 
 
 def measure_generation(model, args, num_beams: int, paper_decoding: bool = False) -> dict:

@@ -1,31 +1,40 @@
 """The GPU report's sections, measured on a GPU (or, with --quick, anywhere), into JSON and the page as they go.
 
-    python -m benchmarks.gpu_report_measure [--device cuda] [--quick] [--report_dir DIR]
+    python -m benchmarks.gpu_report_measure [--part 1|2] [--device cuda] [--quick] [--report_dir DIR]
                                             [--corpus_dir .gpu_carry/corpus] [--section NAME ...]
 
 Run from the root of a checkout with the `test` extra installed; on a GPU machine without network access,
-`bash .gpu_carry/run.sh DIR` (made by `benchmarks.gpu_report_prepare`) installs what it needs and runs it. The
-sections run in order of priority within one deadline (Sizes.minutes, counted from --started_at, run.sh's start: 8
-minutes on a GPU, the install included), each for at most its Sizes.section_minutes, the last for what is left. Each
-writes SECTION.json into --report_dir after every measurement, and `benchmarks.gpu_report_render` writes the page
-(gpu.md and its PNGs) there each time, so that a run cut off at any point leaves everything measured until then. What
-the deadline leaves out, or what fails, is recorded as "not measured, because ...". `--quick` runs every section on
-tiny sizes: the code can be tested without a GPU (tests/test_benchmark.py), the figures mean nothing.
+`bash .gpu_carry/run.sh DIR [--part 2]` (made by `benchmarks.gpu_report_prepare`) installs what it needs and runs it.
+A GPU session is two commands: part 1 answers how fast the model trains against MarianMTModel, how soon it translates
+well, how fast it decodes and whether the GPU tests pass (9 minutes, the install included); part 2 gives what the next
+speed-up would be chosen from (4 minutes). A part's sections run in order of priority within the part's deadline
+(Sizes.part_minutes, counted from --started_at, run.sh's start), each for at most its Sizes.section_minutes, the last
+for what is left. Each writes SECTION.json into --report_dir after every measurement, and
+`benchmarks.gpu_report_render` writes the page (gpu.md and its PNGs, from every section's JSON in the folder, both
+parts') there each time, so that a run cut off at any point leaves everything measured until then. What the deadline
+leaves out, or what fails, is recorded as "not measured, because ...". `--quick` runs every section on tiny sizes: the
+code can be tested without a GPU (tests/test_benchmark.py), the figures mean nothing.
 
-Sections, in order:
-- training: vaswani against MarianMTModel of the same sizes, each preset, eager and torch.compile'd: tokens/s
-  (source + target tokens, and target tokens alone, fairseq's `wps`), peak memory, model FLOP utilisation against the
-  bf16 matmul peak measured in the same run (benchmark.measure_training: the recipe's `train_step` under
-  `Accelerator(mixed_precision="bf16")` over float32 weights, one batch of random pairs of one length for both; on a
-  CPU, float32 throughout); then, as time allows, a profile of one step of the largest preset and the sweep of the
-  loss's chunk size.
+Part 1, in order:
+- training: vaswani against MarianMTModel of the same sizes at one GPU's share of the paper's step (about 25,000
+  source + 25,000 target tokens), each preset, eager and torch.compile'd: tokens/s (source + target tokens, and
+  target tokens alone, fairseq's `wps`), peak memory, model FLOP utilisation against the bf16 matmul peak measured in
+  the same run (benchmark.measure_training: the recipe's `train_step` under `Accelerator(mixed_precision="bf16")` over
+  float32 weights, one batch of random pairs of one length for both; on a CPU, float32 throughout).
+- time_to_bleu: the paper's recipe on the prepared corpus for at least 4 minutes of training, test BLEU every minute.
 - generation: greedy and beam 4 (transformers' beam search, and for vaswani the paper's, its default) at each batch
   size, eager and with a static cache and torch.compile, vaswani and MarianMTModel of the same sizes: sentences/s and
   generated (target) tokens/s (benchmark.measure_generation); CTranslate2 where it is installed (measure_ctranslate2).
 - correctness: the GPU tests (tests/test_gpu.py: half-precision logits against float32, eager, sdpa and flash
-  attention, compiled static-cache generation, a bf16 autocast step) and the generation tests on the device in
-  bfloat16 (per-step logits with and without the cache, padded batches, beam search, sampling).
-- time_to_bleu: the paper's recipe on the prepared corpus for the time left, test BLEU every few minutes.
+  attention, compiled static-cache generation, a bf16 autocast step, vaswani-train's compiled default) and the
+  generation tests on the device in bfloat16 (per-step logits with and without the cache, padded batches, beam search,
+  sampling).
+Part 2, in order:
+- profile: where the time of one step of the largest preset goes, compiled then eager: the shares of matrix
+  products, attention, the loss, normalisation, elementwise work and the optimizer, and the top kernels
+  (benchmark.profile_training).
+- chunk_sweep: the loss's values per chunk against speed and memory.
+- batch_sweep: vaswani's speed, MFU and memory against the tokens of a batch, each preset.
 """
 
 import json
@@ -45,6 +54,7 @@ import numpy as np
 import torch
 
 from benchmarks import benchmark
+from benchmarks.gpu_report_render import render
 from vaswani.training.checks import UsageError, tokenizer_ids
 from vaswani.training.cli import command, parse_arguments
 from vaswani.training.padding import pair_batch
@@ -58,6 +68,7 @@ class Sizes:
     repeats: int
     warmup: int
     chunk_sweep: tuple[int, ...]  # the loss's values per chunk on an accelerator
+    batch_sweep: tuple[int, ...]  # source tokens of a batch
     generation_preset: str
     generation_batches: tuple[int, ...]
     generation_length: int
@@ -66,29 +77,32 @@ class Sizes:
     bleu_every_minutes: float
     bleu_batch_tokens: int  # padded source + target tokens of a training batch
     bleu_pairs: int
-    minutes: float  # the whole run's deadline, from its start (run.sh's, the install included)
-    section_minutes: dict  # the most each section takes before the next begins; the last one takes what is left
+    bleu_eval_batch: int  # test sentences translated at once
+    part_minutes: dict  # each part's deadline, from its start (run.sh's, the install included)
+    section_minutes: dict  # the most a section takes before the next begins; a part's last takes what is left
     generation_tests: str | None  # pytest -k selection of the generation tests (None: all of them)
     ceiling_size: int | None = None  # rows of the matmul the MFU is quoted against (None: the device's default)
 
 
 FULL = Sizes(
     presets=("base", "big"),
-    batch_tokens=8192,
+    batch_tokens=25000,  # one GPU's share of the paper's step: about 25,000 source + 25,000 target tokens
     train_length=64,
-    repeats=10,
+    repeats=5,
     warmup=3,
     chunk_sweep=(2**22, 2**24, 2**26, 2**28),
+    batch_sweep=(8192, 16384, 32768, 65536),
     generation_preset="base",
     generation_batches=(1, 64),
     generation_length=32,
     bleu_preset="base",
-    bleu_minutes=8,
+    bleu_minutes=4,
     bleu_every_minutes=1,
     bleu_batch_tokens=50000,  # the paper's ~25,000 source + 25,000 target tokens a step
     bleu_pairs=500,
-    minutes=8,
-    section_minutes={"training": 3.5, "generation": 1.5, "correctness": 1.5},
+    bleu_eval_batch=250,
+    part_minutes={1: 9, 2: 4},
+    section_minutes={"training": 3.25, "time_to_bleu": 5.0, "generation": 0.4, "profile": 1.25, "chunk_sweep": 0.9},
     generation_tests=None,
 )
 QUICK = Sizes(
@@ -98,16 +112,18 @@ QUICK = Sizes(
     repeats=2,
     warmup=1,
     chunk_sweep=(2**10, 2**14),
+    batch_sweep=(128, 512),
     generation_preset="tiny",
     generation_batches=(1, 4),
     generation_length=5,
     bleu_preset="tiny",
-    bleu_minutes=0.3,
-    bleu_every_minutes=0.15,
+    bleu_minutes=0.5,
+    bleu_every_minutes=0.25,
     bleu_batch_tokens=2000,
     bleu_pairs=16,
-    minutes=15,
-    section_minutes={"training": 5, "generation": 3, "correctness": 4},
+    bleu_eval_batch=16,
+    part_minutes={1: 20, 2: 10},
+    section_minutes={"training": 6, "time_to_bleu": 3, "generation": 3, "profile": 4, "chunk_sweep": 2},
     generation_tests="padded_batch_gives_each_sentence_alone",  # the whole file takes minutes on a CPU
     ceiling_size=512,
 )
@@ -165,14 +181,13 @@ def environment(device: torch.device) -> dict:
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def training(args, sizes: Sizes, deadline: Deadline, publish) -> dict:
-    device = torch.device(args.device)
-    half = device.type == "cuda"  # bf16 mixed precision on a GPU; a CPU's bfloat16 matmuls are slow, float32 there
-    ceiling = benchmark.matmul_ceiling(device, torch.bfloat16 if half else torch.float32, sizes.ceiling_size)
-    setup = benchmark.BenchmarkArguments(
+def training_setup(args, sizes: Sizes) -> benchmark.BenchmarkArguments:
+    """The training measurements' worker arguments: bf16 mixed precision on a GPU; a CPU's bfloat16 matmuls are slow,
+    float32 there."""
+    return benchmark.BenchmarkArguments(
         device=args.device,
         dtype="float32",
-        autocast=half,
+        autocast=args.device == "cuda",
         measure="train",
         batch_tokens=sizes.batch_tokens,
         train_length=sizes.train_length,
@@ -180,55 +195,94 @@ def training(args, sizes: Sizes, deadline: Deadline, publish) -> dict:
         repeats=sizes.repeats,
         warmup=sizes.warmup,
     )
-    largest = sizes.presets[-1]
-    config = benchmark.build_model("vaswani", largest, sizes.train_length + 1).config
+
+
+def training_ceiling(args, sizes: Sizes) -> dict:
+    """The matmul peak MFU is quoted against, in the training's precision, measured here."""
+    precision = torch.bfloat16 if args.device == "cuda" else torch.float32
+    return benchmark.matmul_ceiling(torch.device(args.device), precision, sizes.ceiling_size)
+
+
+def train_row(setup, ceiling: dict, deadline: Deadline, implementation: str, **changes) -> dict:
+    """One training measurement in a worker of its own: speed, memory, MFU; or why it was not measured."""
+
+    def measure(left):
+        result = benchmark.run_worker(replace(setup, **changes), implementation, timeout=left)["train"]
+        flops = statistics.median(result["flops"] / t for t in result["times"])
+        return {
+            "tokens_per_s": benchmark.summarise(result["times"], result["tokens"]),
+            "target_tokens_per_s": benchmark.summarise(result["times"], result["batch"] * result["length"]),
+            "peak_memory_mib": result["peak_memory"] / 2**20,
+            "tflops_per_s": flops / 1e12,
+            "mfu": flops / ceiling["flops_per_s"],
+            "batch": result["batch"],
+            "length": result["length"],
+        }
+
+    return measured(deadline, measure)
+
+
+def training(args, sizes: Sizes, deadline: Deadline, publish) -> dict:
+    setup, ceiling = training_setup(args, sizes), training_ceiling(args, sizes)
+    config = benchmark.build_model("vaswani", sizes.presets[-1], sizes.train_length + 1).config
     results = {
         "matmul_ceiling": ceiling,
-        "precision": "bf16 mixed precision over float32 weights" if half else "float32",
+        "precision": "bf16 mixed precision over float32 weights" if setup.autocast else "float32",
         "rows": [],
-        "profile": {"not_measured": "its section's time ran out before it"},
-        "profiled": f"vaswani {largest}, eager",
-        "chunk_sweep": [],
         "flops_per_token": dict(
             zip(("per_source_token", "per_target_token"), benchmark.flops_per_token(config, sizes.train_length)),
             length=sizes.train_length,
         ),
         "sizes": {"batch_tokens": sizes.batch_tokens, "length": sizes.train_length},
     }
-
-    def train(implementation, **changes):
-        def measure(left):
-            result = benchmark.run_worker(replace(setup, **changes), implementation, timeout=left)["train"]
-            flops = statistics.median(result["flops"] / t for t in result["times"])
-            return {
-                "tokens_per_s": benchmark.summarise(result["times"], result["tokens"]),
-                "target_tokens_per_s": benchmark.summarise(result["times"], result["batch"] * result["length"]),
-                "peak_memory_mib": result["peak_memory"] / 2**20,
-                "tflops_per_s": flops / 1e12,
-                "mfu": flops / ceiling["flops_per_s"],
-                "batch": result["batch"],
-                "length": result["length"],
-            }
-
-        return measured(deadline, measure)
-
     # In the order of what matters most, since the deadline may end the list: the eager comparison, largest preset
-    # last; the compiled comparison, largest first; where the time of a step goes; the loss's chunk size.
+    # last; the compiled comparison, largest first.
     order = [(preset, False) for preset in sizes.presets] + [(preset, True) for preset in reversed(sizes.presets)]
     for preset, compiled in order:
         for implementation in ("vaswani", "marian"):
             row = {"preset": preset, "implementation": implementation, "compiled": compiled}
-            results["rows"].append(row | train(implementation, preset=preset, compile_training=compiled))
+            results["rows"].append(
+                row | train_row(setup, ceiling, deadline, implementation, preset=preset, compile_training=compiled)
+            )
             publish(results)
-    results["profile"] = measured(
-        deadline,
-        lambda left: benchmark.run_worker(replace(setup, preset=largest, measure="profile"), "vaswani", timeout=left),
-    )
-    publish(results)
-    for elements in sizes.chunk_sweep:
-        point = {"chunk_elements": elements} | train("vaswani", preset=largest, chunk_elements=elements)
-        results["chunk_sweep"].append(point)
+    return results
+
+
+def profile(args, sizes: Sizes, deadline: Deadline, publish) -> dict:
+    """Where the time of one training step of the largest preset goes, compiled (the speed target's) then eager:
+    `benchmark.profile_training`'s shares and top kernels."""
+    setup, largest = training_setup(args, sizes), sizes.presets[-1]
+    results = {"runs": []}
+    for compiled in (True, False):
+        worker = replace(setup, preset=largest, measure="profile", compile_training=compiled)
+        run = measured(deadline, lambda left, w=worker: benchmark.run_worker(w, "vaswani", timeout=left)["profile"])
+        results["runs"].append({"preset": largest, "compiled": compiled, "batch_tokens": sizes.batch_tokens} | run)
         publish(results)
+    return results
+
+
+def chunk_sweep(args, sizes: Sizes, deadline: Deadline, publish) -> dict:
+    """The loss's values per chunk (`VaswaniLabelSmoothedCrossEntropy.accelerator_chunk_elements`) against the
+    speed and memory of an eager step of the largest preset."""
+    setup, ceiling = training_setup(args, sizes), training_ceiling(args, sizes)
+    results = {"preset": sizes.presets[-1], "batch_tokens": sizes.batch_tokens, "points": []}
+    for elements in sizes.chunk_sweep:
+        point = train_row(setup, ceiling, deadline, "vaswani", preset=sizes.presets[-1], chunk_elements=elements)
+        results["points"].append({"chunk_elements": elements} | point)
+        publish(results)
+    return results
+
+
+def batch_sweep(args, sizes: Sizes, deadline: Deadline, publish) -> dict:
+    """Tokens a second, MFU and memory of vaswani's eager step against the source tokens of a batch, the largest
+    preset first: the batch a GPU trains fastest at, within its memory."""
+    setup, ceiling = training_setup(args, sizes), training_ceiling(args, sizes)
+    results = {"matmul_ceiling": ceiling, "length": sizes.train_length, "points": []}
+    for preset in reversed(sizes.presets):
+        for tokens in sizes.batch_sweep:
+            point = train_row(setup, ceiling, deadline, "vaswani", preset=preset, batch_tokens=tokens)
+            results["points"].append({"preset": preset, "batch_tokens": tokens} | point)
+            publish(results)
     return results
 
 
@@ -374,7 +428,9 @@ def time_to_bleu(args, sizes: Sizes, deadline: Deadline, publish) -> dict:
     The recipe's own step (`vaswani.training.step.train_step`: label smoothing 0.1, the loss summed over the step's
     target tokens) over the numpy corpus: token-bucket batches of about 25,000 source and 25,000 target tokens
     (`TokenBucketSampler`, taken a step at a time by `StepBatches` from a `TrainState`), Adam (0.9, 0.98, 1e-9), the
-    preset's dropout, `Accelerator(mixed_precision="bf16")` on a GPU. The schedule is the paper's
+    preset's dropout, `Accelerator(mixed_precision="bf16")` on a GPU, eager: compiling costs a minute of a few minutes'
+    run (vaswani-train compiles on a GPU by default, for runs of hours; `--torch_compile false` for a short one). The
+    schedule is the paper's
     (`inverse_sqrt_schedule`), scaled to the run: the paper warms up for 4,000 of 100,000 steps and peaks at
     d_model^-0.5 x 4000^-0.5; here the warmup is the same 4% of the steps the run will take (counted from the speed
     of 10 calibration steps, on weights then thrown away), the peak the same. BLEU: the package's own decoding
@@ -403,7 +459,8 @@ def time_to_bleu(args, sizes: Sizes, deadline: Deadline, publish) -> dict:
     test = json.loads((corpus_dir / "test.json").read_text())
     test_sources, references = test["sources"][: sizes.bleu_pairs], test["references"][: sizes.bleu_pairs]
     by_length = sorted(range(len(test_sources)), key=lambda i: -len(test_sources[i]))  # less padding, longest first
-    batches = [by_length[start : start + 64] for start in range(0, len(by_length), 64)]
+    size = sizes.bleu_eval_batch
+    batches = [by_length[start : start + size] for start in range(0, len(by_length), size)]
     config = VaswaniConfig.from_preset(sizes.bleu_preset, **tokenizer_ids(tokenizer))
     pairs = CarriedPairs(corpus_dir / "train.npz", config.pad_token_id, config.decoder_start_token_id)
     sampler = TokenBucketSampler(
@@ -508,16 +565,27 @@ def time_to_bleu(args, sizes: Sizes, deadline: Deadline, publish) -> dict:
 
 SECTIONS = {
     "training": training,
+    "time_to_bleu": time_to_bleu,
     "generation": generation,
     "correctness": correctness,
-    "time_to_bleu": time_to_bleu,
+    "profile": profile,
+    "chunk_sweep": chunk_sweep,
+    "batch_sweep": batch_sweep,
 }
+# Two commands of a GPU session: the questions a user asks first, then what the next speed-up would be chosen from.
+PARTS = {1: ("training", "time_to_bleu", "generation", "correctness"), 2: ("profile", "chunk_sweep", "batch_sweep")}
 
 
 @dataclass
 class MeasureArguments:
-    section: list[str] = field(
-        default_factory=lambda: list(SECTIONS), metadata={"help": f"sections to run, of {', '.join(SECTIONS)}"}
+    part: int = field(
+        default=1,
+        metadata={
+            "help": "1: " + ", ".join(PARTS[1]) + " (9 minutes on a GPU); 2: " + ", ".join(PARTS[2]) + " (4 minutes)"
+        },
+    )
+    section: list[str] | None = field(
+        default=None, metadata={"help": f"only these sections of the part, of {', '.join(SECTIONS)}"}
     )
     device: str = field(default="cuda", metadata={"help": "cuda, or cpu (with --quick, to test the code)"})
     quick: bool = field(default=False, metadata={"help": "every section on tiny sizes"})
@@ -528,30 +596,33 @@ class MeasureArguments:
     )
 
     def __post_init__(self):
-        unknown = [name for name in self.section if name not in SECTIONS]
+        if self.part not in PARTS:
+            raise UsageError(f"--part {self.part}: the parts are {', '.join(map(str, PARTS))}")
+        unknown = [name for name in self.section or () if name not in PARTS[self.part]]
         if unknown:
-            raise UsageError(f"unknown --section {', '.join(unknown)}; the sections are {', '.join(SECTIONS)}")
+            raise UsageError(
+                f"--section {', '.join(unknown)} is not in part {self.part}, whose sections are "
+                f"{', '.join(PARTS[self.part])}"
+            )
 
 
 @command
 def main(argv) -> dict:
-    from benchmarks.gpu_report_render import render
-
     (args,) = parse_arguments([MeasureArguments], argv, description=__doc__.split("\n\n")[0])
     if args.device == "cuda" and not torch.cuda.is_available():
         raise UsageError("--device cuda asked for, but torch sees no CUDA device.")
     sizes = QUICK if args.quick else FULL
     if args.device == "cuda" and args.quick:
         print("--quick on a GPU: tiny sizes, figures that mean nothing", file=sys.stderr)
-    end = time.monotonic() + 60 * sizes.minutes - (time.time() - (args.started_at or time.time()))
+    end = time.monotonic() + 60 * sizes.part_minutes[args.part] - (time.time() - (args.started_at or time.time()))
     report_dir = Path(args.report_dir)
     report_dir.mkdir(parents=True, exist_ok=True)
-    sections = [name for name in SECTIONS if name in args.section]
+    sections = [name for name in PARTS[args.part] if name in (args.section or PARTS[args.part])]
     facts = environment(torch.device(args.device))
     results = {}
     for index, name in enumerate(sections):
         started = time.monotonic()
-        share = 60 * sizes.section_minutes.get(name, sizes.minutes) if index < len(sections) - 1 else float("inf")
+        share = 60 * sizes.section_minutes[name] if index < len(sections) - 1 else float("inf")
         deadline = Deadline(min(end - started, share))
 
         def save(section_results, complete=False, name=name, started=started):

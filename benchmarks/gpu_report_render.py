@@ -6,8 +6,8 @@ Run from the root of a checkout with the `test` extra installed, on any machine 
 also renders the page into its report folder after every measurement): it reads the SECTION.json files the sections
 wrote into DIR (a section not there is listed as not measured, one cut off as such) and writes gpu.md with the
 environment they were measured in, a table of targets (training at 1.2x Marian's tokens/s, 50% MFU for the big preset,
-1.5x from a static cache and torch.compile at batch 1, the CTranslate2 speed-up, time to BLEU) beside published
-anchors, one section each, and at most 3 PNGs (gpu_*.png).
+1.5x from a static cache and torch.compile for the paper's beam search, the CTranslate2 speed-up, time to BLEU) beside
+published anchors, one section each, both commands' sections in one page, and at most 4 PNGs (gpu_*.png).
 """
 
 import json
@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from benchmarks.benchmark import fmt_rate
-from benchmarks.gpu_report_measure import SECTIONS
 from vaswani.training.checks import UsageError
 from vaswani.training.cli import command, parse_arguments
 
@@ -58,7 +57,7 @@ def render(report_dir: Path, output_dir: Path) -> dict:
 
     sections = {
         name: json.loads((report_dir / f"{name}.json").read_text())
-        for name in SECTIONS
+        for name in RENDERERS
         if (report_dir / f"{name}.json").exists()
     }
     if not sections:
@@ -74,13 +73,13 @@ def render(report_dir: Path, output_dir: Path) -> dict:
         + (" **Quick mode: tiny sizes, the figures test the code and mean nothing.**" if first["quick"] else ""),
         "",
         "Written by `benchmarks.gpu_report_render` from the sections' JSON (how each is measured: "
-        "`benchmarks/gpu_report_measure.py`; the whole report in one command: `benchmarks/README.md`).",
+        '`benchmarks/gpu_report_measure.py`; its two commands: `benchmarks/README.md`, "The GPU report").',
         "",
     ]
     targets = []
-    for name in SECTIONS:
+    for name in RENDERERS:
         if name not in sections:
-            lines += [f"## {name}", "", "Not measured: the run ended before this section began.", ""]
+            lines += [f"## {name}", "", "Not measured: no run wrote this section's JSON into the report's folder.", ""]
             continue
         section = sections[name]
         state = "" if section.get("complete", True) else ", cut off: what follows was measured before the run ended"
@@ -88,13 +87,7 @@ def render(report_dir: Path, output_dir: Path) -> dict:
         if "not_measured" in section["results"]:
             lines += [f"Not measured, because {section['results']['not_measured']}.", ""]
             continue
-        render_section = {
-            "correctness": render_correctness,
-            "training": render_training,
-            "generation": render_generation,
-            "time_to_bleu": render_time_to_bleu,
-        }[name]
-        text, section_targets = render_section(section["results"], plt, output_dir)
+        text, section_targets = RENDERERS[name](section["results"], plt, output_dir)
         lines += [text, ""]
         targets += section_targets
     lines[6:6] = [
@@ -174,18 +167,6 @@ def render_training(results, plt, output_dir):
                     f"| big, {'compiled' if row['compiled'] else 'eager'}: >= 50% MFU | {row['mfu']:.1%} "
                     f"({fmt_rate(row['tokens_per_s'])} tokens/s) | {'yes' if row['mfu'] >= 0.5 else 'no'} |"
                 )
-    lines += ["", "The loss's chunk size (values per chunk on the device; the default is 2^26):", ""]
-    lines += ["| values per chunk | tokens/s | peak memory MiB |", "| --- | --- | --- |"]
-    for point in results["chunk_sweep"]:
-        size = f"2^{int(math.log2(point['chunk_elements']))}"
-        if "not_measured" in point:
-            lines.append(f"| {size} | not measured, because {point['not_measured']} | |")
-        else:
-            lines.append(f"| {size} | {fmt_rate(point['tokens_per_s'])} | {point['peak_memory_mib']:,.0f} |")
-    profile = results["profile"]
-    profile_text = profile.get("profile") or f"not measured, because {profile['not_measured']}"
-    lines += ["", f"Where the time of one step goes ({results['profiled']}):", "", "```", profile_text, "```"]
-
     measured_rows = [r for r in results["rows"] if "tokens_per_s" in r]
     figure, axis = plt.subplots(figsize=(8, 4))
     labels = [
@@ -271,7 +252,7 @@ def render_generation(results, plt, output_dir):
 
 def render_time_to_bleu(results, plt, output_dir):
     lines = [
-        f"The {results['preset']} preset, batches of about {results['batch_tokens']:,} padded tokens, the paper's "
+        f"The {results['preset']} preset, eager, batches of about {results['batch_tokens']:,} padded tokens, the paper's "
         f"schedule scaled to the time left ({results['planned_minutes']:.1f} minutes, {results['planned_steps']:,} "
         f"steps planned, warmup {results['warmup_steps']}, peak learning rate {results['peak_lr']:.2e}); BLEU of beam "
         f"4 on {results['test_pairs']} test pairs, `{results['signature']}`, "
@@ -293,6 +274,89 @@ def render_time_to_bleu(results, plt, output_dir):
     axis.set(xlabel="training minutes", ylabel="test BLEU", title=f"{results['preset']} preset, default corpus")
     axis.grid(alpha=0.3)
     return "\n".join(lines + [saved(figure, plt, output_dir, "gpu_time_to_bleu.png", "BLEU against minutes")]), targets
+
+
+def render_profile(results, plt, output_dir):
+    lines = []
+    for run in results["runs"]:
+        title = f"{run['preset']}, {'compiled' if run['compiled'] else 'eager'}, {run['batch_tokens']:,} source tokens"
+        if "not_measured" in run:
+            lines += [f"{title}: not measured, because {run['not_measured']}.", ""]
+            continue
+        shares = ", ".join(f"{kind} {share:.1%}" for kind, share in run["shares"].items())
+        lines += [
+            f"{title}: {run['total_ms']:.1f} ms of {run['timed']}; {shares}.",
+            "",
+            "| kernel | kind | calls | ms | share |",
+            "| --- | --- | --- | --- | --- |",
+            *(
+                f"| `{top['kernel']}` | {top['kind']} | {top['calls']} | {top['ms']:.2f} | {top['share']:.1%} |"
+                for top in run["top"]
+            ),
+            "",
+        ]
+    return "\n".join(lines), []
+
+
+def render_chunk_sweep(results, plt, output_dir):
+    lines = [
+        f"The loss's values per chunk on the device (the default is 2^26), the {results['preset']} preset eager, "
+        f"{results['batch_tokens']:,} source tokens a batch:",
+        "",
+        "| values per chunk | tokens/s | peak memory MiB |",
+        "| --- | --- | --- |",
+    ]
+    for point in results["points"]:
+        size = f"2^{int(math.log2(point['chunk_elements']))}"
+        if "not_measured" in point:
+            lines.append(f"| {size} | not measured, because {point['not_measured']} | |")
+        else:
+            lines.append(f"| {size} | {fmt_rate(point['tokens_per_s'])} | {point['peak_memory_mib']:,.0f} |")
+    return "\n".join(lines), []
+
+
+def render_batch_sweep(results, plt, output_dir):
+    lines = [
+        f"vaswani, eager, pairs of {results['length']} tokens, against the source tokens of a batch (as many target "
+        "tokens):",
+        "",
+        "| preset | source tokens a batch | tokens/s | MFU | peak memory MiB |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    figure, axis = plt.subplots(figsize=(6, 4))
+    for preset in dict.fromkeys(point["preset"] for point in results["points"]):
+        points = [point for point in results["points"] if point["preset"] == preset]
+        for point in points:
+            if "not_measured" in point:
+                lines.append(
+                    f"| {preset} | {point['batch_tokens']:,} | not measured, because {point['not_measured']} |||"
+                )
+            else:
+                lines.append(
+                    f"| {preset} | {point['batch_tokens']:,} | {fmt_rate(point['tokens_per_s'])} | {point['mfu']:.1%} "
+                    f"| {point['peak_memory_mib']:,.0f} |"
+                )
+        shown = [point for point in points if "tokens_per_s" in point]
+        axis.plot(
+            [p["batch_tokens"] for p in shown], [p["tokens_per_s"]["median"] for p in shown], marker="o", label=preset
+        )
+    axis.set(
+        xlabel="source tokens a batch", ylabel="training tokens/s", xscale="log", title="Speed against batch size"
+    )
+    axis.legend()
+    return "\n".join(lines + [saved(figure, plt, output_dir, "gpu_batch_sweep.png", "speed against batch")]), []
+
+
+# The sections in the page's order: the first command's, then the second's (benchmarks.gpu_report_measure.PARTS).
+RENDERERS = {
+    "training": render_training,
+    "time_to_bleu": render_time_to_bleu,
+    "generation": render_generation,
+    "correctness": render_correctness,
+    "profile": render_profile,
+    "chunk_sweep": render_chunk_sweep,
+    "batch_sweep": render_batch_sweep,
+}
 
 
 if __name__ == "__main__":

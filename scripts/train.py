@@ -41,6 +41,7 @@ def main(argv, callbacks=()):
     from accelerate.utils import set_seed
 
     from vaswani import VaswaniForConditionalGeneration
+    from vaswani.training.batching import paper_batch_tokens
     from vaswani.training.data import TrainingData, load_translation_dataset
     from vaswani.training.distributed import configure_deepspeed, launch_accelerator, shard_shared_embedding
     from vaswani.training.evaluation import validate
@@ -72,11 +73,14 @@ def main(argv, callbacks=()):
         output_dir,
         use_cpu=args.use_cpu,
         ddp_timeout=args.ddp_timeout,
+        torch_compile=args.torch_compile,
         mixed_precision=args.mixed_precision,
         gradient_accumulation_steps=args.gradient_accumulation_steps,
         step_scheduler_with_optimizer=False,  # our schedule steps once per optimizer step, whatever the process count
         log_with=None if args.report_to == "none" else args.report_to,
     )
+    if args.batch_tokens is None:  # the paper's step, however many processes and accumulated batches make it
+        args.batch_tokens = paper_batch_tokens(accelerator.num_processes, args.gradient_accumulation_steps)
     data = TrainingData.load(accelerator, dataset, tokenizer, config, args)
 
     # --- The model (the same initial weights on every process), Adam and the schedule (section 5.3). ---
@@ -132,7 +136,8 @@ def main(argv, callbacks=()):
     )
 
     # --- Training (sections 5.2-5.4): one optimizer step per pass, until --max_steps or a reason to stop. ---
-    trained_model, stop, saved = accelerator.unwrap_model(model), None, None
+    trained_model, stop, saved = accelerator.unwrap_model(model, keep_torch_compile=False), None, None
+    compiled, first_step = trained_model is not accelerator.unwrap_model(model), state.step
     model.train()
     with StopSignal() as signals:  # SIGTERM and SIGINT end the run after the step under way, checkpointed
         while state.step < args.max_steps and stop is None:
@@ -148,6 +153,10 @@ def main(argv, callbacks=()):
                 stop_vote=signals.received is not None,
             )
             seconds = time.perf_counter() - started
+            if compiled and state.step == first_step:
+                accelerator.print(
+                    f"torch.compile: the first step, compiling the model, took {seconds:.1f} s (a batch of a new shape compiles once more)"
+                )
             state.add_step(result, seconds)
             for callback in callbacks:
                 callback.on_step_end(state, result)

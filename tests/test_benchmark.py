@@ -277,10 +277,11 @@ def machine_like_environment(folder, record):
 
 
 @pytest.mark.slow  # a fresh virtual environment, then every section of the report on tiny sizes: about 20 minutes
-def test_the_carry_installs_offline_and_one_command_writes_every_section_and_the_page(carried_corpus, tmp_path):
-    """`benchmarks.gpu_report_prepare` builds the carry, `bash CARRY/run.sh DIR --device cpu --quick` runs in an
-    environment like the GPU machine's (no PYTHONPATH; the carry installs without an index) from start to end: every
-    section writes its JSON, the page renders, and the report ran on the carried transformers, not the older one."""
+def test_the_carry_installs_offline_and_two_commands_write_every_section_and_the_page(carried_corpus, tmp_path):
+    """`benchmarks.gpu_report_prepare` builds the carry, `bash CARRY/run.sh DIR --part 1|2 --device cpu --quick`
+    run in an environment like the GPU machine's (no PYTHONPATH; the carry installs without an index) from start to
+    end: every section of both parts writes its JSON, the page renders them all, and the report ran on the carried
+    transformers, not the older one."""
     data, corpus = carried_corpus
     carry, output = tmp_path / "carry", tmp_path / "report"
     python_version = f"{sys.version_info.major}.{sys.version_info.minor}"
@@ -298,18 +299,21 @@ def test_the_carry_installs_offline_and_one_command_writes_every_section_and_the
     bin_dir = machine_like_environment(tmp_path / "machine", record)
     env = {key: value for key, value in script_env().items() if key not in ("PYTHONPATH", "VIRTUAL_ENV")}
     env["PATH"] = f"{bin_dir}:{env['PATH']}"
-    done = run_command(["bash", carry / "run.sh", output, "--device", "cpu", "--quick"], env=env, timeout=2700)
-    assert done.returncode == 0, f"{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
+    for part in ("1", "2"):  # the GPU session's two commands
+        command = ["bash", carry / "run.sh", output, "--part", part, "--device", "cpu", "--quick"]
+        done = run_command(command, env=env, timeout=2700)
+        assert done.returncode == 0, f"{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
 
-    sections = ["training", "generation", "correctness", "time_to_bleu"]
+    sections = ["training", "time_to_bleu", "generation", "correctness", "profile", "chunk_sweep", "batch_sweep"]
     results = {name: json.loads((output / f"{name}.json").read_text()) for name in sections}
     for result in results.values():
         assert result["complete"] and result["quick"]
         assert result["environment"]["transformers"] == record["carried"]["transformers"]
     training = results["training"]["results"]
-    eager = [row for row in training["rows"] if not row["compiled"]]
-    assert [row["implementation"] for row in eager] == ["vaswani", "marian"]
-    assert all(0 < row["mfu"] < 1 and row["target_tokens_per_s"]["median"] > 0 for row in eager)
+    assert [(row["implementation"], row["compiled"]) for row in training["rows"]] == [
+        ("vaswani", False), ("marian", False), ("vaswani", True), ("marian", True)
+    ]  # fmt: skip
+    assert all(0 < row["mfu"] < 1 and row["target_tokens_per_s"]["median"] > 0 for row in training["rows"])
     generation = {(row["batch"], row["model"], row["engine"]): row for row in results["generation"]["results"]["rows"]}
     for engine in ("eager", "static cache + compile"):  # every vaswani row has Marian's beside it
         assert generation[(1, "vaswani", engine)]["paper_beam4_tokens_per_s"]["median"] > 0
@@ -320,14 +324,22 @@ def test_the_carry_installs_offline_and_one_command_writes_every_section_and_the
     bfloat16 = correctness["generation tests in bfloat16"]
     assert bfloat16["passed"] >= 3 and bfloat16["failed"] == 0
     points = results["time_to_bleu"]["results"]["points"]
-    assert points and all(0 <= point["bleu"] <= 100 for point in points)
+    assert len(points) >= 2 and all(0 <= point["bleu"] <= 100 for point in points)
+    assert points[-1]["bleu"] > 0  # the section measures something: the tiny model learns the word-for-word pairs
+    for run in results["profile"]["results"]["runs"]:  # compiled, then eager
+        assert sum(run["shares"].values()) == pytest.approx(1.0) and run["top"][0]["ms"] > 0
+    assert results["profile"]["results"]["runs"][1]["shares"]["loss"] > 0  # the eager loss's range is attributed
+    assert all(point["tokens_per_s"]["median"] > 0 for point in results["chunk_sweep"]["results"]["points"])
+    batch_sweep = results["batch_sweep"]["results"]["points"]
+    assert [point["batch_tokens"] for point in batch_sweep] == [128, 512]
+    assert batch_sweep[1]["peak_memory_mib"] > batch_sweep[0]["peak_memory_mib"]
 
     page = (output / "gpu.md").read_text()
     assert page.startswith("# GPU report") and "Quick mode" in page and "cut off" not in page
-    for heading in ("## Targets", "## training", "## generation", "## correctness", "## time_to_bleu"):
+    for heading in ("## Targets", *(f"## {name}" for name in sections)):
         assert heading in page
     assert sorted(path.name for path in output.glob("*.png")) == [
-        "gpu_generation.png", "gpu_time_to_bleu.png", "gpu_training.png"
+        "gpu_batch_sweep.png", "gpu_generation.png", "gpu_time_to_bleu.png", "gpu_training.png"
     ]  # fmt: skip
 
 

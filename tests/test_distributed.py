@@ -95,7 +95,10 @@ def test_the_validation_split_gives_the_processes_unequal_shares(corpus):
 
 def test_ddp_validates_with_unequal_shares_and_says_which_strategy_ran(ddp_run):
     summary = json.loads((ddp_run / "training_summary.json").read_text())
-    assert summary["strategy"] == "data parallel (MULTI_CPU, gloo), 2 processes on cpu, mixed precision no"
+    assert (
+        summary["strategy"]
+        == "data parallel (MULTI_CPU, gloo), 2 processes on cpu, mixed precision no, torch.compile off"
+    )
     assert [r["step"] for r in read_log(ddp_run) if "val_loss" in r] == [4, 8, 8]  # periodic, then the final model
 
 
@@ -138,7 +141,10 @@ def test_fsdp2_trains_as_ddp_does_and_resumes_exactly(corpus, ddp_run, tmp_path,
     options = ["--fsdp_state_dict_type", state_dict_type]
     straight, stopped = tmp_path / "straight", tmp_path / "stopped"
     result = launch("fsdp.yaml", *script, *arguments(corpus, straight), launcher_options=options)
-    assert f"strategy: FSDP2, {state_dict_type}, 2 processes on cpu, mixed precision no" in result.stdout
+    assert (
+        f"strategy: FSDP2, {state_dict_type}, 2 processes on cpu, mixed precision no, torch.compile off"
+        in result.stdout
+    )
     assert max_difference(final_weights(straight), final_weights(ddp_run)) < 1e-5
     ours, theirs = ([r for r in read_log(run) if "val_loss" in r] for run in (straight, ddp_run))
     assert [r["val_loss"] for r in ours] == pytest.approx([r["val_loss"] for r in theirs], abs=1e-4)
@@ -188,7 +194,9 @@ def test_deepspeed_zero2_trains_as_ddp_does_and_resumes(corpus, ddp_run, tmp_pat
     train_py = SCRIPTS / "train.py"
     straight, stopped = tmp_path / "straight", tmp_path / "stopped"
     result = launch("deepspeed_zero2.yaml", train_py, *arguments(corpus, straight))
-    assert "strategy: DeepSpeed ZeRO stage 2, 2 processes on cpu, mixed precision no" in result.stdout
+    assert (
+        "strategy: DeepSpeed ZeRO stage 2, 2 processes on cpu, mixed precision no, torch.compile off" in result.stdout
+    )
     summary = json.loads((straight / "training_summary.json").read_text())
     assert summary["hardware"]["distributed_type"] == "DEEPSPEED"
     for name in ("checkpoints/step_0000008/model.safetensors", "model.safetensors"):

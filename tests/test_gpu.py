@@ -9,7 +9,7 @@ import importlib.util
 
 import pytest
 import torch
-from helpers import pad_pairs
+from helpers import FAST, make_dataset, pad_pairs, read_log, run_script, train_arguments, word_tokenizer
 from transformers import CompileConfig
 
 from vaswani import VaswaniForConditionalGeneration
@@ -87,3 +87,21 @@ def test_bfloat16_autocast_training_step_on_the_gpu(trained_tiny_model, translat
     for name, parameter in model.named_parameters():
         assert parameter.dtype == torch.float32 and parameter.isfinite().all(), name
         assert parameter.grad.isfinite().all(), name
+
+
+def test_train_compiles_the_model_on_a_gpu_by_default_and_trains_with_eagers_losses(tmp_path):
+    """vaswani-train on a GPU with no --torch_compile: the model trains through torch.compile, the log states the
+    compile time, and the losses of token-bucket batches of changing shapes are eager's to 1% (dropout off)."""
+    data = make_dataset(tmp_path / "data", {"train": 600, "validation": 20})
+    tokenizer = word_tokenizer(tmp_path / "tokenizer")
+    flags = [*FAST, "--config_overrides", "dropout=0.0,attention_dropout=0.0,activation_dropout=0.0"]
+    flags += ["--max_steps", 6, "--save_steps", 6, "--average_last", 1, "--logging_steps", 1, "--report_to", "none"]
+    flags += ["--eval_steps", 6, "--eval_bleu_samples", 4]
+    losses = {}
+    for name, extra in (("default", []), ("eager", ["--torch_compile", False])):
+        output_dir = tmp_path / name
+        result = run_script("train", *train_arguments(data, tokenizer, output_dir, *flags, *extra))
+        assert "on cuda" in result.stdout
+        assert ("torch.compile: the first step, compiling the model, took" in result.stdout) == (name == "default")
+        losses[name] = [record["loss"] for record in read_log(output_dir) if "loss" in record]
+    assert len(losses["default"]) == 6 and losses["default"] == pytest.approx(losses["eager"], rel=1e-2)

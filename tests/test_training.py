@@ -197,6 +197,39 @@ def test_training_writes_model_logs_plots_and_summary(trained, corpus):
     assert model.generation_config.num_beams == 4 and model.generation_config.length_penalty == 0.6
 
 
+def test_a_compiled_run_takes_the_eager_runs_steps_and_saves_plain_weights(corpus, tmp_path):
+    """--torch_compile (the default on a GPU): the same losses as eager, its compile time in the log, checkpoints
+    and the final model without torch.compile's wrapper in their names, loadable by the Auto classes."""
+    data, tokenizer = corpus
+    no_dropout = ["--config_overrides", "dropout=0.0,attention_dropout=0.0,activation_dropout=0.0"]
+    flags = [*FAST, *no_dropout, "--max_steps", 4, "--save_steps", 2, "--average_last", 2, "--logging_steps", 1]
+    flags += ["--eval_steps", 4, "--eval_bleu_samples", 4, "--report_to", "none"]
+    runs = {}
+    for compiled in (True, False):
+        output_dir = tmp_path / str(compiled)
+        result = run_script(
+            "train", *train_arguments(data, tokenizer, output_dir, *flags, "--torch_compile", compiled)
+        )
+        runs[compiled] = output_dir, result.stdout
+    (compiled_dir, compiled_out), (eager_dir, eager_out) = runs[True], runs[False]
+    assert "torch.compile: the first step, compiling the model, took" in compiled_out
+    assert "torch.compile on" in compiled_out and "torch.compile off" in eager_out
+    assert "torch.compile: the first step" not in eager_out
+    losses = {run: [r["loss"] for r in read_log(runs[run][0]) if "loss" in r] for run in runs}
+    assert len(losses[True]) == 4 and losses[True] == pytest.approx(losses[False], rel=1e-4)
+    for name in ("checkpoints/step_0000004/model.safetensors", "model.safetensors"):
+        weights = load_file(str(compiled_dir / name))
+        assert weights.keys() == load_file(str(eager_dir / name)).keys(), name
+    assert AutoModelForSeq2SeqLM.from_pretrained(compiled_dir).config.d_model == 64
+
+
+def test_the_model_compiles_by_default_on_an_accelerator_only():
+    assert LaunchedStrategy(fsdp=False, deepspeed=False, on_cpu=False).compiles(None)
+    assert not LaunchedStrategy(fsdp=False, deepspeed=False, on_cpu=True).compiles(None)
+    assert not LaunchedStrategy(fsdp=False, deepspeed=False, on_cpu=False).compiles(False)
+    assert LaunchedStrategy(fsdp=False, deepspeed=False, on_cpu=True).compiles(True)
+
+
 def tokenized_files(data):
     return sorted(path.name for path in Path(data).glob("*/vaswani-tokens-*"))
 

@@ -49,9 +49,12 @@ class TrainArguments:
     long_pairs: Literal["filter", "truncate"] = field(
         default="filter", metadata={"help": "what to do with training pairs longer than the maximum lengths"}
     )
-    batch_tokens: int = field(
-        default=6250,
-        metadata={"help": "padded source+target tokens per batch and process (paper: 25000+25000 over 8 GPUs)"},
+    batch_tokens: int | None = field(
+        default=None,
+        metadata={
+            "help": "padded source+target tokens per batch and process; default: the paper's step of 25000+25000 "
+            "tokens over the processes and --gradient_accumulation_steps (50000 on one GPU, 6250 on each of 8)"
+        },
     )
     gradient_accumulation_steps: int = field(
         default=1,
@@ -116,6 +119,13 @@ class TrainArguments:
         default=None, metadata={"help": "default: what `accelerate launch` / the accelerate config says (else no)"}
     )
     use_cpu: bool = field(default=False, metadata={"help": "train on the CPU even if a GPU is present"})
+    torch_compile: bool | None = field(
+        default=None,
+        metadata={
+            "help": "train the model through torch.compile (inductor); default: on a GPU yes, on the CPU no "
+            "(`accelerate launch --dynamo_backend` is not read)"
+        },
+    )
     ddp_timeout: int = field(
         default=1800,
         metadata={
@@ -167,7 +177,7 @@ class TrainArguments:
         if self.push_to_hub and not self.hub_model_id:
             raise UsageError("--push_to_hub needs --hub_model_id NAMESPACE/NAME")
         for name in (
-            "batch_tokens",
+            "batch_tokens",  # None: the paper's step (paper_batch_tokens)
             "gradient_accumulation_steps",
             "max_steps",
             "warmup_steps",
@@ -183,7 +193,7 @@ class TrainArguments:
             "num_proc",
             "ddp_timeout",
         ):
-            if getattr(self, name) < 1:
+            if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise UsageError(f"--{name} must be at least 1")
         if not 0.0 <= self.label_smoothing_factor < 1.0:
             raise UsageError("--label_smoothing_factor must be in [0, 1)")

@@ -12,6 +12,17 @@ import numpy as np
 import torch
 
 
+PAPER_STEP_TOKENS = 50_000  # section 5.1: about 25,000 source and 25,000 target tokens a step
+
+
+def paper_batch_tokens(processes: int, accumulated: int = 1) -> int:
+    """The padded tokens per batch and process that make the paper's step: 50,000 on one GPU, 6,250 on each of 8.
+
+    One GPU takes the step in one batch rather than accumulating small ones: at 65,536 tokens a batch it trained 1.8x
+    the tokens a second it did at 16,384 (docs/speed.md, "GPU")."""
+    return max(1, PAPER_STEP_TOKENS // (processes * accumulated))
+
+
 class TokenBucketSampler(torch.utils.data.Sampler):
     """Batches of pairs of similar length whose padded size, pairs x (longest source + longest target), stays within
     `max_tokens`, dealt out to `num_replicas` processes.
