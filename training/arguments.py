@@ -35,8 +35,8 @@ class DecodingArguments:
 
 @dataclass
 class TrainArguments:
-    """vaswani-train's flags. The defaults are the paper's base model on 8 GPUs (Table 3, sections 5.1-5.4);
-    docs/training.md and configs/README.md give the flags for a small run on a CPU."""
+    """vaswani-train's flags. The defaults are the paper's base model and its steps of 50,000 tokens, on however many
+    GPUs (Table 3, sections 5.1-5.4); docs/training.md and configs/README.md give the flags for a small run on a CPU."""
 
     # Data (section 5.1).
     dataset_dir: str = field(metadata={"help": "DatasetDict saved by scripts/prepare_data.py"})
