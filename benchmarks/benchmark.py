@@ -40,8 +40,8 @@ from typing import Literal
 
 import torch
 
-from vaswani.training.checks import UsageError
-from vaswani.training.cli import command, parse_arguments
+from vaswani.checks import UsageError
+from vaswani.cli import command, parse_arguments
 from vaswani.training.step import recipe_adam, train_step
 
 
@@ -330,7 +330,7 @@ def measure_ctranslate2(args, quantization: str, num_beams: int) -> dict:
 
     import ctranslate2
 
-    from vaswani.training.export import export, translate_ids, vocabulary
+    from vaswani.export.ctranslate2 import export, translate_ids, vocabulary
 
     model = build_model("vaswani", args.preset, args.max_positions).eval()
     with tempfile.TemporaryDirectory() as folder:

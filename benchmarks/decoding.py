@@ -7,13 +7,13 @@
 Run from the root of a checkout, with the package and its `test` extra installed (benchmarks/README.md).
 
 The first --samples sentences of the test split are translated the way `vaswani-evaluate` translates them
-(`vaswani.training.evaluation.translations`: batches of --batch_size sentences of similar length, longest first),
+(`vaswani.evaluation.bleu.translations`: batches of --batch_size sentences of similar length, longest first),
 by each engine in turn, --rounds times in alternating order; each row gives the fastest round:
 - vaswani: the paper's beam search (the default decoding), transformers' beam search (`paper_decoding=False`),
   greedy decoding;
 - `MarianMTModel` holding the same weights (its attention biases and final-logits bias zero, its positional table
   the model's interleaved one), decoded by transformers' `generate()` as Marian users do: beam 4 and greedy;
-- CTranslate2, where it is installed: the model exported by `vaswani.training.export`, float32 and int8, beam 4 and
+- CTranslate2, where it is installed: the model exported by `vaswani.export.ctranslate2`, float32 and int8, beam 4 and
   greedy, in the same batches.
 Beam searches use 4 beams and length penalty 0.6. Each row says how many sentences translate as the default decoding
 does, and the BLEU of the engine's translations. `--profile` adds where the time of one decoding of the sentences
@@ -33,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-from vaswani.training.cli import command, parse_arguments
+from vaswani.cli import command, parse_arguments
 
 
 BEAM = {"num_beams": 4, "length_penalty": 0.6}
@@ -101,7 +101,7 @@ def engine_names(args) -> list[str]:
 
 def engine(name: str, args, model, tokenizer):
     """The function that translates a list of sentences into a list of translations, in order, as `name` does."""
-    from vaswani.training.evaluation import translate
+    from vaswani.evaluation.bleu import translate
 
     options = BEAM if name.endswith("beam 4") else GREEDY
     if name in VASWANI_DECODINGS:
@@ -113,7 +113,7 @@ def engine(name: str, args, model, tokenizer):
 
     import ctranslate2
 
-    from vaswani.training.export import export
+    from vaswani.export.ctranslate2 import export
 
     folder = tempfile.mkdtemp(prefix="ct2-")
     export(model, folder, tokenizer=tokenizer, quantization=name.split()[1].rstrip(","))
@@ -255,7 +255,7 @@ def measure_once(args, name: str) -> dict:
 
 
 def load(args):
-    from vaswani.training.evaluation import load_pairs, load_translation_model
+    from vaswani.evaluation.bleu import load_pairs, load_translation_model
 
     torch.set_num_threads(args.threads)
     model, tokenizer = load_translation_model(args.model, device="cpu")
@@ -276,7 +276,7 @@ def main(argv=None) -> dict:
         return {}
     import platform
 
-    from vaswani.training.evaluation import corpus_bleu
+    from vaswani.evaluation.bleu import corpus_bleu
 
     names = engine_names(args)
     times, outputs = {name: [] for name in names}, {}

@@ -45,8 +45,8 @@ from packaging.utils import canonicalize_name
 from packaging.version import Version
 
 from benchmarks.benchmark import REPO_ROOT
-from vaswani.training.checks import UsageError
-from vaswani.training.cli import command, parse_arguments
+from vaswani.checks import UsageError
+from vaswani.cli import command, parse_arguments
 
 
 # The GPU machine the report is measured on: CPython 3.12.3 (its `python3`), torch 2.11.0 built for CUDA 13, and the
@@ -134,9 +134,9 @@ class PrepareArguments:
 def prepare_corpus(dataset_dir, tokenizer_dir, corpus_dir: Path, source_lang="en", target_lang="es", test_pairs=1000):
     """The training pairs tokenized into numpy arrays (ids and offsets), the first test pairs as text, and the
     tokenizer, in `corpus_dir`."""
+    from vaswani.corpora.tokenizer import load_tokenizer
+    from vaswani.evaluation.bleu import load_pairs
     from vaswani.training.data import load_translation_dataset, tokenize_split
-    from vaswani.training.evaluation import load_pairs
-    from vaswani.training.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(tokenizer_dir)
     split = tokenize_split(

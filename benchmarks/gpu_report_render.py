@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from benchmarks.benchmark import fmt_rate
-from vaswani.training.checks import UsageError
-from vaswani.training.cli import command, parse_arguments
+from vaswani.checks import UsageError
+from vaswani.cli import command, parse_arguments
 
 
 # NVIDIA's fairseq-based recipe (DeepLearningExamples) trains the big model at about 82,000 tokens/s on one A100,

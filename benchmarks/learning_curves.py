@@ -36,21 +36,21 @@ from accelerate import Accelerator
 from tqdm import tqdm
 
 from vaswani import VaswaniConfig, VaswaniForConditionalGeneration
+from vaswani.checks import UsageError, tokenizer_ids
+from vaswani.cli import command, parse_arguments
 from vaswani.configuration.configuration_vaswani import INIT_SCHEMES
+from vaswani.corpora.tokenizer import load_tokenizer
+from vaswani.evaluation.bleu import corpus_bleu, load_pairs, translate, validate
 from vaswani.training.batching import StepBatches, TokenBucketSampler
 from vaswani.training.checkpoints import TrainState
-from vaswani.training.checks import UsageError, tokenizer_ids
-from vaswani.training.cli import command, parse_arguments
 from vaswani.training.data import (
     PairCollator,
     load_translation_dataset,
     pair_loader,
     tokenize_split,
 )
-from vaswani.training.evaluation import corpus_bleu, load_pairs, translate, validate
 from vaswani.training.schedule import inverse_sqrt_schedule
 from vaswani.training.step import recipe_adam, train_step
-from vaswani.training.tokenizer import load_tokenizer
 
 
 @dataclass

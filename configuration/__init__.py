@@ -1,4 +1,4 @@
-"""The model's configuration (configuration_vaswani); `choices` names the presets and the initialisation schemes."""
+"""The model's configuration (configuration_vaswani): the presets of Table 3 and the initialisation schemes."""
 
 from .configuration_vaswani import PRESETS, VaswaniConfig, remote_code_files
 

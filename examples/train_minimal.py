@@ -15,6 +15,8 @@ from pathlib import Path
 from transformers import AutoTokenizer
 
 from vaswani import VaswaniConfig, VaswaniForConditionalGeneration
+from vaswani.checks import tokenizer_ids
+from vaswani.evaluation import validate
 from vaswani.training import (
     PairCollator,
     TokenBucketSampler,
@@ -24,9 +26,7 @@ from vaswani.training import (
     pair_loader,
     tokenize_split,
     train_step,
-    validate,
 )
-from vaswani.training.checks import tokenizer_ids
 from vaswani.training.distributed import launch_accelerator
 from vaswani.training.step import recipe_adam
 

@@ -12,7 +12,7 @@ penalty 0.6) unless the call passes other `generate()` arguments.
 Beyond the built-in, as fairseq users expect: n-best lists with their scores (`num_return_sequences`,
 `return_scores`), a forced target prefix (`prefix`), word alignments from the encoder-decoder attention
 (`return_alignments`), and `max_source_length`, which says what it cut. `translate_batch` does the work for one batch;
-the pipeline and `vaswani.training.evaluation.translate` (and `vaswani-translate`) call it for batches of similar
+the pipeline and `vaswani.evaluation.bleu.translate` (and `vaswani-translate`) call it for batches of similar
 length.
 """
 
@@ -63,7 +63,7 @@ def hard_alignments(model, input_ids, attention_mask, sequences, layer: int = -1
 
 
 BATCH_SIZE = 32
-"""How many texts are decoded together by default: by the pipeline, and by `vaswani.training.evaluation.translate`."""
+"""How many texts are decoded together by default: by the pipeline, and by `vaswani.evaluation.bleu.translate`."""
 
 
 def translate_batch(
@@ -186,7 +186,7 @@ class VaswaniTranslationPipeline(Pipeline):
     """Section 6.1 as a pipeline: tokenize the sources, decode with `generate()`, detokenize the hypotheses.
 
     A list of texts is decoded in batches of `batch_size` texts of similar length (longest first, as
-    `vaswani.training.evaluation.translate` decodes), and answered in its own order.
+    `vaswani.evaluation.bleu.translate` decodes), and answered in its own order.
     """
 
     # The components `pipeline()` loads for it: the tokenizer, nothing else.

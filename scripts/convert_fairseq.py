@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from vaswani.training.checks import UsageError, check_writable_dir
-from vaswani.training.cli import command, parse_arguments
+from vaswani.checks import UsageError, check_writable_dir
+from vaswani.cli import command, parse_arguments
 
 
 if TYPE_CHECKING:  # imported where they are used, after the arguments parse

@@ -19,8 +19,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from vaswani.training.arguments import DecodingArguments
-from vaswani.training.checks import (
+from vaswani.checks import (
     UsageError,
     check_dataset_exists,
     check_model_folder,
@@ -29,7 +28,8 @@ from vaswani.training.checks import (
     check_tokenizer_folder,
     seq2seq_model_types,
 )
-from vaswani.training.cli import command, parse_arguments
+from vaswani.cli import command, parse_arguments
+from vaswani.evaluation.arguments import DecodingArguments
 
 
 @dataclass
@@ -57,7 +57,7 @@ def main(argv):
         check_tokenizer_folder(args.tokenizer)
     output = Path(args.output) if args.output else Path(args.model) / f"hypotheses.{args.split}.txt"
     check_output_file(output)
-    from vaswani.training.evaluation import load_metric, load_pairs, load_translation_model, translate
+    from vaswani.evaluation.bleu import load_metric, load_pairs, load_translation_model, translate
 
     model, tokenizer = load_translation_model(args.model, args.tokenizer, decoding.device)
     sources, references, without_text = load_pairs(

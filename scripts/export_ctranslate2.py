@@ -1,4 +1,4 @@
-"""Export a trained vaswani model to CTranslate2 (vaswani.training.export), weight for weight.
+"""Export a trained vaswani model to CTranslate2 (vaswani.export.ctranslate2), weight for weight.
 
     python scripts/export_ctranslate2.py --model OUT --output_dir CT2 [--quantization int8] [--check [--check_sentences S ...]]
     (or: vaswani-export-ctranslate2 ...)
@@ -9,8 +9,8 @@ With --check, a few sentences are translated both ways, and the command fails un
 from dataclasses import dataclass, field
 from typing import Literal
 
-from vaswani.training.checks import UsageError, check_model_folder, check_writable_dir
-from vaswani.training.cli import command, parse_arguments
+from vaswani.checks import UsageError, check_model_folder, check_writable_dir
+from vaswani.cli import command, parse_arguments
 
 
 CHECK_SENTENCES = [
@@ -42,7 +42,7 @@ def main(argv):
     from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
     import vaswani  # noqa: F401  (registers the model with the Auto classes)
-    from vaswani.training.export import export, translate_ids, vocabulary
+    from vaswani.export.ctranslate2 import export, translate_ids, vocabulary
 
     try:
         tokenizer = AutoTokenizer.from_pretrained(args.model)

@@ -1,12 +1,12 @@
 """Fine-tune a trained Transformer on a new sentence-pair set with the `transformers` Seq2SeqTrainer.
 
 Every Seq2SeqTrainingArguments flag is accepted too (--learning_rate, --max_steps, --num_train_epochs, --warmup_steps,
---fp16, --push_to_hub, ...: transformers' documentation lists them), with these defaults where the paper or translation
+--fp16, --push_to_hub, ...: --help lists them after this command's own), with these defaults where the paper or translation
 asks for them: label smoothing 0.1, evaluation every 500 steps by beam search (4 beams, --num_beams; a vaswani
 model's own decoding: the GNMT length penalty, each sentence's own limit of its source length + 50, as
 vaswani-evaluate decodes) scored with the package's BLEU metric (sacreBLEU, and the paper's tokenized BLEU), batches of
 32 pairs, at most 3 checkpoints kept, bfloat16 when the GPU supports it
-(vaswani.training.finetuning.FinetuningArguments). --output_dir is required.
+(vaswani.finetuning.trainer.FinetuningArguments). --output_dir is required.
 
 The data is a DatasetDict of {"translation": {SOURCE_LANG: str, TARGET_LANG: str}} rows, saved by
 scripts/prepare_data.py (--dataset_dir) or loaded with datasets.load_dataset (--dataset); without the evaluation split,
@@ -25,7 +25,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from vaswani.training.checks import (
+from vaswani.checks import (
     UsageError,
     check_dataset_exists,
     check_model_folder,
@@ -34,7 +34,7 @@ from vaswani.training.checks import (
     check_writable_dir,
     seq2seq_model_types,
 )
-from vaswani.training.cli import command, parse_arguments
+from vaswani.cli import command, parse_arguments
 
 
 @dataclass
@@ -71,23 +71,18 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescript
 
 
 def parse_args(argv=None):
-    """(ModelArguments, DataArguments, FinetuningArguments) from the command line: this command's own flags first, so
-    that --help lists them alone (not the ~120 of the Trainer), then the Seq2SeqTrainingArguments flags."""
+    """(ModelArguments, DataArguments, FinetuningArguments) from the command line, as transformers' run_translation.py
+    reads its own: this command's flags, then every Seq2SeqTrainingArguments flag."""
+    from vaswani.finetuning.trainer import FinetuningArguments
+
     description, rest = __doc__.split("\n\n", 1)
     return parse_arguments(
-        (ModelArguments, DataArguments),
+        (ModelArguments, DataArguments, FinetuningArguments),
         argv,
         description,
         epilog=rest,
         formatter_class=HelpFormatter,
-        more=finetuning_arguments,
     )
-
-
-def finetuning_arguments():
-    from vaswani.training.finetuning import FinetuningArguments
-
-    return FinetuningArguments
 
 
 def load_splits(data, seed):
@@ -150,7 +145,7 @@ def build_trainer(data_args, training_args, model, tokenizer, train_raw, eval_ra
     """Tokenize the two splits and put them, the model and the training arguments into a Seq2SeqTrainer."""
     from transformers import DataCollatorForSeq2Seq, Seq2SeqTrainer
 
-    from vaswani.training.finetuning import KeepGenerationConfig, bleu_metrics
+    from vaswani.finetuning.trainer import KeepGenerationConfig, bleu_metrics
 
     # The positional encoding stops at max_position_embeddings: no input, label or translation may be longer.
     longest = getattr(model.config, "max_position_embeddings", None) or sys.maxsize

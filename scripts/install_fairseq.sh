@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A virtual environment with fairseq, apart from the main install, for checking scripts/convert_fairseq.py against
-# fairseq itself (tests/test_convert_fairseq.py, which finds it at .fairseq-venv, or where VASWANI_FAIRSEQ_PYTHON
-# says). scripts/install.sh runs it. Prints the environment's Python.
+# fairseq itself (tests/test_convert_fairseq.py, whose first run builds it here at .fairseq-venv, unless
+# VASWANI_FAIRSEQ_PYTHON names another). Prints the environment's Python; a second run finds fairseq there and stops.
 #
 # fairseq is unmaintained: `fairseq-fixed` is its 0.12 code, installable on Python 3.11. It declares torchaudio,
 # which the translation models never import and whose builds pin other torch versions (a multi-GB CUDA download), so
@@ -11,6 +11,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 venv=.fairseq-venv
 pip_install() { "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "$@" >&2; }
+if [ -x "$venv/bin/python" ] && "$venv/bin/python" -c "import fairseq" 2> /dev/null; then
+    echo "$PWD/$venv/bin/python"
+    exit 0
+fi
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
 pip_install "torch==2.13.0" "numpy<3" cython setuptools wheel
 pip_install cffi "hydra-core==1.3.2" "omegaconf==2.3.0" regex sacrebleu tqdm bitarray scikit-learn packaging \

@@ -1,8 +1,8 @@
 """Build the parallel corpus the Transformer is trained on, cleaned and split into train / validation / test.
 
-The default corpus is an English-Spanish Bible aligned verse by verse and split by chapter (vaswani.training.bible),
+The default corpus is an English-Spanish Bible aligned verse by verse and split by chapter (vaswani.corpora.bible),
 fetched from Debian's sword-text-web and sword-text-sparv packages. Other sources get the same cleaning, filters and
-output layout (vaswani.training.corpus), split by source sentence:
+output layout (vaswani.corpora.dataset), split by source sentence:
   --files SRC TGT     two plain-text files, one sentence per line, line N of one translating line N of the other.
   --dataset NAME      any Hugging Face dataset with a `translation` column: a Hub name such as wmt/wmt14 (with
                       --dataset_config de-en), a local folder of Parquet or JSON files (in the Hub's layout too: the
@@ -19,8 +19,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from vaswani.training.checks import UsageError, check_dataset_exists
-from vaswani.training.cli import command, parse_arguments
+from vaswani.checks import UsageError, check_dataset_exists
+from vaswani.cli import command, parse_arguments
 
 
 @dataclass
@@ -66,8 +66,8 @@ class PrepareDataArguments:
 
 def build(args, scratch):
     """The corpus the arguments name -> (DatasetDict, dropped counts, units per split, what the units are)."""
-    from vaswani.training.bible import bible_dataset
-    from vaswani.training.corpus import distinct_sources, parallel_files_dataset, prepare_translation_dataset
+    from vaswani.corpora.bible import bible_dataset
+    from vaswani.corpora.dataset import distinct_sources, parallel_files_dataset, prepare_translation_dataset
     from vaswani.training.data import load_translation_dataset
 
     filters = {"max_chars": args.max_chars, "max_ratio": args.max_ratio}
@@ -102,7 +102,7 @@ def main(argv):
     (args,) = parse_arguments([PrepareDataArguments], argv, description=__doc__.split("\n\n")[0])
     if args.dataset is not None:
         check_dataset_exists(args.dataset, "--dataset")
-    from vaswani.training.corpus import check_splits_not_empty, scratch_dir, summary
+    from vaswani.corpora.dataset import check_splits_not_empty, scratch_dir, summary
 
     with scratch_dir(args.output_dir) as scratch:
         dataset, dropped, groups, group_label = build(args, scratch)

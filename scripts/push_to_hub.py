@@ -1,7 +1,7 @@
 """Share a trained model on the Hugging Face Hub, in one commit, so that it loads anywhere.
 
 Uploads the weights, config, code and tokenizer of a folder written by `save_pretrained` (or `vaswani-train`), its
-records and plots, and a README.md model card rendered from them (`vaswani.training.hub`). An unchanged folder makes
+records and plots, and a README.md model card rendered from them (`vaswani.hub.push`). An unchanged folder makes
 no new commit. The token is the client's (HF_TOKEN, or `hf auth login`) and is never printed; the Hub is HF_ENDPOINT.
 
 Usage:
@@ -11,7 +11,7 @@ Usage:
 
 from dataclasses import dataclass, field
 
-from vaswani.training.cli import command, parse_arguments
+from vaswani.cli import command, parse_arguments
 
 
 @dataclass
@@ -30,7 +30,7 @@ class PushArguments:
 @command(extra="hub", needs=("jinja2",))
 def main(argv):
     (args,) = parse_arguments([PushArguments], argv, description=__doc__.split("\n\n")[0])
-    from vaswani.training.hub import push_to_hub
+    from vaswani.hub.push import push_to_hub
 
     print(
         push_to_hub(

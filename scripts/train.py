@@ -23,9 +23,9 @@ import time
 from dataclasses import asdict
 from functools import partial
 
+from vaswani.checks import UsageError, check_writable_dir
+from vaswani.cli import command, parse_arguments
 from vaswani.training.arguments import TrainArguments
-from vaswani.training.checks import UsageError, check_writable_dir
-from vaswani.training.cli import command, parse_arguments
 
 
 # accelerate warns at every save that it leaves out the tied copies of the shared embedding (section 3.4); that is
@@ -41,16 +41,16 @@ def main(argv, callbacks=()):
     from accelerate.utils import set_seed
 
     from vaswani import VaswaniForConditionalGeneration
+    from vaswani.corpora.tokenizer import load_tokenizer
+    from vaswani.evaluation.bleu import validate
     from vaswani.training.batching import paper_batch_tokens
     from vaswani.training.data import TrainingData, load_translation_dataset
     from vaswani.training.distributed import configure_deepspeed, launch_accelerator, shard_shared_embedding
-    from vaswani.training.evaluation import validate
     from vaswani.training.faults import StopSignal
     from vaswani.training.records import TrainingReport, process_records
     from vaswani.training.run import TrainingRun, model_config, step_settings
     from vaswani.training.schedule import inverse_sqrt_schedule, peak_lr_of
     from vaswani.training.step import recipe_adam, train_step
-    from vaswani.training.tokenizer import load_tokenizer
 
     # --- Checks that would otherwise fail hours later, before any process group starts. ---
     output_dir = check_writable_dir(args.output_dir)
@@ -202,7 +202,7 @@ def main(argv, callbacks=()):
         },
     )
     if accelerator.is_main_process and args.push_to_hub:
-        from vaswani.training.hub import push_after_training  # the hub extra: only a run that pushes needs it
+        from vaswani.hub.push import push_after_training  # the hub extra: only a run that pushes needs it
 
         push_after_training(output_dir, args.hub_model_id, private=args.hub_private_repo)
     accelerator.wait_for_everyone()

@@ -1,6 +1,6 @@
 """Train one byte-pair-encoding vocabulary shared by source and target language (section 5.1 of the paper).
 
-The merges are learned on both sides of the train split written by scripts/prepare_data.py (vaswani.training.tokenizer:
+The merges are learned on both sides of the train split written by scripts/prepare_data.py (vaswani.corpora.tokenizer:
 <pad> = 0, <s> = 1, </s> = 2, <unk> = 3, every sequence ending in </s>), and saved as a transformers fast tokenizer,
 so that `AutoTokenizer.from_pretrained(OUTPUT_DIR)` loads it. --max_sentences learns from a random sample of pairs
 instead of the whole split, as is usual for large corpora (the paper's 37,000 tokens for WMT14 English-German:
@@ -18,8 +18,8 @@ import time
 import unicodedata
 from dataclasses import dataclass, field
 
-from vaswani.training.checks import UsageError, check_dataset_exists, check_writable_dir
-from vaswani.training.cli import command, parse_arguments
+from vaswani.checks import UsageError, check_dataset_exists, check_writable_dir
+from vaswani.cli import command, parse_arguments
 
 
 @dataclass
@@ -45,8 +45,8 @@ class TrainTokenizerArguments:
 def main(argv):
     (args,) = parse_arguments([TrainTokenizerArguments], argv, description=__doc__.split("\n\n")[0])
     check_dataset_exists(args.dataset_dir)
+    from vaswani.corpora.tokenizer import SplitSentences, load_tokenizer, sample_pairs, train_bpe_tokenizer
     from vaswani.training.data import load_translation_dataset
-    from vaswani.training.tokenizer import SplitSentences, load_tokenizer, sample_pairs, train_bpe_tokenizer
 
     start = time.time()
     languages = (args.source_lang, args.target_lang)

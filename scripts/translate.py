@@ -15,15 +15,15 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from vaswani.training.arguments import DecodingArguments
-from vaswani.training.checks import (
+from vaswani.checks import (
     UsageError,
     check_model_folder,
     check_output_file,
     check_source_lengths,
     seq2seq_model_types,
 )
-from vaswani.training.cli import command, parse_arguments
+from vaswani.cli import command, parse_arguments
+from vaswani.evaluation.arguments import DecodingArguments
 
 
 @dataclass
@@ -73,7 +73,7 @@ def main(argv):
     if prefixes is not None and len(prefixes) != len(sources):
         raise UsageError(f"--prefixes has {len(prefixes)} lines but --input {len(sources)}: give one per sentence.")
     check_model_folder(args.model, model_types=seq2seq_model_types())
-    from vaswani.training.evaluation import load_translation_model, translations
+    from vaswani.evaluation.bleu import load_translation_model, translations
 
     model, tokenizer = load_translation_model(args.model, device=decoding.device)
     limit = getattr(model.config, "max_position_embeddings", None)

@@ -18,13 +18,13 @@ Without --target, the model's own greedy translation of --text is used.
 
 from dataclasses import dataclass, field
 
-from vaswani.training.checks import (
+from vaswani.checks import (
     check_model_folder,
     check_safetensors_weights,
     check_tokenizer_folder,
     check_writable_dir,
 )
-from vaswani.training.cli import command, parse_arguments
+from vaswani.cli import command, parse_arguments
 
 
 @dataclass
@@ -128,7 +128,7 @@ def main(argv):
     from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
     import vaswani  # noqa: F401  (registers model_type "vaswani" with the Auto classes)
-    from vaswani.training.evaluation import translate
+    from vaswani.evaluation.bleu import translate
 
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or args.model)
     # The fused attention kernels never form the weight matrix; the eager implementation returns it.

@@ -7,7 +7,7 @@ import torch
 from helpers import PAIRS, VOCAB_SIZE, make_translation_pairs, pad_pairs, tiny_model_config
 
 from vaswani import VaswaniConfig, VaswaniForConditionalGeneration
-from vaswani.training.tokenizer import train_bpe_tokenizer
+from vaswani.corpora.tokenizer import train_bpe_tokenizer
 
 
 def pytest_addoption(parser):

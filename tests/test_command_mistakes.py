@@ -124,7 +124,7 @@ def test_a_missing_extra_as_the_user_meets_it():
 
 
 def test_a_module_found_missing_later_is_named_with_the_extra(monkeypatch):
-    from vaswani.training.cli import command
+    from vaswani.cli import command
 
     @command(extra="train", needs=())
     def main(argv):

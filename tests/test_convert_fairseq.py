@@ -1,7 +1,7 @@
 """scripts/convert_fairseq.py checked against fairseq itself: small random fairseq Transformers of each supported
-variant are built, saved and run by fairseq (tests/fairseq_reference.py, in the virtual environment that
-scripts/install.sh makes with scripts/install_fairseq.sh, or the Python VASWANI_FAIRSEQ_PYTHON names), converted, and
-compared: tokenization, encoder output and decoder log-probabilities
+variant are built, saved and run by fairseq (tests/fairseq_reference.py, in the virtual environment
+scripts/install_fairseq.sh makes at .fairseq-venv, built by the first run of these tests and kept, or the Python
+VASWANI_FAIRSEQ_PYTHON names), converted, and compared: tokenization, encoder output and decoder log-probabilities
 within 1e-5 in float32, greedy and beam outputs identical; then the converted folder is used as users use one."""
 
 import json
@@ -18,17 +18,13 @@ from hub_server import HubServer
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, LogitsProcessorList, pipeline
 
 from vaswani import VaswaniTranslationPipeline
+from vaswani.export.ctranslate2 import export, translate_ids, vocabulary
 from vaswani.modeling.generation_vaswani import SourceLengthLimit
 from vaswani.scripts import convert_fairseq, finetune
-from vaswani.training.export import export, translate_ids, vocabulary
 
 
-FAIRSEQ_PYTHON = os.environ.get("VASWANI_FAIRSEQ_PYTHON") or (
-    str(REPO_ROOT / ".fairseq-venv" / "bin" / "python") if (REPO_ROOT / ".fairseq-venv").is_dir() else None
-)
-pytestmark = pytest.mark.skipif(
-    not FAIRSEQ_PYTHON, reason="no Python with fairseq: run scripts/install_fairseq.sh (scripts/install.sh does)"
-)
+# Building fairseq takes minutes, once: the tests run with the slow ones (.ci/run, docs/testing.md).
+pytestmark = pytest.mark.slow
 SUPPORTED = ["wmt_en_de_shared", "vaswani_big_shared", "decoder_tied", "untied", "old_style_args"]
 REFUSED = {
     "pre_norm": "encoder_normalize_before=True, decoder_normalize_before=True",
@@ -101,9 +97,19 @@ MOSES_REFERENCE = textwrap.dedent(
 
 
 @pytest.fixture(scope="module")
-def fairseq_dir(tmp_path_factory):
+def fairseq_python():
+    """A Python with fairseq: VASWANI_FAIRSEQ_PYTHON, else .fairseq-venv's, built by scripts/install_fairseq.sh the
+    first time (it prints the environment's Python; a second run finds it built)."""
+    if os.environ.get("VASWANI_FAIRSEQ_PYTHON"):
+        return os.environ["VASWANI_FAIRSEQ_PYTHON"]
+    done = run_command(["bash", REPO_ROOT / "scripts" / "install_fairseq.sh"], timeout=3600, check=True)
+    return done.stdout.strip().splitlines()[-1]
+
+
+@pytest.fixture(scope="module")
+def fairseq_dir(fairseq_python, tmp_path_factory):
     folder = tmp_path_factory.mktemp("fairseq")
-    subprocess.run([FAIRSEQ_PYTHON, str(REPO_ROOT / "tests" / "fairseq_reference.py"), str(folder)], check=True)
+    subprocess.run([fairseq_python, str(REPO_ROOT / "tests" / "fairseq_reference.py"), str(folder)], check=True)
     return folder
 
 
@@ -119,10 +125,10 @@ def converted(fairseq_dir, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def moses_dir(fairseq_dir, tmp_path_factory):
+def moses_dir(fairseq_python, fairseq_dir, tmp_path_factory):
     folder = tmp_path_factory.mktemp("moses")
     subprocess.run(
-        [FAIRSEQ_PYTHON, "-c", MOSES_REFERENCE, str(REPO_ROOT / "tests"), str(fairseq_dir / "data"), str(folder),
+        [fairseq_python, "-c", MOSES_REFERENCE, str(REPO_ROOT / "tests"), str(fairseq_dir / "data"), str(folder),
          json.dumps(MOSES_SENTENCES), json.dumps(MOSES_VARIANTS)],
         check=True,
     )  # fmt: skip

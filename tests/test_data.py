@@ -1,4 +1,4 @@
-"""vaswani.training.corpus and .bible, and scripts/prepare_data.py: OSIS cleaning, filtering, chapter-level splits,
+"""vaswani.corpora.dataset and .bible, and scripts/prepare_data.py: OSIS cleaning, filtering, chapter-level splits,
 --files, Hugging Face datasets."""
 
 import sys
@@ -8,9 +8,10 @@ import datasets
 import pytest
 from helpers import run_command, run_script, write_wmt14_folder
 
+from vaswani.checks import UsageError
+from vaswani.corpora import bible
+from vaswani.corpora import dataset as corpus
 from vaswani.scripts import prepare_data
-from vaswani.training import bible, corpus
-from vaswani.training.checks import UsageError
 
 
 BOOKS = ("Gen", "Ps", "Matt", "Rev")

@@ -14,6 +14,7 @@ Every test here launches processes, so the module is marked slow, to keep the de
 import json
 import os
 import signal
+import sys
 from pathlib import Path
 
 import pytest
@@ -184,9 +185,24 @@ def test_a_killed_process_restarts_the_job_from_the_last_checkpoint(corpus, ddp_
 
 
 CHECKPOINT_4 = "checkpoints/step_0000004/model.safetensors"
+# DeepSpeed compiles its shared-memory op and its Adam (configs/deepspeed_zero2.json) with g++ the first time a run
+# needs them (minutes), into ~/.cache/torch_extensions: once here, before two processes would both wait for it.
+BUILD_DEEPSPEED_CPU_OPS = """
+from deepspeed.comm.torch import build_shm_op
+from deepspeed.ops.op_builder import FusedAdamBuilder
+build_shm_op()
+FusedAdamBuilder().load()
+"""
 
 
-def test_deepspeed_zero2_trains_as_ddp_does_and_resumes(corpus, ddp_run, tmp_path):
+@pytest.fixture(scope="module")
+def deepspeed_cpu_ops():
+    run_command(
+        [sys.executable, "-c", BUILD_DEEPSPEED_CPU_OPS], env=script_env(DS_ACCELERATOR="cpu"), timeout=1800, check=True
+    )
+
+
+def test_deepspeed_zero2_trains_as_ddp_does_and_resumes(corpus, ddp_run, deepspeed_cpu_ops, tmp_path):
     """configs/deepspeed_zero2.yaml on a machine without a GPU: ZeRO-2 for real (DeepSpeed's CPU accelerator, gloo)
     with DeepSpeed's own Adam (the config's optimizer block), no clipping as --max_grad_norm 0 says (DeepSpeed's
     default would clip at 1.0), DDP's weights; a resumed run ends as an uninterrupted one, to float32 rounding (1.2e-7

@@ -12,7 +12,7 @@ import pytest
 from helpers import REPO_ROOT
 from transformers import HfArgumentParser
 
-from vaswani.training.finetuning import FinetuningArguments
+from vaswani.finetuning.trainer import FinetuningArguments
 
 
 PAGES = [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").glob("*.md"))]

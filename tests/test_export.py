@@ -9,9 +9,9 @@ import torch
 from helpers import PAIRS, REPO_ROOT
 
 from vaswani import VaswaniConfig, VaswaniForConditionalGeneration
+from vaswani.corpora.tokenizer import train_bpe_tokenizer
+from vaswani.export.ctranslate2 import export, translate_ids, vocabulary
 from vaswani.scripts import export_ctranslate2
-from vaswani.training.export import export, translate_ids, vocabulary
-from vaswani.training.tokenizer import train_bpe_tokenizer
 
 
 def test_scores_match_transformers(trained_text_model, tmp_path):

@@ -23,8 +23,8 @@ from transformers import (
 from transformers.trainer_pt_utils import LabelSmoother
 
 from vaswani import VaswaniConfig, VaswaniForConditionalGeneration
+from vaswani.checks import UsageError
 from vaswani.scripts import evaluate_bleu, finetune
-from vaswani.training.checks import UsageError
 
 
 NOUNS = {"cat": "gato", "dog": "perro", "boy": "niño", "bird": "pájaro", "horse": "caballo", "man": "hombre"}

@@ -1,4 +1,4 @@
-"""Sharing through the Hub: the push_to_hub command (vaswani.training.hub) uploads a saved model to a local stand-in
+"""Sharing through the Hub: the push_to_hub command (vaswani.hub.push) uploads a saved model to a local stand-in
 of the Hub (tests/hub_server.py), and the real `huggingface_hub` and `transformers` clients load it back from there, in
 fresh processes, with and without this package installed.
 
@@ -31,9 +31,9 @@ from huggingface_hub.utils.sha import git_hash
 from transformers import PreTrainedTokenizerFast
 
 from vaswani import VaswaniForConditionalGeneration
-from vaswani.training.checks import UsageError
-from vaswani.training.hub import PushError, check_model_dir, push_to_hub, step
-from vaswani.training.model_card import render_model_card
+from vaswani.checks import UsageError
+from vaswani.hub.model_card import render_model_card
+from vaswani.hub.push import PushError, check_model_dir, push_to_hub, step
 
 
 ALICE_TOKEN = "hf_aliceSecretToken0123456789"

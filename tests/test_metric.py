@@ -1,5 +1,5 @@
 """The package's BLEU as an `evaluate` metric (metrics/vaswani_bleu): loaded offline from its folder, the scores of
-`vaswani.training.evaluation` (one implementation), and `evaluate.evaluator("translation")` on a vaswani model giving
+`vaswani.evaluation.bleu` (one implementation), and `evaluate.evaluator("translation")` on a vaswani model giving
 what `vaswani-evaluate` gives."""
 
 import math
@@ -14,9 +14,9 @@ import sacrebleu
 from helpers import PAIRS
 
 from vaswani import VaswaniTranslationPipeline
+from vaswani.evaluation import bleu as evaluation
+from vaswani.evaluation.bleu import METRIC_DIR, corpus_bleu, load_metric, tokenized_bleu
 from vaswani.scripts import evaluate_bleu
-from vaswani.training import evaluation
-from vaswani.training.evaluation import METRIC_DIR, corpus_bleu, load_metric, tokenized_bleu
 
 
 HYPOTHESES = ["the cat-like dog sat.", "a red house stands on the hill", "Jesus wept."]
@@ -59,7 +59,7 @@ def test_the_metric_loads_offline_from_the_package_and_scores_as_corpus_bleu(off
 
 
 def test_the_metric_module_calls_the_packages_scoring():
-    """One implementation: the module that evaluate imported uses vaswani.training.evaluation's functions."""
+    """One implementation: the module that evaluate imported uses vaswani.evaluation.bleu's functions."""
     module = sys.modules[type(load_metric()).__module__]
     assert module.corpus_bleu is evaluation.corpus_bleu and module.tokenized_bleu is evaluation.tokenized_bleu
 

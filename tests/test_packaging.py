@@ -25,8 +25,8 @@ def test_the_base_install_is_what_the_model_needs_at_inference():
 
 
 def test_the_model_imports_only_the_base_install():
-    """configuration/, modeling/ and the package's own modules (its __init__, lazy_imports) import the standard
-    library, the base install and themselves: `import vaswani` works without any extra."""
+    """configuration/, modeling/ and the package's own modules (its __init__, lazy_imports, checks, cli) import the
+    standard library, the base install and themselves: `import vaswani` works without any extra."""
     allowed = {name.replace("-", "_") for name in BASE} | set(sys.stdlib_module_names)
     files = [
         *sorted(REPO_ROOT.glob("*.py")),

@@ -10,7 +10,7 @@ from helpers import pad_pairs
 from transformers import GenerationConfig, GenerationMixin, LogitsProcessor, LogitsProcessorList
 
 from vaswani import VaswaniConfig, VaswaniForConditionalGeneration
-from vaswani.training.evaluation import tokenized_bleu
+from vaswani.evaluation.bleu import tokenized_bleu
 
 
 EOS = 2

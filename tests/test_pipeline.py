@@ -12,7 +12,7 @@ from helpers import word_tokenizer
 from transformers import AutoTokenizer, MarianConfig, MarianMTModel, T5Config, T5ForConditionalGeneration, pipeline
 
 from vaswani import VaswaniConfig, VaswaniForConditionalGeneration, VaswaniTranslationPipeline
-from vaswani.training.evaluation import translations
+from vaswani.evaluation.bleu import translations
 
 
 TEXTS = ["the red cat", "a dog sees the big house"]

@@ -43,6 +43,10 @@ from helpers import (
 from safetensors.torch import load_file
 
 from vaswani import VaswaniConfig, VaswaniForConditionalGeneration
+from vaswani.checks import UsageError
+from vaswani.corpora.dataset import prepare_translation_dataset
+from vaswani.corpora.tokenizer import load_tokenizer
+from vaswani.evaluation.bleu import load_pairs
 from vaswani.scripts import evaluate_bleu, prepare_data, train, train_tokenizer
 from vaswani.training.checkpoints import (
     TRAIN_STATE_FILE,
@@ -52,12 +56,8 @@ from vaswani.training.checkpoints import (
     remove_checkpoint,
     save_checkpoint,
 )
-from vaswani.training.checks import UsageError
-from vaswani.training.corpus import prepare_translation_dataset
 from vaswani.training.data import load_translation_dataset
-from vaswani.training.evaluation import load_pairs
 from vaswani.training.faults import StopSignal, check_free_space, resume_command
-from vaswani.training.tokenizer import load_tokenizer
 
 
 # 30 steps of the tiny preset, checkpoints every 6 (the last 2 kept and averaged), dropout on, several epochs.

@@ -1,4 +1,4 @@
-"""vaswani.training.tokenizer and scripts/train_tokenizer.py: the shared BPE vocabulary, its special ids, lossless
+"""vaswani.corpora.tokenizer and scripts/train_tokenizer.py: the shared BPE vocabulary, its special ids, lossless
 decoding, and the checked loading of a tokenizer."""
 
 import itertools
@@ -8,10 +8,10 @@ import pytest
 from helpers import run_command, script_command, word_tokenizer
 from transformers import AutoTokenizer
 
+from vaswani.checks import UsageError
+from vaswani.corpora.tokenizer import SplitSentences, load_tokenizer, sample_pairs, train_bpe_tokenizer
 from vaswani.scripts import train_tokenizer
-from vaswani.training.checks import UsageError
 from vaswani.training.data import load_translation_dataset
-from vaswani.training.tokenizer import SplitSentences, load_tokenizer, sample_pairs, train_bpe_tokenizer
 
 
 VOCAB_SIZE = 600

@@ -42,12 +42,12 @@ from safetensors.torch import load_file
 from torch.torch_version import TorchVersion
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
+from vaswani.checks import UsageError
+from vaswani.evaluation.bleu import corpus_bleu, translate
 from vaswani.scripts import train
 from vaswani.training.batching import TokenBucketSampler
 from vaswani.training.checkpoints import average_checkpoints, load_checkpoint_weights
-from vaswani.training.checks import UsageError
 from vaswani.training.distributed import LaunchedStrategy
-from vaswani.training.evaluation import corpus_bleu, translate
 from vaswani.training.schedule import inverse_sqrt_lr, paper_peak_lr, peak_lr_of
 
 

@@ -14,11 +14,11 @@ import pytest
 import torch
 from helpers import ENGLISH, word_pair, word_tokenizer, write_wmt14_folder
 
+from vaswani.checks import UsageError
 from vaswani.modeling.modeling_vaswani import shift_tokens_right
 from vaswani.training import data
 from vaswani.training.batching import StepBatches, TokenBucketSampler
 from vaswani.training.checkpoints import TrainState
-from vaswani.training.checks import UsageError
 from vaswani.training.data import PairCollator, pair_loader, tokenize_split
 
 

@@ -9,31 +9,27 @@
     run          a run's life in its folder: its model config, afresh or resumed with the same settings, the
                  checkpoint grid, why it stops early, the final average (6.1); the loop's callbacks
     faults       preemption signals, non-finite losses, disk space
-    evaluation   beam-search translation, sacreBLEU and the `evaluate` metric (6.1)
-    finetuning   transformers' Seq2SeqTrainer with translation's defaults, this package's metric and decoding
+    distributed  the processes `accelerate launch` started (DDP, FSDP2, DeepSpeed), and whether the model compiles
     records      the progress bar, the step log, the summary, the plots, the hardware
-    arguments    the commands' flags that the library reads (training, decoding)
-    checks       the one exception type for the user's mistakes, and the checks several commands make
-    cli          the commands' argument parsing and exit style
-and, with their extras: corpus and bible (building a translation dataset; the default Debian SWORD corpus),
-tokenizer (the shared BPE vocabulary), hub (push and model card), export (CTranslate2). The label-smoothed loss
-(5.4) is the model's own: `vaswani.label_smoothed_cross_entropy`, also used by its `labels` path.
+    arguments    vaswani-train's flags, which the recipe's parts read
+The label-smoothed loss (5.4) is the model's own: `vaswani.label_smoothed_cross_entropy`, also used by its `labels`
+path. Beside the recipe, in rooms of their own: `vaswani.corpora` (building a corpus, the tokenizer),
+`vaswani.evaluation` (translating a test set, BLEU), `vaswani.finetuning` (Seq2SeqTrainer), `vaswani.hub` (push,
+model card), `vaswani.export` (CTranslate2).
 """
 
 from ..lazy_imports import lazy_names
 
 
-# Imported on first use, so that `vaswani.training.hub` (say) needs only its own extra, and `import vaswani.training`
-# costs nothing until a name is used.
+# Imported on first use, so that `import vaswani.training` costs nothing until a name is used.
 _EXPORTS = {
     "checkpoints": ["TrainState", "average_checkpoints", "list_checkpoints", "load_weights_into", "save_checkpoint"],
     "run": ["TrainingCallback", "TrainingRun", "model_config"],
     "records": ["TrainingReport"],
     "arguments": ["TrainArguments"],
-    "batching": ["StepBatches", "TokenBucketSampler"],
+    "batching": ["StepBatches", "TokenBucketSampler", "paper_batch_tokens"],
     "padding": ["pair_batch"],
     "step": ["StepResult", "train_step"],
-    "checks": ["UsageError", "check_tokenizer_matches_config"],
     "data": [
         "PairCollator",
         "TokenizedSplit",
@@ -42,7 +38,6 @@ _EXPORTS = {
         "pair_loader",
         "tokenize_split",
     ],
-    "evaluation": ["TranslationEvaluator", "corpus_bleu", "load_metric", "translate", "validate"],
     "faults": ["StopSignal"],
     "schedule": ["inverse_sqrt_lr", "inverse_sqrt_schedule", "paper_peak_lr"],
 }

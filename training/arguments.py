@@ -1,36 +1,15 @@
-"""The commands' argument dataclasses that the library's parts read too: how to decode (vaswani-evaluate,
-vaswani-translate) and how to train (vaswani-train, and any loop that runs `vaswani.training.run` on them). It
-imports what `import vaswani` brings and no more (no datasets, evaluate or matplotlib), so that --help and a mistake
-in the flags answer without the training extras."""
+"""How to train: vaswani-train's flags, which the recipe's parts read too (any loop that runs `vaswani.training.run`
+on them). It imports what `import vaswani` brings and no more (no datasets, evaluate or matplotlib), so that --help
+and a mistake in the flags answer without the training extras."""
 
 import argparse
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Literal
 
-from ..configuration.choices import INIT_SCHEME_NAMES, PRESET_NAMES
-from .checks import UsageError
+from ..checks import UsageError
+from ..configuration.configuration_vaswani import INIT_SCHEMES, PRESETS
 from .schedule import SCHEDULES
-
-
-@dataclass
-class DecodingArguments:
-    """How the commands that translate (vaswani-evaluate, vaswani-translate) decode: `translations`' options."""
-
-    _argument_group_name = "decoding"
-    num_beams: int = field(default=4, metadata={"help": "beam size; 1 is greedy decoding (paper: 4)"})
-    length_penalty: float = field(default=0.6, metadata={"help": "alpha of the length penalty (paper: 0.6)"})
-    paper_decoding: bool = field(
-        default=True,
-        metadata={"help": "section 6.1's beam search: GNMT length penalty, each sentence's own length limit"},
-    )
-    batch_size: int = field(default=32, metadata={"help": "sentences per generate() call"})
-    max_source_length: int | None = field(default=None, metadata={"help": "cut longer sources (tokens), and say so"})
-    device: str | None = field(default=None, metadata={"help": "cpu, cuda, ...; default: cuda if available"})
-
-    def options(self) -> dict:
-        """The keyword arguments of `translations` (the device is the model's)."""
-        return {name: value for name, value in asdict(self).items() if name != "device"}
 
 
 @dataclass
@@ -72,7 +51,7 @@ class TrainArguments:
         },
     )
     # Model (Table 3).
-    preset: Literal[tuple(sorted(PRESET_NAMES))] | None = field(
+    preset: Literal[tuple(sorted(PRESETS))] | None = field(
         default=None, metadata={"help": "a size of Table 3 (PRESETS); default: base, unless --config_name is given"}
     )
     config_name: str | None = field(
@@ -87,7 +66,7 @@ class TrainArguments:
     )
     dropout: float | None = field(default=None, metadata={"help": "P_drop (section 5.4); default: the preset's"})
     attention_dropout: float | None = field(default=None, metadata={"help": "default: the config's (0)"})
-    init_scheme: Literal[INIT_SCHEME_NAMES] | None = field(
+    init_scheme: Literal[tuple(INIT_SCHEMES)] | None = field(
         default=None, metadata={"help": "how the new model's weights are drawn (INIT_SCHEMES); default: the config's"}
     )
     # Optimizer and schedule (sections 5.2, 5.3, 5.4).

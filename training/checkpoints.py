@@ -20,7 +20,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from .checks import UsageError
+from ..checks import UsageError
 
 
 CHECKPOINT_NAME = re.compile(r"^step_(\d{7})$")

@@ -47,8 +47,8 @@ from datasets.data_files import EmptyDatasetError, get_data_patterns
 from datasets.fingerprint import Hasher, generate_fingerprint
 from huggingface_hub import constants as hf_constants
 
+from ..checks import UsageError, check_dataset_exists
 from .batching import TokenBucketSampler
-from .checks import UsageError, check_dataset_exists
 from .padding import pair_batch
 
 

@@ -21,7 +21,7 @@ from accelerate.utils import (
     parse_flag_from_env,
 )
 
-from .checks import UsageError
+from ..checks import UsageError
 
 
 # The oldest torch tested whose FSDP2 trains this model through a run: with torch 2.11 the training step after the

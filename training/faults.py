@@ -9,8 +9,8 @@ import sys
 
 import torch
 
+from ..checks import UsageError
 from .checkpoints import checkpoint_step, list_checkpoints
-from .checks import UsageError
 
 
 class StopSignal:

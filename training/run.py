@@ -20,6 +20,7 @@ from pathlib import Path
 
 from accelerate.utils import set_seed
 
+from ..checks import UsageError, check_tokenizer_matches_config, tokenizer_ids
 from ..configuration import VaswaniConfig
 from ..modeling import VaswaniForConditionalGeneration
 from .batching import StepBatches
@@ -35,7 +36,6 @@ from .checkpoints import (
     save_checkpoint,
     settings_changes,
 )
-from .checks import UsageError, check_tokenizer_matches_config, tokenizer_ids
 from .data import split_fingerprint, tokenizer_fingerprint
 from .faults import check_free_space, non_finite_loss_message, resume_command
 

@@ -2,18 +2,18 @@
 
 sacreBLEU's corpus BLEU on detokenized text, with its signature, and, given the target language, the paper's own
 measure: tokenized BLEU with compounds split (Table 2). The scoring is the `vaswani` package's
-(`vaswani.training.evaluation.corpus_bleu` and `tokenized_bleu`), the one that `vaswani-evaluate`, the validation during
+(`vaswani.evaluation.bleu.corpus_bleu` and `tokenized_bleu`), the one that `vaswani-evaluate`, the validation during
 training and `vaswani-finetune` use, so that this metric's numbers are theirs.
 
     import evaluate
-    bleu = evaluate.load("path/to/metrics/vaswani_bleu", "es")  # or vaswani.training.evaluation.load_metric("es")
+    bleu = evaluate.load("path/to/metrics/vaswani_bleu", "es")  # or vaswani.evaluation.bleu.load_metric("es")
     bleu.compute(predictions=["El Señor es mi pastor."], references=["El Señor es mi pastor."])
 """
 
 import datasets
 import evaluate
 
-from vaswani.training.evaluation import corpus_bleu, tokenized_bleu
+from vaswani.evaluation.bleu import corpus_bleu, tokenized_bleu
 
 
 _CITATION = """\

@@ -1,7 +1,7 @@
 """The checks that more than one command makes on what a user hands it, each written once.
 
 Every check raises `UsageError` with a message that names the problem and what to do about it; the commands turn
-it into one exit style (`vaswani.training.cli.command`), and a user's own code can catch it (it is a `ValueError`).
+it into one exit style (`vaswani.cli.command`), and a user's own code can catch it (it is a `ValueError`).
 """
 
 import contextlib
@@ -95,8 +95,6 @@ def seq2seq_model_types():
     """The model types `AutoModelForSeq2SeqLM` loads, this package's "vaswani" among them (imports transformers)."""
     from transformers.models.auto.modeling_auto import MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES
 
-    import vaswani  # noqa: F401  (registers "vaswani" as transformers imports its tables)
-
     return {"vaswani", *MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES}
 
 
@@ -146,7 +144,7 @@ _created_dirs = []
 
 def check_writable_dir(path, flag="--output_dir"):
     """Create `path` if needed and prove that files can be written there, before any time is spent. A command that
-    then fails on its input leaves no empty folder behind: `vaswani.training.cli.command` removes the folders created
+    then fails on its input leaves no empty folder behind: `vaswani.cli.command` removes the folders created
     here that are still empty."""
     path = Path(path)
     existing = next((parent for parent in (path, *path.parents) if parent.exists()), None)

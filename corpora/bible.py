@@ -5,7 +5,7 @@ and cannot be downloaded everywhere, so the default corpus is the World English 
 1909 (Spanish), both public domain, read from the SWORD modules that Debian ships as `sword-text-web` and
 `sword-text-sparv`. A verse is a natural sentence-sized unit and both books number their verses (almost) the same
 way, so verse "Gen.1.1" in one translates "Gen.1.1" in the other: about 31,000 verse pairs, of which about 30,000 pass
-the filters of `vaswani.training.corpus`.
+the filters of `vaswani.corpora.dataset`.
 
 Steps:
   1. fetch: `apt-get download` the two .deb files and unpack them with `dpkg-deb -x` into a cache folder (reused on
@@ -13,7 +13,7 @@ Steps:
   2. read: `pysword` yields each verse's raw OSIS markup (once: the verses are kept in the cache folder); we strip it
      ourselves (footnotes, section headings, speaker labels and Strong's-number word tags go; canonical psalm titles
      stay, because the Spanish keeps them in verse 1), then NFC-normalise and collapse whitespace.
-  3. filter: the filters of `vaswani.training.corpus` (invalid_text, empty, too_long, length_ratio), and
+  3. filter: the filters of `vaswani.corpora.dataset` (invalid_text, empty, too_long, length_ratio), and
        versification_mismatch  the verse sits in a chapter where the two number the verses differently, so
                                neighbouring verses are shifted against each other: a chapter where one translation
                                has a verse the other lacks, the chapter right after one, or a chapter with two or more
@@ -34,8 +34,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from .checks import UsageError
-from .corpus import clean_text, drop_reason, split_examples, to_dataset_dict
+from ..checks import UsageError
+from .dataset import clean_text, drop_reason, split_examples, to_dataset_dict
 
 
 # Which Debian package holds which SWORD module, per language.

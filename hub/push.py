@@ -3,7 +3,7 @@
 `push_to_hub(model_dir, repo_id)` uploads what the model needs to load without this package: the safetensors
 weights, `config.json` with its `auto_map`, the code, the generation config and the tokenizer files; with them the
 run's records if present (`training_summary.json`, `eval_results.json`, the Trainer's `*_results.json` and
-`trainer_state.json`, `train_log.jsonl`, the `*.png` plots), and a README.md rendered by `vaswani.training.model_card`
+`trainer_state.json`, `train_log.jsonl`, the `*.png` plots), and a README.md rendered by `vaswani.hub.model_card`
 from the package's `model_card.md`. Checkpoints, optimizer states and everything else in the folder stay local.
 
 * Everything goes up in ONE `create_commit` (the Hub applies a commit all or nothing), on the branch `revision`,
@@ -25,8 +25,8 @@ from huggingface_hub import CommitOperationAdd, CommitOperationDelete, HfApi, ge
 from huggingface_hub.errors import HfHubHTTPError
 from huggingface_hub.utils import filter_repo_objects
 
+from ..checks import UsageError
 from ..configuration import remote_code_files
-from .checks import UsageError
 from .model_card import read_json, render_model_card, tensor_shapes
 
 

@@ -15,7 +15,7 @@ import numpy
 import torch
 from ctranslate2.specs import common_spec, transformer_spec
 
-from .checks import UsageError
+from ..checks import UsageError
 
 
 def _array(tensor: torch.Tensor) -> numpy.ndarray:

@@ -20,7 +20,7 @@ where u = first 8 bytes of sha256("{seed}:{unit}") / 2**64, a number in [0, 1) t
 Python version. All pairs of a unit land in one split, so a sentence repeated in the corpus is never both trained
 on and tested.
 
-Two sources are read here (the default corpus, the Bible, is `vaswani.training.bible`):
+Two sources are read here (the default corpus, the Bible, is `vaswani.corpora.bible`):
 - two plain-text files, one sentence per line, line N of one translating line N of the other
   (`parallel_files_dataset`; ids "line.N");
 - any DatasetDict with a `translation` column, e.g. from `datasets.load_dataset("wmt14", "de-en")`
@@ -42,8 +42,8 @@ from pathlib import Path
 import datasets
 import pyarrow.compute as pc
 
-from .checks import UsageError, check_writable_dir
-from .data import translation_languages
+from ..checks import UsageError, check_writable_dir
+from ..training.data import translation_languages
 
 
 SPLITS = ("train", "validation", "test")

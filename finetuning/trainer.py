@@ -13,8 +13,7 @@ from transformers import Seq2SeqTrainingArguments, TrainerCallback
 from transformers.trainer_utils import IntervalStrategy
 from transformers.training_args import OptimizerNames
 
-from .checks import UsageError
-from .evaluation import load_metric
+from ..checks import UsageError
 
 
 def default(name, value, **metadata):
@@ -77,6 +76,10 @@ def bleu_metrics(tokenizer, target_lang=None):
     """`compute_metrics` for predict_with_generate: BLEU as every command of this package scores it (the metric of
     `load_metric`), its sacreBLEU signature, the paper's tokenized BLEU (with `target_lang`), and the mean translation
     length in tokens."""
+    from ..evaluation.bleu import (
+        load_metric,  # here: vaswani-finetune --help reads FinetuningArguments without evaluate
+    )
+
     metric = load_metric(target_lang)
 
     def compute_metrics(eval_prediction):

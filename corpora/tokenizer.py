@@ -17,7 +17,7 @@ in front. So `tokenizer(sources, text_target=targets)` gives input_ids and label
 
 Decoding gives back exactly the text that was encoded, NFC-normalised:
 `tokenizer.decode(tokenizer(x).input_ids, skip_special_tokens=True) == x` for any NFC text x (all of
-`vaswani.training.corpus`'s output is NFC), accents, inverted question marks, runs of spaces and the empty string
+`vaswani.corpora.dataset`'s output is NFC), accents, inverted question marks, runs of spaces and the empty string
 included.
 
 The sentences stream from the dataset's Arrow files in batches (`SplitSentences`), so a corpus of any size trains in
@@ -30,7 +30,7 @@ import numpy as np
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-from .checks import UsageError
+from ..checks import UsageError
 
 
 # Listed in id order: the trainer gives special tokens the first ids.
@@ -86,7 +86,7 @@ def train_bpe_tokenizer(texts, vocab_size, model_max_length=1024, min_frequency=
 class SplitSentences:
     """The sentences of a split, all of the first language and then all of the second, read from Arrow in batches.
 
-    A sentence that is not text (None in a dataset not made by vaswani.training.corpus) or that holds U+FFFD, the mark
+    A sentence that is not text (None in a dataset not made by vaswani.corpora.dataset) or that holds U+FFFD, the mark
     of bytes that were not valid UTF-8, is skipped and counted in `skipped`: the vocabulary should not learn broken
     text. `sentences` counts those read. Iterable again; each pass counts anew.
     """

@@ -16,8 +16,8 @@ from huggingface_hub import EvalResult, ModelCard, ModelCardData
 from safetensors import SafetensorError, safe_open
 from transformers import GenerationConfig
 
-from .checks import UsageError, check_safetensors_weights
-from .schedule import peak_lr_of
+from ..checks import UsageError, check_safetensors_weights
+from ..training.schedule import peak_lr_of
 
 
 MODEL_CARD_TEMPLATE = importlib.resources.files("vaswani") / "model_card.md"

@@ -25,12 +25,11 @@ from sacremoses import MosesTokenizer
 from tqdm.auto import tqdm
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, Pipeline, pipeline
 
+from ..checks import check_safetensors_weights, check_tokenizer_matches_config
 from ..modeling import VaswaniTranslationPipeline, label_smoothed_cross_entropy
 from ..modeling.pipeline_vaswani import BATCH_SIZE, translate_batch
-from .arguments import DecodingArguments  # noqa: F401  (its home until it moved: still importable from here)
-from .checks import check_safetensors_weights, check_tokenizer_matches_config
-from .data import load_translation_dataset, text_pairs
-from .padding import batch_to_device
+from ..training.data import load_translation_dataset, text_pairs
+from ..training.padding import batch_to_device
 
 
 def load_translation_model(model_dir, tokenizer_dir=None, device=None):

@@ -1,0 +1,24 @@
+"""Evaluation (section 6.1): translate a test set with the paper's beam search and score it with sacreBLEU and
+Table 2's tokenized BLEU (`bleu`, also the `evaluate` metric `vaswani_bleu`), with the decoding flags the commands
+share (`arguments`). `vaswani-evaluate` and `vaswani-translate` run them; the validation of training calls `validate`.
+"""
+
+from ..lazy_imports import lazy_names
+
+
+# Imported on first use, so that importing the room costs nothing until a name is used.
+_EXPORTS = {
+    "bleu": [
+        "TranslationEvaluator",
+        "corpus_bleu",
+        "load_metric",
+        "tokenized_bleu",
+        "translate",
+        "translations",
+        "validate",
+    ],
+    "arguments": ["DecodingArguments"],
+}
+_HOMES = {name: f".{module}" for module, names in _EXPORTS.items() for name in names}
+__getattr__, __dir__ = lazy_names(__name__, _HOMES)
+__all__ = sorted(_HOMES)

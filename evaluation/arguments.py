@@ -1,0 +1,25 @@
+"""How to decode a test set: the flags of the commands that translate (vaswani-evaluate, vaswani-translate), which
+`translations` takes as its options. It imports what `import vaswani` brings and no more, so that --help and a mistake
+in the flags answer without the training extras."""
+
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class DecodingArguments:
+    """How the commands that translate (vaswani-evaluate, vaswani-translate) decode: `translations`' options."""
+
+    _argument_group_name = "decoding"
+    num_beams: int = field(default=4, metadata={"help": "beam size; 1 is greedy decoding (paper: 4)"})
+    length_penalty: float = field(default=0.6, metadata={"help": "alpha of the length penalty (paper: 0.6)"})
+    paper_decoding: bool = field(
+        default=True,
+        metadata={"help": "section 6.1's beam search: GNMT length penalty, each sentence's own length limit"},
+    )
+    batch_size: int = field(default=32, metadata={"help": "sentences per generate() call"})
+    max_source_length: int | None = field(default=None, metadata={"help": "cut longer sources (tokens), and say so"})
+    device: str | None = field(default=None, metadata={"help": "cpu, cuda, ...; default: cuda if available"})
+
+    def options(self) -> dict:
+        """The keyword arguments of `translations` (the device is the model's)."""
+        return {name: value for name, value in asdict(self).items() if name != "device"}

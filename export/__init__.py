@@ -1,0 +1,15 @@
+"""Exports to other runtimes: CTranslate2 (`ctranslate2`), through its Transformer spec, checked against the model's
+own scores. `vaswani-export-ctranslate2` runs it; the `export` extra brings CTranslate2. ONNX and `torch.export` go
+through transformers' and torch's own exporters (docs/exports.md).
+"""
+
+from ..lazy_imports import lazy_names
+
+
+# Imported on first use, so that importing the room costs nothing until a name is used.
+_EXPORTS = {
+    "ctranslate2": ["export"],
+}
+_HOMES = {name: f".{module}" for module, names in _EXPORTS.items() for name in names}
+__getattr__, __dir__ = lazy_names(__name__, _HOMES)
+__all__ = sorted(_HOMES)

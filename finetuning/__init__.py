@@ -1,0 +1,14 @@
+"""Fine-tuning with transformers' `Seq2SeqTrainer` (`trainer`): translation's defaults, this package's BLEU metric
+and decoding. `vaswani-finetune` runs it.
+"""
+
+from ..lazy_imports import lazy_names
+
+
+# Imported on first use, so that importing the room costs nothing until a name is used.
+_EXPORTS = {
+    "trainer": ["FinetuningArguments", "KeepGenerationConfig", "bleu_metrics"],
+}
+_HOMES = {name: f".{module}" for module, names in _EXPORTS.items() for name in names}
+__getattr__, __dir__ = lazy_names(__name__, _HOMES)
+__all__ = sorted(_HOMES)
