@@ -45,7 +45,7 @@ from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 from vaswani.checks import UsageError
 from vaswani.evaluation.bleu import corpus_bleu, translate
 from vaswani.scripts import train
-from vaswani.training.batching import TokenBucketSampler
+from vaswani.training.batching import TokenBucketSampler, paper_batch_tokens
 from vaswani.training.checkpoints import average_checkpoints, load_checkpoint_weights
 from vaswani.training.distributed import LaunchedStrategy
 from vaswani.training.schedule import inverse_sqrt_lr, paper_peak_lr, peak_lr_of
@@ -221,6 +221,17 @@ def test_a_compiled_run_takes_the_eager_runs_steps_and_saves_plain_weights(corpu
         weights = load_file(str(compiled_dir / name))
         assert weights.keys() == load_file(str(eager_dir / name)).keys(), name
     assert AutoModelForSeq2SeqLM.from_pretrained(compiled_dir).config.d_model == 64
+
+
+def test_the_default_batch_makes_the_papers_step_over_the_processes(corpus, tmp_path):
+    """Section 5.1's ~25,000 + 25,000 tokens a step: one batch of 50,000 on one process, 6,250 on each of 8, halved
+    again when two batches are accumulated; vaswani-train takes it when --batch_tokens is not given."""
+    assert [paper_batch_tokens(1), paper_batch_tokens(8), paper_batch_tokens(8, 2)] == [50000, 6250, 3125]
+    data, tokenizer = corpus
+    flags = [*TINY, "--warmup_steps", 1, "--max_steps", 1, "--eval_steps", 1, "--eval_bleu_samples", 0]
+    flags += ["--gradient_accumulation_steps", 2, "--average_last", 1, "--report_to", "none"]
+    result = run_script("train", *train_arguments(data, tokenizer, tmp_path / "out", *flags))
+    assert "batches of <= 25000 padded tokens x 2 accumulated x 1 processes = <= 50000 tokens" in result.stdout
 
 
 def test_the_model_compiles_by_default_on_an_accelerator_only():
