@@ -155,7 +155,8 @@ def main(argv, callbacks=()):
             seconds = time.perf_counter() - started
             if compiled and state.step == first_step:
                 accelerator.print(
-                    f"torch.compile: the first step, compiling the model, took {seconds:.1f} s (a batch of a new shape compiles once more)"
+                    f"torch.compile: the first step, compiling the model, took {seconds:.1f} s "
+                    "(a batch of a new shape compiles once more)"
                 )
             state.add_step(result, seconds)
             for callback in callbacks:
