@@ -5,9 +5,10 @@ import importlib
 import sys
 
 
-def lazy_names(package, homes):
-    """`__getattr__` and `__dir__` for the package named `package`: each name of `homes` (name -> the module that
-    defines it, relative to `package`) is imported on first use and kept."""
+def lazy_names(package, exports):
+    """`__getattr__`, `__dir__` and `__all__` for the package named `package`: each name of `exports` (the package's
+    module -> the names it defines) is imported on first use and kept."""
+    homes = {name: f".{module}" for module, names in exports.items() for name in names}
 
     def __getattr__(name):
         if name not in homes:
@@ -19,4 +20,4 @@ def lazy_names(package, homes):
     def __dir__():
         return sorted({*vars(sys.modules[package]), *homes})
 
-    return __getattr__, __dir__
+    return __getattr__, __dir__, sorted(homes)

@@ -13,6 +13,4 @@ _EXPORTS = {
     "bible": ["bible_dataset"],
     "tokenizer": ["load_tokenizer", "train_bpe_tokenizer"],
 }
-_HOMES = {name: f".{module}" for module, names in _EXPORTS.items() for name in names}
-__getattr__, __dir__ = lazy_names(__name__, _HOMES)
-__all__ = sorted(_HOMES)
+__getattr__, __dir__, __all__ = lazy_names(__name__, _EXPORTS)

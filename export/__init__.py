@@ -10,6 +10,4 @@ from ..lazy_imports import lazy_names
 _EXPORTS = {
     "ctranslate2": ["export"],
 }
-_HOMES = {name: f".{module}" for module, names in _EXPORTS.items() for name in names}
-__getattr__, __dir__ = lazy_names(__name__, _HOMES)
-__all__ = sorted(_HOMES)
+__getattr__, __dir__, __all__ = lazy_names(__name__, _EXPORTS)

@@ -41,6 +41,4 @@ _EXPORTS = {
     "faults": ["StopSignal"],
     "schedule": ["inverse_sqrt_lr", "inverse_sqrt_schedule", "paper_peak_lr"],
 }
-_HOMES = {name: f".{module}" for module, names in _EXPORTS.items() for name in names}
-__getattr__, __dir__ = lazy_names(__name__, _HOMES)
-__all__ = sorted(_HOMES)
+__getattr__, __dir__, __all__ = lazy_names(__name__, _EXPORTS)
