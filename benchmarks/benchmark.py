@@ -27,6 +27,7 @@ Results are printed and written as JSON and Markdown to --output_dir.
 """
 
 import argparse
+import contextlib
 import copy
 import json
 import re
@@ -237,29 +238,43 @@ def kernel_kind(name: str, in_loss: bool) -> str:
     return next((kind for kind, pattern in KERNEL_KINDS if re.search(pattern, name, re.I)), "other")
 
 
+@contextlib.contextmanager
+def loss_ranged():
+    """The loss's forward and backward, each run under a `LOSS_RANGE` profiler range, for the block's time."""
+    from torch.profiler import record_function
+
+    from vaswani.modeling.modeling_vaswani import VaswaniLabelSmoothedCrossEntropy as Loss
+
+    originals = {name: getattr(Loss, name) for name in ("forward", "backward")}
+    for name, original in originals.items():
+
+        def ranged(*inputs, original=original):
+            with record_function(LOSS_RANGE):
+                return original(*inputs)
+
+        setattr(Loss, name, staticmethod(ranged))
+    try:
+        yield
+    finally:
+        for name, original in originals.items():
+            setattr(Loss, name, staticmethod(original))
+
+
 def profile_training(model, args) -> dict:
     """Where the time of one training step goes (torch.profiler): on CUDA each kernel's device time, on a CPU each
     operator's own time, grouped into KERNEL_KINDS (`shares`, of the step's profiled total) and the `top` kernels.
     Eager, the loss's kernels are those launched under its forward and backward (timed in a `LOSS_RANGE` range);
     compiled, those whose fused names say so."""
-    from torch.profiler import ProfilerActivity, profile, record_function
+    from torch.profiler import ProfilerActivity, profile
 
-    from vaswani.modeling.modeling_vaswani import VaswaniLabelSmoothedCrossEntropy as Loss
-
-    if not args.compile_training:  # a range around the loss; a compiled graph would break at it
-        for name in ("forward", "backward"):
-
-            def ranged(*inputs, original=getattr(Loss, name)):
-                with record_function(LOSS_RANGE):
-                    return original(*inputs)
-
-            setattr(Loss, name, staticmethod(ranged))
     warm, once = copy.copy(args), copy.copy(args)  # copies keep the worker's memory baseline
     warm.repeats, once.warmup, once.repeats = 1, 0, 1
-    measure_training(model, warm, args.train_length, args.batch_tokens)  # warm-up (and compilation)
     on_cuda = args.device == "cuda"
-    with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_cuda else [])) as profiler:
-        measure_training(model, once, args.train_length, args.batch_tokens)
+    # A range around the loss, eager only: a compiled graph would break at it.
+    with contextlib.nullcontext() if args.compile_training else loss_ranged():
+        measure_training(model, warm, args.train_length, args.batch_tokens)  # warm-up (and compilation)
+        with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_cuda else [])) as profiler:
+            measure_training(model, once, args.train_length, args.batch_tokens)
     spent = {}  # (kernel name, kind) -> [calls, microseconds]
     for event in profiler.events():
         parents, parent = set(), event
