@@ -5,9 +5,9 @@
 
 Run from the root of a checkout with the `test` extra installed; on a GPU machine without network access,
 `bash .gpu_carry/run.sh DIR [--part 2]` (made by `benchmarks.gpu_report_prepare`) installs what it needs and runs it.
-A GPU session is two commands: part 1 answers how fast the model trains against MarianMTModel, how soon it translates
-well, how fast it decodes and whether the GPU tests pass (9 minutes, the install included); part 2 gives what the next
-speed-up would be chosen from (4 minutes). A part's sections run in order of priority within the part's deadline
+The report is two commands on the GPU machine: part 1 answers how fast the model trains against MarianMTModel, how
+soon it translates well, how fast it decodes and whether the GPU tests pass (9 minutes, the install included); part 2
+gives what the next speed-up would be chosen from (4 minutes). A part's sections run in order of priority within the part's deadline
 (Sizes.part_minutes, counted from --started_at, run.sh's start), each for at most its Sizes.section_minutes, the last
 for what is left. Each writes SECTION.json into --report_dir after every measurement, and
 `benchmarks.gpu_report_render` writes the page (gpu.md and its PNGs, from every section's JSON in the folder, both
@@ -572,7 +572,7 @@ SECTIONS = {
     "chunk_sweep": chunk_sweep,
     "batch_sweep": batch_sweep,
 }
-# Two commands of a GPU session: the questions a user asks first, then what the next speed-up would be chosen from.
+# The report's two commands: the questions a user asks first, then what the next speed-up would be chosen from.
 PARTS = {1: ("training", "time_to_bleu", "generation", "correctness"), 2: ("profile", "chunk_sweep", "batch_sweep")}
 
 
