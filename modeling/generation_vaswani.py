@@ -16,7 +16,7 @@ import copy
 import torch
 from torch import distributed
 from transformers import CompileConfig, LogitsProcessor, LogitsProcessorList
-from transformers.cache_utils import Cache, DynamicLayer, EncoderDecoderCache
+from transformers.cache_utils import DynamicCache, DynamicLayer, EncoderDecoderCache
 from transformers.generation import GenerateBeamEncoderDecoderOutput
 from transformers.modeling_outputs import BaseModelOutput
 
@@ -165,6 +165,15 @@ class BeamSearchCacheLayer(DynamicLayer):
         self.keys, self.values = self.buffer[0, :, :, : self.filled], self.buffer[1, :, :, : self.filled]
 
 
+class BeamSearchCache(DynamicCache):
+    """The decoder self-attention cache of the paper's beam search: a `DynamicCache`, as transformers' decoding
+    methods return, whose layers are `BeamSearchCacheLayer`s, made one per layer as the decoder first writes it."""
+
+    def __init__(self):
+        super().__init__()
+        self.layer_class_to_replicate = BeamSearchCacheLayer
+
+
 def reorder_self_attention_cache(cache, rows: torch.Tensor, filled: int) -> None:
     """Give each row of the decoder's self-attention cache the keys and values of row `rows[i]`, for the `filled`
     positions it holds. A static cache is rewritten in place, so that its tensors keep the addresses a compiled step
@@ -261,8 +270,7 @@ def gnmt_beam_search(model, input_ids, logits_processor, stopping_criteria, gene
     encoder_outputs = model_kwargs.get("encoder_outputs")
     if can_drop:
         if cache is not None and cache.get_seq_length() == 0:
-            layers = [BeamSearchCacheLayer() for _ in range(model.config.decoder_layers)]
-            model_kwargs["cache"] = EncoderDecoderCache(Cache(layers=layers), cache.cross_attention_cache)
+            model_kwargs["cache"] = EncoderDecoderCache(BeamSearchCache(), cache.cross_attention_cache)
         # generate() repeats each sentence's encoder output for its beams; the decoder's encoder-decoder attention
         # takes it once per sentence, its beams' queries together (VaswaniAttention): a k-th of the keys, values and
         # cache.

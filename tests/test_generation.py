@@ -13,7 +13,7 @@ import itertools
 import pytest
 import torch
 from helpers import pad_pairs, word_tokenizer
-from transformers import EncoderDecoderCache
+from transformers import DynamicCache, EncoderDecoderCache
 
 from vaswani import VaswaniForConditionalGeneration
 
@@ -237,6 +237,31 @@ def test_generation_continues_from_the_cache_it_returned(model, padded_batch, dt
     )
     assert torch.equal(continued.sequences, expected_tokens)
     torch.testing.assert_close(torch.stack(continued.logits), expected_logits[4:], **tolerance(dtype))
+
+
+@pytest.mark.parametrize("cache", CACHES)
+@pytest.mark.parametrize("decoding", DECODING)
+def test_every_decoding_returns_the_decoder_cache_transformers_returns(model, padded_batch, decoding, cache):
+    """What transformers' own generation tests (GenerationTesterMixin, test_generate_compile_model_forward_fullgraph)
+    expect of the cache a decoding returns: by default a `DynamicCache` for the decoder's self-attention, one layer
+    per decoder layer, not compileable (so that generate() compiles nothing); with cache_implementation="static" a
+    compileable cache that is no `DynamicCache`. The encoder-decoder attention's cache is the decoder's other half.
+    A greedy or sampled decoding continues from it (test_generation_continues_from_the_cache_it_returned)."""
+    input_ids, attention_mask = padded_batch
+    out = model.generate(
+        input_ids,
+        attention_mask=attention_mask,
+        max_new_tokens=4,
+        return_dict_in_generate=True,
+        **DECODING[decoding],
+        **CACHES[cache],
+    )
+    assert isinstance(out.cache, EncoderDecoderCache)
+    for half in (out.cache.self_attention_cache, out.cache.cross_attention_cache):
+        assert len(half.layers) == model.config.decoder_layers
+        assert isinstance(half, DynamicCache) == (cache == "dynamic")
+        assert half.is_compileable == (cache == "static")
+    assert out.cache.get_seq_length() > 0
 
 
 @pytest.mark.parametrize("decoding", ["paper beam", "transformers beam"])
