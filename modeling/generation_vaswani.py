@@ -12,6 +12,7 @@ unpadded tokens, `</s>` included.
 """
 
 import copy
+from dataclasses import dataclass
 
 import torch
 from torch import distributed
@@ -203,6 +204,202 @@ def select_batch_rows(model_kwargs: dict, sentences: torch.Tensor, num_beams: in
         model_kwargs["cache"].cross_attention_cache.reorder_cache(sentences)
 
 
+def sentences_can_leave(model_kwargs, logits_processor, compile_steps, synced_gpus, recorded) -> bool:
+    """Whether a finished sentence may leave the search, as CTranslate2 drops it: the model, the length limit and the
+    search's own tensors then hold the sentences still searched. The batch stays whole where that cannot be: a static
+    cache keeps its shape (one compiled graph), sharded models (synced_gpus) run every step on every process, the
+    per-step attentions and hidden states are returned for every row, and logits processors other than the length
+    limit may count on the batch's rows (a finished sentence then gets no continuation: its log-probabilities are
+    -inf)."""
+    cache = model_kwargs.get("cache")
+    return not (
+        synced_gpus
+        or compile_steps
+        or (cache is not None and cache.is_compileable)
+        or recorded["decoder_attentions"] is not None
+        or recorded["decoder_hidden_states"] is not None
+        or any(not isinstance(processor, SourceLengthLimit) for processor in logits_processor)
+    )
+
+
+def share_encoder_output(model_kwargs: dict, num_beams: int) -> None:
+    """Give the decoder each sentence's encoder output once, and the beam search's own self-attention cache.
+
+    generate() repeats each sentence's encoder output for its beams; the decoder's encoder-decoder attention takes it
+    once per sentence, its beams' queries together (VaswaniAttention): a k-th of the keys, values and cache. The
+    self-attention cache writes each step in place and reorders beams in one copy (`BeamSearchCacheLayer`)."""
+    cache = model_kwargs.get("cache")
+    if cache is not None and cache.get_seq_length() == 0:
+        model_kwargs["cache"] = EncoderDecoderCache(BeamSearchCache(), cache.cross_attention_cache)
+    encoder_outputs = model_kwargs["encoder_outputs"]
+    model_kwargs["encoder_outputs"] = BaseModelOutput(last_hidden_state=encoder_outputs.last_hidden_state[::num_beams])
+    if model_kwargs.get("attention_mask") is not None:
+        model_kwargs["attention_mask"] = model_kwargs["attention_mask"][::num_beams]
+
+
+@dataclass
+class Candidates:
+    """The 2k best one-token continuations of a sentence's k live hypotheses, best first, per sentence searched:
+    their summed log-probabilities, the live hypothesis each extends, their tokens (start token included) and the
+    batch row each of their tokens came from (`beam_indices`)."""
+
+    scores: torch.Tensor  # (sentences, 2k)
+    origin: torch.Tensor  # (sentences, 2k), the live hypothesis extended, 0..k-1
+    sequences: torch.Tensor  # (sentences, 2k, length)
+    beams: torch.Tensor  # (sentences, 2k, steps)
+
+
+@dataclass
+class BeamSearchState:
+    """The hypotheses of the sentences still searched, one row per sentence: `active` holds their indices in the
+    batch, `longest` the longest hypothesis each may grow to; the k live ones (their tokens, summed log-probabilities
+    and source rows) and the k best finished ones (padded to max_length, their scores divided by lp(|Y|))."""
+
+    active: torch.Tensor
+    longest: torch.Tensor
+    live: torch.Tensor
+    live_scores: torch.Tensor
+    live_beams: torch.Tensor
+    finished: torch.Tensor
+    finished_scores: torch.Tensor
+    finished_beams: torch.Tensor
+
+    @classmethod
+    def start(cls, input_ids, num_beams, max_length, pad_token_id, longest) -> "BeamSearchState":
+        """One live hypothesis per sentence, the prompt (the others start at -inf, so that the first step does not
+        pick k copies of one continuation); no finished one."""
+        rows, prompt_length = input_ids.shape
+        batch_size, device = rows // num_beams, input_ids.device
+        live_scores = torch.full((batch_size, num_beams), -float("inf"), device=device)
+        live_scores[:, 0] = 0.0
+        return cls(
+            active=torch.arange(batch_size, device=device),
+            longest=longest,
+            live=input_ids.view(batch_size, num_beams, prompt_length),
+            live_scores=live_scores,
+            live_beams=torch.zeros((batch_size, num_beams, 0), dtype=torch.long, device=device),
+            finished=torch.full((batch_size, num_beams, max_length), pad_token_id, device=device),
+            finished_scores=torch.full((batch_size, num_beams), -float("inf"), device=device),
+            finished_beams=torch.full((batch_size, num_beams, max_length - prompt_length), -1, device=device),
+        )
+
+    @property
+    def returned(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return self.finished, self.finished_scores, self.finished_beams
+
+    def continuations(self, log_probs: torch.Tensor) -> Candidates:
+        """Section 6.1's beam of k: the 2k best continuations of the k live hypotheses, so that k of them survive
+        even when up to k end at this step."""
+        searched, num_beams, cur_len = self.live.shape
+        vocab_size = log_probs.shape[-1]
+        totals = (self.live_scores[:, :, None] + log_probs.view(searched, num_beams, vocab_size)).view(searched, -1)
+        scores, ids = totals.topk(2 * num_beams, dim=1)
+        origin, tokens = ids // vocab_size, ids % vocab_size
+        sequences = torch.cat((self.live.gather(1, origin[:, :, None].expand(-1, -1, cur_len)), tokens[:, :, None]), 2)
+        history = self.live_beams.gather(1, origin[:, :, None].expand(-1, -1, self.live_beams.shape[2]))
+        beams = torch.cat((history, (origin + self.active[:, None] * num_beams)[:, :, None]), 2)
+        return Candidates(scores, origin, sequences, beams)
+
+    def settle_finished(self, candidates: Candidates, ends: torch.Tensor, length: int, alpha: float, pad_id: int):
+        """The candidates that end (`ends`) join the finished hypotheses with their score divided by the GNMT length
+        penalty lp(|Y|) (Wu et al., 2016), and the k best finished ones are kept."""
+        num_beams, max_length = self.finished.shape[1:]
+        padding = max_length - candidates.sequences.shape[2]
+        penalised = (candidates.scores / gnmt_length_penalty(length, alpha)).masked_fill(~ends, -float("inf"))
+        padded = torch.nn.functional.pad(candidates.sequences, (0, padding), value=pad_id)
+        padded_beams = torch.nn.functional.pad(candidates.beams, (0, padding), value=-1)
+        self.finished_scores, keep = torch.cat((self.finished_scores, penalised), 1).topk(num_beams, dim=1)
+        self.finished = torch.cat((self.finished, padded), 1).gather(1, keep[:, :, None].expand(-1, -1, max_length))
+        self.finished_beams = torch.cat((self.finished_beams, padded_beams), 1).gather(
+            1, keep[:, :, None].expand(-1, -1, self.finished_beams.shape[2])
+        )
+
+    def keep_live(self, candidates: Candidates, ends: torch.Tensor) -> torch.Tensor:
+        """The k best candidates that did not end stay live; returns the live hypothesis each came from, whose cache
+        row it continues."""
+        num_beams = self.live.shape[1]
+        self.live_scores, keep = candidates.scores.masked_fill(ends, -float("inf")).topk(num_beams, dim=1)
+        self.live = candidates.sequences.gather(1, keep[:, :, None].expand(-1, -1, candidates.sequences.shape[2]))
+        self.live_beams = candidates.beams.gather(1, keep[:, :, None].expand(-1, -1, candidates.beams.shape[2]))
+        return candidates.origin.gather(1, keep)
+
+    def settled(self, length: int, alpha: float, num_return: int) -> torch.Tensor:
+        """Which sentences are done: the hypotheses they return are finished, and no live one can still beat the
+        worst of them, so no later step can change what they return (or no live hypothesis is left).
+
+        Log-probabilities only fall as a hypothesis grows, and lp is monotonic in |Y|, so a live hypothesis' best
+        possible score is reached at one end: now, or at the longest the sentence allows. The search thus ends
+        exactly, not on a heuristic."""
+        best_live = torch.maximum(
+            self.live_scores[:, 0] / gnmt_length_penalty(length, alpha),
+            self.live_scores[:, 0] / gnmt_length_penalty(self.longest, alpha),
+        )
+        worst_returned = self.finished_scores[:, num_return - 1]
+        return (worst_returned > -float("inf")) & (best_live < worst_returned) | (
+            self.live_scores[:, 0] == -float("inf")
+        )
+
+    def leave(self, done: torch.Tensor, results: list[torch.Tensor]) -> torch.Tensor:
+        """The done sentences leave the search: what they return is written into `results` (finished hypotheses,
+        scores, beam indices of the whole batch); returns the positions, among those searched, of the ones that stay."""
+        gone, still = done.nonzero().view(-1), (~done).nonzero().view(-1)
+        for result, state in zip(results, self.returned):
+            result[self.active[gone]] = state[gone]
+        for name, value in vars(self).items():
+            setattr(self, name, value[still])
+        return still
+
+
+def step_records(generation_config) -> dict:
+    """What is recorded at each step, as transformers' beam search records it for every row of the batch: the
+    logits, the decoder's attentions, cross-attentions and hidden states (a tuple each where asked for, else None)."""
+    return_dict = generation_config.return_dict_in_generate
+    return {
+        name: () if return_dict and getattr(generation_config, flag) else None
+        for name, flag in (
+            ("logits", "output_logits"),
+            ("decoder_attentions", "output_attentions"),
+            ("cross_attentions", "output_attentions"),
+            ("decoder_hidden_states", "output_hidden_states"),
+        )
+    }
+
+
+def longest_hypotheses(logits_processor, batch_size: int, batch_limit: int, prompt_length: int, device):
+    """The most tokens each sentence's hypotheses can grow to: its own limit (`SourceLengthLimit`, section 6.1) or
+    the batch's."""
+    longest = torch.full((batch_size,), batch_limit, device=device)
+    for processor in logits_processor:
+        if isinstance(processor, SourceLengthLimit):
+            longest = torch.minimum(longest, processor.limits.to(device) + 1 - prompt_length)
+    return longest
+
+
+def beam_search_output(results, prompt_length, generation_config, step_scores, encoder_outputs, cache, recorded):
+    """What `generate()` returns: the `num_return_sequences` best finished hypotheses of each sentence, best first,
+    cut to the longest of them; with `return_dict_in_generate`, transformers' beam search output."""
+    finished, finished_scores, finished_beams = results
+    batch_size, _, max_length = finished.shape
+    num_return = generation_config.num_return_sequences or 1
+    return_scores = generation_config.return_dict_in_generate and generation_config.output_scores
+    sequences = finished[:, :num_return].reshape(batch_size * num_return, max_length)
+    beam_indices = finished_beams[:, :num_return].reshape(batch_size * num_return, -1)
+    generated = int((beam_indices >= 0).sum(1).max())
+    sequences, beam_indices = sequences[:, : prompt_length + generated], beam_indices[:, :generated]
+    if not generation_config.return_dict_in_generate:
+        return sequences
+    return GenerateBeamEncoderDecoderOutput(
+        sequences=sequences,
+        sequences_scores=finished_scores[:, :num_return].reshape(-1) if return_scores else None,
+        scores=step_scores if return_scores else None,
+        beam_indices=beam_indices,
+        encoder_attentions=encoder_outputs.get("attentions") if generation_config.output_attentions else None,
+        encoder_hidden_states=encoder_outputs.get("hidden_states") if generation_config.output_hidden_states else None,
+        cache=cache,
+        **recorded,
+    )
+
+
 def gnmt_beam_search(model, input_ids, logits_processor, stopping_criteria, generation_config, **model_kwargs):
     """Beam search as tensor2tensor runs it for the paper: `generate(custom_generate=gnmt_beam_search)`.
 
@@ -221,28 +418,11 @@ def gnmt_beam_search(model, input_ids, logits_processor, stopping_criteria, gene
     num_return = generation_config.num_return_sequences or 1
     alpha = generation_config.length_penalty
     max_length = generation_config.max_length
-    return_dict = generation_config.return_dict_in_generate
-    return_scores = return_dict and generation_config.output_scores
-    # Per step, as transformers' beam search records them: (logits, decoder attentions, cross-attentions, decoder
-    # hidden states), each for every row of the batch.
-    recorded = {
-        name: () if return_dict and getattr(generation_config, flag) else None
-        for name, flag in (
-            ("logits", "output_logits"),
-            ("decoder_attentions", "output_attentions"),
-            ("cross_attentions", "output_attentions"),
-            ("decoder_hidden_states", "output_hidden_states"),
-        )
-    }
+    return_scores = generation_config.return_dict_in_generate and generation_config.output_scores
+    recorded = step_records(generation_config)
     rows, prompt_length = input_ids.shape
-    batch_size = rows // num_beams
-    device = input_ids.device
+    batch_size, device = rows // num_beams, input_ids.device
     beam_range = torch.arange(num_beams, device=device)
-    # The longest hypothesis each sentence can grow to: its own limit (SourceLengthLimit) or the batch's.
-    longest = torch.full((batch_size,), max_length - prompt_length, device=device)
-    for processor in logits_processor:
-        if isinstance(processor, SourceLengthLimit):
-            longest = torch.minimum(longest, processor.limits.to(device) + 1 - prompt_length)
 
     # As transformers' greedy search and sampling do: with a static cache on an accelerator (or a `compile_config`
     # that asks for it everywhere), every step after the first runs one compiled graph.
@@ -252,62 +432,27 @@ def gnmt_beam_search(model, input_ids, logits_processor, stopping_criteria, gene
         if compile_steps
         else model.__call__
     )
-    # A finished sentence leaves the search, as CTranslate2 drops it: the model, the length limit and the search's own
-    # tensors then hold the sentences still searched (`active`, their indices in the batch). The batch stays whole
-    # where that cannot be: a static cache keeps its shape (one compiled graph), sharded models (synced_gpus) run
-    # every step on every process, the per-step attentions and hidden states are returned for every row, and logits
-    # processors other than the length limit may count on the batch's rows (a finished sentence then gets no
-    # continuation: its log-probabilities are -inf).
-    cache = model_kwargs.get("cache")
-    can_drop = not (
-        synced_gpus
-        or compile_steps
-        or (cache is not None and cache.is_compileable)
-        or recorded["decoder_attentions"] is not None
-        or recorded["decoder_hidden_states"] is not None
-        or any(not isinstance(processor, SourceLengthLimit) for processor in logits_processor)
-    )
+    can_drop = sentences_can_leave(model_kwargs, logits_processor, compile_steps, synced_gpus, recorded)
     encoder_outputs = model_kwargs.get("encoder_outputs")
     if can_drop:
-        if cache is not None and cache.get_seq_length() == 0:
-            model_kwargs["cache"] = EncoderDecoderCache(BeamSearchCache(), cache.cross_attention_cache)
-        # generate() repeats each sentence's encoder output for its beams; the decoder's encoder-decoder attention
-        # takes it once per sentence, its beams' queries together (VaswaniAttention): a k-th of the keys, values and
-        # cache.
-        model_kwargs["encoder_outputs"] = BaseModelOutput(
-            last_hidden_state=encoder_outputs.last_hidden_state[::num_beams]
-        )
-        if model_kwargs.get("attention_mask") is not None:
-            model_kwargs["attention_mask"] = model_kwargs["attention_mask"][::num_beams]
-
-    # The search, for the active sentences. Live hypotheses: one at first (the others start at -inf, so that the
-    # first step does not pick k copies). Finished ones: the k best, padded to max_length.
-    active = torch.arange(batch_size, device=device)
-    live = input_ids.view(batch_size, num_beams, prompt_length)
-    live_scores = torch.full((batch_size, num_beams), -float("inf"), device=device)
-    live_scores[:, 0] = 0.0
-    live_beams = torch.zeros((batch_size, num_beams, 0), dtype=torch.long, device=device)
-    pad_token_id = generation_config.pad_token_id
-    finished = torch.full((batch_size, num_beams, max_length), pad_token_id, device=device)
-    finished_scores = torch.full((batch_size, num_beams), -float("inf"), device=device)
-    finished_beams = torch.full((batch_size, num_beams, max_length - prompt_length), -1, device=device)
+        share_encoder_output(model_kwargs, num_beams)
+    longest = longest_hypotheses(logits_processor, batch_size, max_length - prompt_length, prompt_length, device)
+    state = BeamSearchState.start(input_ids, num_beams, max_length, generation_config.pad_token_id, longest)
+    results = [tensor.clone() for tensor in state.returned]  # what each sentence returns, written as it leaves
     done = torch.zeros(batch_size, dtype=torch.bool, device=device)  # sentences kept in the batch once finished
-    # What each sentence returns, written as it leaves the search.
-    results = [finished.clone(), finished_scores.clone(), finished_beams.clone()]
     step_scores = ()
 
     def whole_batch(tensor: torch.Tensor, fill) -> torch.Tensor:
         """A per-row tensor of the active sentences as one of every row of the batch (`fill` for the others)."""
         if tensor.shape[0] == rows:
             return tensor
-        active_rows = (active[:, None] * num_beams + beam_range).view(-1)
+        active_rows = (state.active[:, None] * num_beams + beam_range).view(-1)
         return tensor.new_full((rows, *tensor.shape[1:]), fill).index_copy_(0, active_rows, tensor)
 
     this_peer_finished = False
     while any_peer_unfinished(this_peer_finished, synced_gpus, device):
-        searched = active.shape[0]
-        flat_live = live.reshape(searched * num_beams, -1)
-        cur_len = flat_live.shape[1]
+        searched, _, cur_len = state.live.shape
+        flat_live = state.live.reshape(searched * num_beams, -1)
         next_length = 1 if model_kwargs.get("use_cache") and cur_len > prompt_length else None
         model_inputs = model.prepare_inputs_for_generation(flat_live, next_sequence_length=next_length, **model_kwargs)
         outputs = (compiled_step if cur_len > prompt_length else model)(**model_inputs, return_dict=True)
@@ -329,48 +474,13 @@ def gnmt_beam_search(model, input_ids, logits_processor, stopping_criteria, gene
             log_probs = log_probs.masked_fill(finished_rows, -float("inf"))
         if return_scores:
             step_scores += (whole_batch(log_probs, -float("inf")),)
-        vocab_size = log_probs.shape[-1]
 
-        # The 2k best continuations of the sentence's k live hypotheses.
-        totals = (live_scores[:, :, None] + log_probs.view(searched, num_beams, vocab_size)).view(searched, -1)
-        candidate_scores, candidate_ids = totals.topk(2 * num_beams, dim=1)
-        origin = candidate_ids // vocab_size
-        tokens = candidate_ids % vocab_size
-        candidates = torch.cat((live.gather(1, origin[:, :, None].expand(-1, -1, cur_len)), tokens[:, :, None]), 2)
-        history = live_beams.gather(1, origin[:, :, None].expand(-1, -1, live_beams.shape[2]))
-        candidate_beams = torch.cat((history, (origin + active[:, None] * num_beams)[:, :, None]), 2)
-        ends = stopping_criteria(candidates.view(-1, cur_len + 1), step_scores or None).view(searched, -1)
-        ends &= candidate_scores > -float("inf")
-
-        # Finished: penalised by length, merged with the earlier finished ones, the k best kept.
-        penalised = candidate_scores / gnmt_length_penalty(cur_len + 1 - prompt_length, alpha)
-        penalised = penalised.masked_fill(~ends, -float("inf"))
-        padded = torch.nn.functional.pad(candidates, (0, max_length - cur_len - 1), value=pad_token_id)
-        padded_beams = torch.nn.functional.pad(candidate_beams, (0, max_length - cur_len - 1), value=-1)
-        finished_scores, keep = torch.cat((finished_scores, penalised), 1).topk(num_beams, dim=1)
-        finished = torch.cat((finished, padded), 1).gather(1, keep[:, :, None].expand(-1, -1, max_length))
-        finished_beams = torch.cat((finished_beams, padded_beams), 1).gather(
-            1, keep[:, :, None].expand(-1, -1, finished_beams.shape[2])
-        )
-
-        # Live: the k best continuations that did not end.
-        live_scores, keep = candidate_scores.masked_fill(ends, -float("inf")).topk(num_beams, dim=1)
-        live = candidates.gather(1, keep[:, :, None].expand(-1, -1, cur_len + 1))
-        live_beams = candidate_beams.gather(1, keep[:, :, None].expand(-1, -1, candidate_beams.shape[2]))
-        source_beams, positions = origin.gather(1, keep), torch.arange(searched, device=device)
-
-        # Done: the hypotheses it returns are finished, and no live one can still beat the worst of them (so no
-        # later one can change what it returns). Log-probabilities only fall as a hypothesis grows, and lp is
-        # monotonic in |Y|, so a live hypothesis' best possible score is reached at one end: now, or at the longest
-        # the sentence allows.
-        best_live = torch.maximum(
-            live_scores[:, 0] / gnmt_length_penalty(cur_len + 1 - prompt_length, alpha),
-            live_scores[:, 0] / gnmt_length_penalty(longest, alpha),
-        )
-        worst_returned = finished_scores[:, num_return - 1]
-        done_now = (worst_returned > -float("inf")) & (best_live < worst_returned) | (
-            live_scores[:, 0] == -float("inf")
-        )
+        candidates = state.continuations(log_probs)
+        ends = stopping_criteria(candidates.sequences.view(-1, cur_len + 1), step_scores or None).view(searched, -1)
+        ends &= candidates.scores > -float("inf")
+        state.settle_finished(candidates, ends, cur_len + 1 - prompt_length, alpha, generation_config.pad_token_id)
+        source_beams, positions = state.keep_live(candidates, ends), torch.arange(searched, device=device)
+        done_now = state.settled(cur_len + 1 - prompt_length, alpha, num_return)
         if not can_drop:
             done |= done_now
             this_peer_finished = bool(done.all())
@@ -378,42 +488,20 @@ def gnmt_beam_search(model, input_ids, logits_processor, stopping_criteria, gene
             leaving = int(done_now.sum())  # the step's one read of the device
             this_peer_finished = leaving == searched
             if leaving and not this_peer_finished:
-                gone, still = done_now.nonzero().view(-1), (~done_now).nonzero().view(-1)
-                for result, state in zip(results, (finished, finished_scores, finished_beams)):
-                    result[active[gone]] = state[gone]
-                active, longest, source_beams, positions = active[still], longest[still], source_beams[still], still
-                live, live_scores, live_beams = live[still], live_scores[still], live_beams[still]
-                finished, finished_scores, finished_beams = (
-                    finished[still],
-                    finished_scores[still],
-                    finished_beams[still],
-                )
+                positions = state.leave(done_now, results)
+                source_beams = source_beams[positions]
                 logits_processor = LogitsProcessorList(
-                    SourceLengthLimit(processor.limits[still], processor.eos_token_id)
+                    SourceLengthLimit(processor.limits[positions], processor.eos_token_id)
                     for processor in logits_processor
                 )
-                select_batch_rows(model_kwargs, still, num_beams)
+                select_batch_rows(model_kwargs, positions, num_beams)
         if model_kwargs.get("cache") is not None and not this_peer_finished:
             # Each kept hypothesis continues the cache row it came from, among the rows of the last step.
             beam_rows = positions[:, None] * num_beams + source_beams
             reorder_self_attention_cache(model_kwargs["cache"], beam_rows.view(-1), cur_len)
 
-    for result, state in zip(results, (finished, finished_scores, finished_beams)):
-        result[active] = state
-    finished, finished_scores, finished_beams = results
-    sequences = finished[:, :num_return].reshape(batch_size * num_return, max_length)
-    beam_indices = finished_beams[:, :num_return].reshape(batch_size * num_return, -1)
-    generated = int((beam_indices >= 0).sum(1).max())
-    sequences, beam_indices = sequences[:, : prompt_length + generated], beam_indices[:, :generated]
-    if not return_dict:
-        return sequences
-    return GenerateBeamEncoderDecoderOutput(
-        sequences=sequences,
-        sequences_scores=finished_scores[:, :num_return].reshape(-1) if return_scores else None,
-        scores=step_scores if return_scores else None,
-        beam_indices=beam_indices,
-        encoder_attentions=encoder_outputs.get("attentions") if generation_config.output_attentions else None,
-        encoder_hidden_states=encoder_outputs.get("hidden_states") if generation_config.output_hidden_states else None,
-        cache=model_kwargs.get("cache"),
-        **recorded,
+    for result, tensor in zip(results, state.returned):
+        result[state.active] = tensor
+    return beam_search_output(
+        results, prompt_length, generation_config, step_scores, encoder_outputs, model_kwargs.get("cache"), recorded
     )
