@@ -34,6 +34,7 @@ import re
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -340,29 +341,58 @@ def measure_generation(model, args, num_beams: int, paper_decoding: bool = False
     }
 
 
-def measure_ctranslate2(args, quantization: str, num_beams: int) -> dict:
-    import tempfile
-
-    import ctranslate2
-
-    from vaswani.export.ctranslate2 import export, translate_ids, vocabulary
+def export_for_ctranslate2(args, quantization: str) -> dict:
+    """The random-weight model exported for CTranslate2 into --export_dir, with the source batch as token strings
+    (`source.json`): CTranslate2 is then timed in a process of its own (`ctranslate2_timing`), where torch never ran."""
+    from vaswani.export.ctranslate2 import export, vocabulary
 
     model = build_model("vaswani", args.preset, args.max_positions).eval()
-    with tempfile.TemporaryDirectory() as folder:
-        export(model, folder, quantization=quantization)
-        translator = ctranslate2.Translator(folder, device=args.device, intra_threads=torch.get_num_threads())
-        tokens = vocabulary(model)
-        source = random_ids(args.gen_batch, args.gen_source_length, "cpu").tolist()
-        timer = Timer(torch.device(args.device))
-        for _ in range(args.warmup + args.repeats):
-            with timer:
-                output = translate_ids(translator, tokens, source, beam_size=num_beams, length=args.gen_length)
-        assert all(len(ids) == args.gen_length for ids in output), [len(ids) for ids in output]
-    return {
-        "times": timer.times[-args.repeats :],
-        "sentences": args.gen_batch,
-        "tokens": args.gen_batch * args.gen_length,
+    export(model, args.export_dir, quantization=quantization)
+    tokens = vocabulary(model)
+    source = [[tokens[i] for i in ids] for ids in random_ids(args.gen_batch, args.gen_source_length, "cpu").tolist()]
+    (Path(args.export_dir) / "source.json").write_text(json.dumps(source))
+    return {}
+
+
+def measure_ctranslate2(args, implementation: str, folder: Path, timeout=None) -> dict:
+    """CTranslate2's generation (`implementation`: "ctranslate2:QUANTIZATION"), alone: the model exported into
+    `folder` by a process of its own where not yet, then timed in a fresh process that never imports torch."""
+    if not (folder / "source.json").exists():
+        run_worker(args, implementation, export_dir=folder, timeout=timeout)
+    return time_ctranslate2(args, folder, timeout)
+
+
+def time_ctranslate2(args, folder: Path, timeout=None) -> dict:
+    """Greedy and beam-4 generation of the exported model (export_for_ctranslate2), in a fresh process that imports
+    no torch, --warmup untimed and --repeats timed repetitions each, with the output length forced as for the
+    others."""
+    source = json.loads((folder / "source.json").read_text())
+    job = {
+        "model_dir": str(folder),
+        "device": args.device,
+        "threads": torch.get_num_threads(),
+        "decodings": [{"name": f"generate_beam{beams}", "beam_size": beams} for beams in (1, 4)],
+        "batches": [source],
+        "length": args.gen_length,
+        "warmup": args.warmup,
+        "repeats": args.repeats,
     }
+    (folder / "job.json").write_text(json.dumps(job))
+    command = [sys.executable, "-m", "benchmarks.ctranslate2_timing", str(folder / "job.json")]
+    done = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=timeout)
+    if done.returncode != 0:
+        raise RuntimeError(f"CTranslate2 failed:\n{done.stderr[-3000:]}")
+    measured = json.loads(done.stdout.strip().splitlines()[-1])
+    results = {}
+    for name, decoding in measured["decodings"].items():
+        assert all(len(tokens) == args.gen_length for tokens in decoding["outputs"]), decoding["outputs"]
+        results[name] = {
+            "times": decoding["times"],
+            "sentences": args.gen_batch,
+            "tokens": args.gen_batch * args.gen_length,
+            "torch_loaded": measured["torch_loaded"],
+        }
+    return results
 
 
 def worker(args) -> dict:
@@ -370,8 +400,7 @@ def worker(args) -> dict:
     args.baseline_rss = reset_peak_memory()
     torch.manual_seed(0)
     if args.implementation.startswith("ctranslate2"):
-        quantization = args.implementation.split(":")[1]
-        return {f"generate_beam{beams}": measure_ctranslate2(args, quantization, beams) for beams in (1, 4)}
+        return export_for_ctranslate2(args, quantization=args.implementation.split(":")[1])
     model = build_model(args.implementation, args.preset, args.max_positions)
     if args.sweep_point:
         length, batch_tokens = args.sweep_point
@@ -388,11 +417,14 @@ def worker(args) -> dict:
     return results
 
 
-def run_worker(args, implementation: str, sweep_point=None, timeout=None) -> dict:
-    """One measurement in a fresh process (so that memory figures do not leak from one to the next)."""
+def run_worker(args, implementation: str, sweep_point=None, timeout=None, export_dir=None) -> dict:
+    """One measurement in a fresh process (so that memory figures do not leak from one to the next); for a
+    CTranslate2 implementation, its export into `export_dir`."""
     command = [sys.executable, "-m", "benchmarks.benchmark", "--implementation", implementation, *args.forwarded()]
     if sweep_point:
         command += ["--sweep_point", *map(str, sweep_point)]
+    if export_dir:
+        command += ["--export_dir", str(export_dir)]
     done = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=timeout)
     if done.returncode != 0:
         raise RuntimeError(f"{implementation} failed:\n{done.stderr[-3000:]}")
@@ -406,6 +438,8 @@ def pool_rounds(measured: list[dict]) -> dict:
         pooled[name] = {**first, "times": [t for result in measured for t in result[name]["times"]]}
         if "peak_memory" in first:
             pooled[name]["peak_memory"] = max(result[name]["peak_memory"] for result in measured)
+        if "torch_loaded" in first:
+            pooled[name]["torch_loaded"] = any(result[name]["torch_loaded"] for result in measured)
     return pooled
 
 
@@ -509,6 +543,7 @@ class BenchmarkArguments:
     autocast: bool = field(default=False, metadata={"help": argparse.SUPPRESS})
     compile_training: bool = field(default=False, metadata={"help": argparse.SUPPRESS})
     chunk_elements: int | None = field(default=None, metadata={"help": argparse.SUPPRESS})
+    export_dir: str | None = field(default=None, metadata={"help": argparse.SUPPRESS})
 
     @property
     def max_positions(self):
@@ -564,22 +599,27 @@ def main(argv) -> dict:
 
     ceiling = matmul_ceiling(torch.device(args.device), getattr(torch, args.dtype))
     rounds, sweep_points = {implementation: [] for implementation in implementations}, []
-    with tqdm(total=args.rounds * len(implementations) + len(sweep), desc="benchmark", unit="run") as progress:
-        for round_index in range(args.rounds):
-            for implementation in implementations[:: -1 if round_index % 2 else 1]:
-                progress.set_postfix_str(f"{implementation}, round {round_index + 1}")
-                rounds[implementation].append(run_worker(args, implementation))
+    with tempfile.TemporaryDirectory(prefix="benchmark-ct2-") as folder:
+        with tqdm(total=args.rounds * len(implementations) + len(sweep), desc="benchmark", unit="run") as progress:
+            for round_index in range(args.rounds):
+                for implementation in implementations[:: -1 if round_index % 2 else 1]:
+                    progress.set_postfix_str(f"{implementation}, round {round_index + 1}")
+                    if implementation.startswith("ctranslate2"):
+                        folder_of = Path(folder) / implementation
+                        rounds[implementation].append(measure_ctranslate2(args, implementation, folder_of))
+                    else:
+                        rounds[implementation].append(run_worker(args, implementation))
+                    progress.update()
+            for axis, implementation, point in sweep:
+                progress.set_postfix_str(f"{implementation} {point}")
+                sweep_points.append(
+                    {
+                        "implementation": implementation,
+                        "sweep_axis": axis,
+                        **run_worker(args, implementation, point)["train"],
+                    }
+                )
                 progress.update()
-        for axis, implementation, point in sweep:
-            progress.set_postfix_str(f"{implementation} {point}")
-            sweep_points.append(
-                {
-                    "implementation": implementation,
-                    "sweep_axis": axis,
-                    **run_worker(args, implementation, point)["train"],
-                }
-            )
-            progress.update()
 
     results = {implementation: pool_rounds(measured) for implementation, measured in rounds.items()}
     rows, table = main_table(results, ceiling)

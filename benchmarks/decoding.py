@@ -13,15 +13,21 @@ by each engine in turn, --rounds times in alternating order; each row gives the 
   greedy decoding;
 - `MarianMTModel` holding the same weights (its attention biases and final-logits bias zero, its positional table
   the model's interleaved one), decoded by transformers' `generate()` as Marian users do: beam 4 and greedy;
-- CTranslate2, where it is installed: the model exported by `vaswani.export.ctranslate2`, float32 and int8, beam 4 and
-  greedy, in the same batches.
+- CTranslate2, where it is installed: the model exported by `vaswani-export-ctranslate2`, float32 and int8, beam 4
+  and greedy, in the same batches, tokenized with the model's own tokenizer.json.
+Every engine is timed alone, as a translation service runs it: each decoding in a fresh process in which nothing ran
+before it, no other engine and no export. The exports run first, each in a process of its own, and CTranslate2 is
+timed by `benchmarks.ctranslate2_timing`, which never imports torch: torch's OpenMP threads, once they have run,
+slow the threads of an engine timed after them in the same process, and each CTranslate2 row records whether torch
+was loaded in its process (`torch_loaded`).
 Beam searches use 4 beams and length penalty 0.6. Each row says how many sentences translate as the default decoding
 does, and the BLEU of the engine's translations. `--profile` adds where the time of one decoding of the sentences
 goes for each of vaswani's decodings (torch's profiler, the model's parts marked by module hooks). The tables are
-printed and written as `decoding_<device>.{json,md}` in --output_dir.
+printed and written as `decoding_cpu.{json,md}` in --output_dir (`--under_load`: `decoding_cpu_under_load.*`).
 """
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import os
@@ -33,6 +39,7 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.ctranslate2_timing import batches
 from vaswani.cli import command, parse_arguments
 
 
@@ -87,6 +94,10 @@ class DecodingBenchmarkArguments:
     rounds: int = field(default=2, metadata={"help": "timed rounds, engines alternating; each row's fastest"})
     profile: bool = field(default=False, metadata={"help": "also profile one decoding of each of vaswani's decodings"})
     no_ctranslate2: bool = field(default=False, metadata={"help": "leave out the CTranslate2 rows"})
+    under_load: bool = field(
+        default=False,
+        metadata={"help": "time every engine while a busy loop runs on each core (decoding_cpu_under_load.*)"},
+    )
     output_dir: str = "docs/benchmarks"
     engine: str | None = field(default=None, metadata={"help": argparse.SUPPRESS})  # a measuring process's one engine
 
@@ -100,33 +111,16 @@ def engine_names(args) -> list[str]:
 
 
 def engine(name: str, args, model, tokenizer):
-    """The function that translates a list of sentences into a list of translations, in order, as `name` does."""
+    """The function that translates a list of sentences into a list of translations, in order, as `name` does
+    (vaswani's decodings and Marian's; CTranslate2's run in `benchmarks.ctranslate2_timing`)."""
     from vaswani.evaluation.bleu import translate
 
-    options = BEAM if name.endswith("beam 4") else GREEDY
     if name in VASWANI_DECODINGS:
-        return lambda sentences: translate(model, tokenizer, sentences, **VASWANI_DECODINGS[name])
-    if name.startswith("MarianMTModel"):
-        marian = marian_twin(model)
-        return lambda sentences: marian_translate(marian, tokenizer, sentences, args.batch_size, options)
-    import tempfile
-
-    import ctranslate2
-
-    from vaswani.export.ctranslate2 import export
-
-    folder = tempfile.mkdtemp(prefix="ct2-")
-    export(model, folder, tokenizer=tokenizer, quantization=name.split()[1].rstrip(","))
-    translator = ctranslate2.Translator(folder, device="cpu", intra_threads=args.threads)
-    return lambda sentences: ctranslate2_translate(
-        translator, tokenizer, sentences, args.batch_size, options["num_beams"]
-    )
-
-
-def batches(sentences: list[str], batch_size: int):
-    """The batches `translations` decodes: indices of sentences of similar length, longest (in characters) first."""
-    order = sorted(range(len(sentences)), key=lambda i: -len(sentences[i]))
-    return [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
+        options = {"batch_size": args.batch_size, **VASWANI_DECODINGS[name]}
+        return lambda sentences: translate(model, tokenizer, sentences, **options)
+    marian = marian_twin(model)
+    options = BEAM if name.endswith("beam 4") else GREEDY
+    return lambda sentences: marian_translate(marian, tokenizer, sentences, args.batch_size, options)
 
 
 def marian_translate(marian, tokenizer, sentences, batch_size, options):
@@ -141,21 +135,6 @@ def marian_translate(marian, tokenizer, sentences, batch_size, options):
         translated = translate_batch(marian, tokenizer, texts, max_new_tokens=longest + 50, **options)
         for i, hypotheses in zip(chunk, translated):
             answers[i] = hypotheses[0]["translation_text"]
-    return answers
-
-
-def ctranslate2_translate(translator, tokenizer, sentences, batch_size, beam_size):
-    """CTranslate2 in the same batches, limited alike (the padded source length + 50), length penalty 0.6."""
-    answers = [None] * len(sentences)
-    for chunk in batches(sentences, batch_size):
-        ids = tokenizer([sentences[i] for i in chunk]).input_ids
-        tokens = [tokenizer.convert_ids_to_tokens(row) for row in ids]
-        results = translator.translate_batch(
-            tokens, beam_size=beam_size, length_penalty=0.6, max_decoding_length=max(map(len, ids)) + 50
-        )
-        for i, result in zip(chunk, results):
-            ids = tokenizer.convert_tokens_to_ids(result.hypotheses[0])
-            answers[i] = tokenizer.decode(ids, skip_special_tokens=True).strip()
     return answers
 
 
@@ -222,7 +201,8 @@ def markdown(results: dict) -> str:
     lines = [
         f"Decoding {results['sentences']} test sentences, batches of {results['batch_size']}, "
         f"{results['threads']} threads, fastest of {results['rounds']} alternating rounds; {results['when']}, "
-        f"{results['machine']}.",
+        f"{results['machine']}. Each engine alone: every decoding in a fresh process, the CTranslate2 model exported "
+        "beforehand in another, CTranslate2 timed in processes where torch was never loaded.",
         "",
         "| engine | seconds | x CTranslate2 float32 (same search) | same translation as the default | BLEU |",
         "| --- | --- | --- | --- | --- |",
@@ -241,17 +221,67 @@ def markdown(results: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def measure_once(args, name: str) -> dict:
-    """One decoding of the sentences by `name`, in a process of its own: CTranslate2's threads, and the memory each
-    engine leaves behind, never slow another engine down."""
-    settings = {key: value for key, value in asdict(args).items() if key not in ("engine", "profile")}
+def measure_once(args, name: str, sentences: list[str], tokenizer, exports: dict[str, Path]) -> dict:
+    """One decoding of the sentences by `name`, in a fresh process: vaswani's and Marian's in this module's own
+    (`--engine`), CTranslate2's in `benchmarks.ctranslate2_timing`, which imports no torch."""
+    root = Path(__file__).parent.parent
+    if name.startswith("CTranslate2"):
+        quantization, search = name.split()[1].rstrip(","), name.split(", ")[1]
+        job = {
+            "model_dir": str(exports[quantization]),
+            "tokenizer": str(Path(args.model) / "tokenizer.json"),
+            "device": "cpu",
+            "threads": args.threads,
+            "decodings": [{"name": name, "beam_size": 4 if search == "beam 4" else 1, "length_penalty": 0.6}],
+            "batches": [[sentences[i] for i in batch] for batch in batches(sentences, args.batch_size)],
+            "extra_length": 50,
+            "warmup": 0,
+            "repeats": 1,
+        }
+        job_file = exports[quantization].parent / "job.json"
+        job_file.write_text(json.dumps(job))
+        command_line = [sys.executable, "-m", "benchmarks.ctranslate2_timing", str(job_file)]
+        finished = subprocess.run(command_line, capture_output=True, text=True, check=True, cwd=root)
+        measured = json.loads(finished.stdout.strip().splitlines()[-1])
+        # Back in the order of the sentences, from the order of the batches, detokenized as vaswani's translations
+        # are (transformers' tokenizer), so that translations are compared, not two detokenizers.
+        order = [i for batch in batches(sentences, args.batch_size) for i in batch]
+        translations = [None] * len(sentences)
+        for i, tokens in zip(order, measured["decodings"][name]["tokens"]):
+            ids = tokenizer.convert_tokens_to_ids(tokens)
+            translations[i] = tokenizer.decode(ids, skip_special_tokens=True).strip()
+        seconds = measured["decodings"][name]["times"][0]
+        return {"seconds": seconds, "translations": translations, "torch_loaded": measured["torch_loaded"]}
+    settings = {key: value for key, value in asdict(args).items() if key not in ("engine", "profile", "under_load")}
     forwarded = [f"--{key}={value}" for key, value in settings.items() if not isinstance(value, bool)]
     forwarded += [f"--{key}" for key, value in settings.items() if value is True]
     command_line = [sys.executable, "-m", "benchmarks.decoding", *forwarded, "--engine", name]
-    finished = subprocess.run(
-        command_line, capture_output=True, text=True, check=True, cwd=Path(__file__).parent.parent
-    )
+    finished = subprocess.run(command_line, capture_output=True, text=True, check=True, cwd=root)
     return json.loads(finished.stdout.strip().splitlines()[-1])
+
+
+def export_ctranslate2(model: str, folder: Path, quantizations=("float32", "int8")) -> dict[str, Path]:
+    """The model exported for CTranslate2 by `vaswani-export-ctranslate2`, once per quantization, each export in a
+    process of its own, before anything is timed."""
+    exports = {}
+    for quantization in quantizations:
+        exports[quantization] = folder / quantization
+        command_line = [sys.executable, "-m", "vaswani.scripts.export_ctranslate2", "--model", model]
+        command_line += ["--output_dir", str(exports[quantization]), "--quantization", quantization]
+        subprocess.run(command_line, capture_output=True, text=True, check=True)
+    return exports
+
+
+@contextlib.contextmanager
+def busy_cores():
+    """A busy loop on each core while the block runs: a machine whose cores are all taken by other work."""
+    loops = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 1)]
+    try:
+        yield
+    finally:
+        for loop in loops:
+            loop.kill()
+            loop.wait()
 
 
 def load(args):
@@ -275,22 +305,29 @@ def main(argv=None) -> dict:
         print(json.dumps({"seconds": time.perf_counter() - start, "translations": translations}))
         return {}
     import platform
+    import tempfile
 
     from vaswani.evaluation.bleu import corpus_bleu
 
     names = engine_names(args)
-    times, outputs = {name: [] for name in names}, {}
-    for round_ in range(args.rounds):
-        for name in names if round_ % 2 == 0 else reversed(names):
-            measured = measure_once(args, name)
-            times[name].append(measured["seconds"])
-            outputs[name] = measured["translations"]
-            print(f"round {round_ + 1}: {name}: {times[name][-1]:.2f} s", flush=True)
+    times, outputs, torch_loaded = {name: [] for name in names}, {}, {}
+    with tempfile.TemporaryDirectory(prefix="decoding-") as folder:
+        exports = export_ctranslate2(args.model, Path(folder)) if any("CTranslate2" in n for n in names) else {}
+        with busy_cores() if args.under_load else contextlib.nullcontext():
+            for round_ in range(args.rounds):
+                for name in names if round_ % 2 == 0 else reversed(names):
+                    measured = measure_once(args, name, sentences, tokenizer, exports)
+                    times[name].append(measured["seconds"])
+                    outputs[name] = measured["translations"]
+                    if "torch_loaded" in measured:
+                        torch_loaded[name] = torch_loaded.get(name, False) or measured["torch_loaded"]
+                    print(f"round {round_ + 1}: {name}: {times[name][-1]:.2f} s", flush=True)
     default = outputs[next(iter(VASWANI_DECODINGS))]
     results = {
         "when": time.strftime("%Y-%m-%d"),
         "machine": f"{platform.machine()} CPU, torch {torch.__version__}"
-        + (f", OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}" if "OMP_WAIT_POLICY" in os.environ else ""),
+        + (f", OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}" if "OMP_WAIT_POLICY" in os.environ else "")
+        + (f"; under load: a busy loop on each of the {os.cpu_count()} cores" if args.under_load else ""),
         "sentences": len(sentences),
         "batch_size": args.batch_size,
         "threads": args.threads,
@@ -303,6 +340,7 @@ def main(argv=None) -> dict:
                 "same_as_default": sum(a == b for a, b in zip(outputs[name], default)),
                 "differing_sentences": [i for i, (a, b) in enumerate(zip(outputs[name], default)) if a != b],
                 "bleu": corpus_bleu(outputs[name], references)[0].score,
+                **({"torch_loaded": torch_loaded[name]} if name in torch_loaded else {}),
             }
             for name in names
         },
@@ -316,8 +354,9 @@ def main(argv=None) -> dict:
     print(page)
     output_dir = Path(args.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
-    (output_dir / "decoding_cpu.json").write_text(json.dumps(results, indent=1) + "\n")
-    (output_dir / "decoding_cpu.md").write_text(page)
+    stem = "decoding_cpu_under_load" if args.under_load else "decoding_cpu"
+    (output_dir / f"{stem}.json").write_text(json.dumps(results, indent=1) + "\n")
+    (output_dir / f"{stem}.md").write_text(page)
     return results
 
 

@@ -24,7 +24,8 @@ Part 1, in order:
 - time_to_bleu: the paper's recipe on the prepared corpus for at least 4 minutes of training, test BLEU every minute.
 - generation: greedy and beam 4 (transformers' beam search, and for vaswani the paper's, its default) at each batch
   size, eager and with a static cache and torch.compile, vaswani and MarianMTModel of the same sizes: sentences/s and
-  generated (target) tokens/s (benchmark.measure_generation); CTranslate2 where it is installed (measure_ctranslate2).
+  generated (target) tokens/s (benchmark.measure_generation); CTranslate2 where it is installed
+  (benchmark.measure_ctranslate2: exported in one process, timed in another that never imports torch).
 - correctness: the GPU tests (tests/test_gpu.py: half-precision logits against float32, eager, sdpa and flash
   attention, compiled static-cache generation, a bf16 autocast step, vaswani-train's compiled default) and the
   generation tests on the device in bfloat16 (per-step logits with and without the cache, padded batches, beam search,
@@ -43,6 +44,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import traceback
 import xml.etree.ElementTree as ElementTree
@@ -331,7 +333,12 @@ def generation(args, sizes: Sizes, deadline: Deadline, publish) -> dict:
 
             def measure(left, batch=batch, quantization=quantization):
                 worker = replace(setup, gen_batch=batch, dtype="float32")
-                return rates(benchmark.run_worker(worker, f"ctranslate2:{quantization}", timeout=left))
+                with tempfile.TemporaryDirectory(prefix="gpu-report-ct2-") as folder:
+                    return rates(
+                        benchmark.measure_ctranslate2(
+                            worker, f"ctranslate2:{quantization}", Path(folder) / "model", timeout=left
+                        )
+                    )
 
             row = {"batch": batch, "model": "vaswani", "engine": f"CTranslate2 {quantization}"}
             results["rows"].append(row | ({"not_measured": missing} if missing else measured(deadline, measure)))

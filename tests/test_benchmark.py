@@ -40,6 +40,8 @@ def test_benchmark_writes_one_row_per_implementation(report):
         assert row["beam1_sentences_per_s"]["median"] > 0 and row["beam4_tokens_per_s"]["median"] > 0
     for result in data["raw"].values():  # two processes of one timed repetition each, pooled
         assert all(len(measurement["times"]) == 2 for measurement in result.values())
+    for implementation in ("ctranslate2:float32", "ctranslate2:int8"):  # timed where torch never ran
+        assert [m["torch_loaded"] for m in data["raw"][implementation].values()] == [False, False]
     trained = [row for row in data["rows"] if "train_tokens_per_s" in row]
     assert [row["implementation"] for row in trained] == ["vaswani", "marian"]
     assert all(row["train_peak_memory_mib"] > 0 for row in trained)
@@ -83,7 +85,8 @@ def test_benchmark_compiled_generation_writes_its_own_table(tmp_path):
 @pytest.mark.benchmark
 def test_decoding_benchmark_times_every_engine_on_the_same_sentences(trained_text_model, tmp_path):
     """benchmarks/decoding.py end to end on a model that knows its test pairs by heart: every engine translates them,
-    and MarianMTModel holding the model's weights translates as transformers' beam search of the model does."""
+    each alone (CTranslate2 where torch never ran), and MarianMTModel holding the model's weights translates as
+    transformers' beam search of the model does."""
     from datasets import Dataset, DatasetDict
 
     _, _, folder = trained_text_model
@@ -99,6 +102,9 @@ def test_decoding_benchmark_times_every_engine_on_the_same_sentences(trained_tex
     assert rows["vaswani, the paper's beam search (default)"]["bleu"] == pytest.approx(100.0)
     assert rows["MarianMTModel, beam 4"]["bleu"] == pytest.approx(rows["vaswani, transformers' beam search"]["bleu"])
     assert rows["CTranslate2 float32, greedy"]["same_as_default"] == len(PAIRS)
+    # Each engine alone: CTranslate2 timed in processes where torch never ran (no export, no other engine before it).
+    ctranslate2_rows = [row for name, row in rows.items() if name.startswith("CTranslate2")]
+    assert len(ctranslate2_rows) == 3 and all(row["torch_loaded"] is False for row in ctranslate2_rows)
     for profiled in results["profile"].values():
         assert sum(profiled["shares"].values()) == pytest.approx(1.0, abs=1e-6)
     assert "| CTranslate2 int8, beam 4 |" in (tmp_path / "out" / "decoding_cpu.md").read_text()
