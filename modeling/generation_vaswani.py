@@ -18,7 +18,7 @@ import torch
 from torch import distributed
 from transformers import CompileConfig, LogitsProcessor, LogitsProcessorList
 from transformers.cache_utils import DynamicCache, DynamicLayer, EncoderDecoderCache
-from transformers.generation import GenerateBeamEncoderDecoderOutput
+from transformers.generation import GenerateBeamEncoderDecoderOutput, GenerateEncoderDecoderOutput
 from transformers.modeling_outputs import BaseModelOutput
 
 
@@ -504,4 +504,83 @@ def gnmt_beam_search(model, input_ids, logits_processor, stopping_criteria, gene
         result[state.active] = tensor
     return beam_search_output(
         results, prompt_length, generation_config, step_scores, encoder_outputs, model_kwargs.get("cache"), recorded
+    )
+
+
+def greedy_search(model, input_ids, logits_processor, stopping_criteria, generation_config, **model_kwargs):
+    """Greedy decoding as CTranslate2 runs it: `generate(custom_generate=greedy_search)`, what the model's `generate()`
+    decodes `num_beams=1` without sampling with (`paper_decoding=True`, neither attentions nor hidden states asked for).
+
+    Each step appends each sentence's most probable token (after the logits processors, the length limit among them),
+    as transformers' greedy search does. A sentence that ends (`</s>`, or a stopping criterion) leaves the batch: the
+    decoder computes the sentences still decoded, where transformers' greedy search computes every row until the
+    batch's longest sentence ends (twice the rows, for the main job's test sentences in batches of 32). The batch stays
+    whole where `sentences_can_leave` says it must; an ended sentence is then padded, as transformers pads it. Returns
+    the sequences padded to the longest and, with `return_dict_in_generate=True`, the processed scores and raw logits
+    of every step (`output_scores`, `output_logits`: every row is then decoded to the end) and the decoder's cache,
+    which holds the sentences decoded at the last step (all of them where none ended early: then a later call
+    continues from it).
+    """
+    synced_gpus = model_kwargs.pop("synced_gpus", False)
+    recorded = step_records(generation_config)
+    return_scores = generation_config.return_dict_in_generate and generation_config.output_scores
+    rows, prompt_length = input_ids.shape
+    device, pad_token_id = input_ids.device, generation_config.pad_token_id
+    # Per-step scores and logits are returned for every row, as transformers' greedy search returns them.
+    can_drop = not (return_scores or recorded["logits"] is not None)
+    can_drop &= sentences_can_leave(model_kwargs, logits_processor, False, synced_gpus, recorded)
+    if can_drop:
+        share_encoder_output(model_kwargs, 1)
+    active = torch.arange(rows, device=device)  # the rows still decoded, as indices in the batch
+    sequences, unfinished = input_ids, torch.ones(rows, dtype=torch.bool, device=device)
+    results = input_ids.new_full((rows, generation_config.max_length), pad_token_id)
+    step_scores = ()
+
+    this_peer_finished = False
+    while any_peer_unfinished(this_peer_finished, synced_gpus, device):
+        cur_len = sequences.shape[1]
+        # The tokens the cache does not hold yet: the prompt at first (its end where the cache continues an earlier
+        # decoding), then the last token.
+        held = model_kwargs["cache"].get_seq_length() if model_kwargs.get("cache") is not None else 0
+        next_length = cur_len - held if model_kwargs.get("use_cache") and held else None
+        model_inputs = model.prepare_inputs_for_generation(sequences, next_sequence_length=next_length, **model_kwargs)
+        outputs = model(**model_inputs, return_dict=True)
+        model_kwargs = next_step_kwargs(outputs, model_kwargs)
+        if synced_gpus and this_peer_finished:
+            continue
+        logits = outputs.logits[:, -1, :].float()
+        del outputs
+        if recorded["logits"] is not None:
+            recorded["logits"] += (logits.clone(),)
+        scores = logits_processor(sequences, logits)
+        if return_scores:
+            step_scores += (scores,)
+        tokens = torch.where(unfinished, scores.argmax(dim=-1), pad_token_id)
+        sequences = torch.cat((sequences, tokens[:, None]), dim=-1)
+        unfinished &= ~stopping_criteria(sequences, step_scores or None)
+        if not can_drop:
+            this_peer_finished = not bool(unfinished.any())
+            continue
+        leaving = int((~unfinished).sum())  # the step's one read of the device
+        this_peer_finished = leaving == active.shape[0]
+        if leaving and not this_peer_finished:
+            gone, still = (~unfinished).nonzero().view(-1), unfinished.nonzero().view(-1)
+            results[active[gone], : cur_len + 1] = sequences[gone]
+            active, sequences, unfinished = active[still], sequences[still], unfinished[still]
+            logits_processor = LogitsProcessorList(
+                SourceLengthLimit(processor.limits[still], processor.eos_token_id) for processor in logits_processor
+            )
+            select_batch_rows(model_kwargs, still, 1)
+            if model_kwargs.get("cache") is not None:
+                reorder_self_attention_cache(model_kwargs["cache"], still, cur_len)
+    # The rows decoded last are the longest: every row grew by one token a step until it left.
+    results[active, : sequences.shape[1]] = sequences
+    results = results[:, : sequences.shape[1]]
+    if not generation_config.return_dict_in_generate:
+        return results
+    return GenerateEncoderDecoderOutput(
+        sequences=results,
+        scores=step_scores if return_scores else None,
+        logits=recorded["logits"],
+        cache=model_kwargs.get("cache"),
     )

@@ -30,7 +30,13 @@ from transformers.utils.generic import merge_with_config_defaults
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
 from ..configuration.configuration_vaswani import VaswaniConfig
-from .generation_vaswani import EXTRA_OUTPUT_TOKENS, SourceLengthLimit, gnmt_beam_search, holds_library_defaults
+from .generation_vaswani import (
+    EXTRA_OUTPUT_TOKENS,
+    SourceLengthLimit,
+    gnmt_beam_search,
+    greedy_search,
+    holds_library_defaults,
+)
 
 
 logger = logging.get_logger(__name__)
@@ -824,15 +830,40 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
                 # generate() tells the tokens a cache holds from the new ones by the decoder mask's length, and
                 # without a mask would feed them to the decoder again.
                 kwargs["decoder_attention_mask"] = torch.ones_like(decoder_input_ids)
-        if paper_decoding and kwargs.get("num_beams", config.num_beams) > 1 and kwargs.get("custom_generate") is None:
-            if kwargs.get("do_sample", config.do_sample):
+        if paper_decoding and kwargs.get("custom_generate") is None:
+            kwargs["custom_generate"] = self._decoding_method(config, kwargs)
+        return super().generate(inputs, generation_config=generation_config, **kwargs)
+
+    @staticmethod
+    def _decoding_method(config: GenerationConfig, kwargs: dict):
+        """The decoding method of `paper_decoding=True`: the paper's beam search (section 6.1), or for `num_beams=1`
+        greedy decoding in which a finished sentence leaves the batch; None (transformers' own method) for sampling,
+        and for greedy decoding asked for what only transformers' greedy search gives (per-step attentions or hidden
+        states, a static cache, a streamer, assisted decoding)."""
+
+        def setting(name):  # a generate() argument, else the generation config's
+            return kwargs.get(name, getattr(config, name, None))
+
+        if setting("do_sample"):
+            if setting("num_beams") > 1:
                 logger.warning_once(
                     "The paper's decoding is beam search without sampling (section 6.1): do_sample=True with "
                     "num_beams > 1 runs transformers' beam sampling."
                 )
-            else:
-                kwargs["custom_generate"] = gnmt_beam_search
-        return super().generate(inputs, generation_config=generation_config, **kwargs)
+            return None
+        if setting("num_beams") > 1:
+            return gnmt_beam_search
+        cache = kwargs.get("cache")
+        greedy_only = (
+            setting("output_attentions")
+            or setting("output_hidden_states")
+            or setting("cache_implementation") not in (None, "dynamic")
+            or (cache is not None and cache.is_compileable)
+            or kwargs.get("streamer") is not None
+            or kwargs.get("assistant_model") is not None
+            or setting("prompt_lookup_num_tokens") is not None
+        )
+        return None if greedy_only else greedy_search
 
     def prepare_inputs_for_generation(self, input_ids, next_sequence_length=None, **kwargs):
         """`GenerationMixin.prepare_inputs_for_generation`, with the positions of a padded decoder prompt taken from its
@@ -857,7 +888,8 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
         if rows != decoder_input_ids.shape[0]:
             raise ValueError(
                 f"The cache holds {rows} sequences, decoder_input_ids {decoder_input_ids.shape[0]}: a cache continues "
-                "the decoding that returned it (a beam search's holds its beams)."
+                "the decoding that returned it (a beam search's holds its beams; a greedy decoding's, the sentences "
+                "still decoded at its last step: pass min_new_tokens, or decode again without the cache)."
             )
 
     def _source_lengths(self, source: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:

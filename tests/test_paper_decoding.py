@@ -225,3 +225,30 @@ def test_a_sentence_stops_once_the_hypotheses_it_returns_are_settled(trained_tin
         length = generated_length(sequence) + 1
         assert torch.equal(sequence[:length], all_four.sequences[4 * sentence, :length])
     torch.testing.assert_close(best.sequences_scores, all_four.sequences_scores[::4])
+
+
+def test_greedy_decoding_drops_finished_sentences_and_decodes_as_transformers_greedy_search(
+    trained_tiny_model, translation_pairs
+):
+    """Greedy decoding (num_beams=1) computes the sentences still decoded, as CTranslate2 does, where transformers'
+    greedy search computes every row to the end; the translations are transformers' greedy search's, and asking for
+    every step's scores keeps every row to the end, as transformers returns them."""
+    input_ids, attention_mask = padded_sources(translation_pairs)
+    rows = []
+    hook = trained_tiny_model.lm_head.register_forward_hook(lambda module, args, output: rows.append(len(args[0])))
+    try:
+        dropping = trained_tiny_model.generate(input_ids, attention_mask=attention_mask, num_beams=1)
+        dropping_rows, rows[:] = list(rows), []
+        whole = trained_tiny_model.generate(
+            input_ids, attention_mask=attention_mask, num_beams=1, paper_decoding=False
+        )
+        whole_rows, rows[:] = list(rows), []
+        scored = trained_tiny_model.generate(
+            input_ids, attention_mask=attention_mask, num_beams=1, output_scores=True, return_dict_in_generate=True
+        )
+    finally:
+        hook.remove()
+    assert set(whole_rows) == {3} and set(rows) == {3}
+    assert dropping_rows[0] == 3 and dropping_rows[-1] < 3, dropping_rows
+    assert dropping_rows == sorted(dropping_rows, reverse=True) and len(dropping_rows) == len(whole_rows)
+    assert torch.equal(dropping, whole) and torch.equal(scored.sequences, whole)
