@@ -1,0 +1,228 @@
+"""The time of one decoding step, vaswani beside CTranslate2, at several batch sizes: where the decoding gap lies.
+
+    python -m benchmarks.decoding_step --model outputs/main_job/model [--preset base] [--rows 1 8 32 128]
+                                       [--lengths 20 60] [--threads 2] [--repeats 5] [--output_dir docs/benchmarks]
+
+Run from the root of a checkout, with the package and its `test` extra installed (benchmarks/README.md).
+
+Each engine decodes `rows` copies of one source sentence into exactly L tokens (the end of sentence forbidden until
+then, so that every row decodes every step), for the two lengths of --lengths; the time of a step is the difference
+of the two times over the difference of the lengths, which leaves out what a decoding costs once (tokenizing, the
+encoder, setting up). Engines: vaswani's greedy decoding and the paper's beam search (4 beams), and CTranslate2
+float32 greedy and beam 4, each in a fresh process in which nothing else ran (CTranslate2 exported beforehand in
+another, timed by `benchmarks.ctranslate2_timing`, where torch is never loaded). Each figure is the fastest of
+--repeats decodings after one untimed. vaswani's rows also give the torch operators one step calls (torch's profiler,
+every `aten::` call counted, views included), the cost every step pays whatever its batch.
+
+--model is a trained model folder; with --preset, a model of that preset with random weights and the folder's
+tokenizer is decoded instead (speed does not depend on what the weights learned). The table is printed and written
+as `decoding_step_<preset or "model">.{json,md}` in --output_dir.
+"""
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from vaswani.cli import command, parse_arguments
+
+
+SOURCE = "And God said, Let there be light: and there was light, and God saw the light, that it was good."
+ENGINES = {
+    "vaswani, greedy": {"num_beams": 1},
+    "vaswani, the paper's beam search": {"num_beams": 4, "length_penalty": 0.6},
+    "CTranslate2 float32, greedy": {"beam_size": 1},
+    "CTranslate2 float32, beam 4": {"beam_size": 4, "length_penalty": 0.6},
+}
+
+
+@dataclass
+class DecodingStepArguments:
+    model: str = field(metadata={"help": "a trained model folder (scripts/main_job.sh leaves outputs/main_job/model)"})
+    preset: str | None = field(default=None, metadata={"help": "decode a random-weight model of this preset instead"})
+    rows: list[int] = field(default_factory=lambda: [1, 8, 32, 128], metadata={"help": "sentences per batch"})
+    lengths: list[int] = field(default_factory=lambda: [20, 60], metadata={"help": "two forced output lengths"})
+    threads: int = 2
+    repeats: int = 5
+    output_dir: str = "docs/benchmarks"
+    engine: str | None = field(default=None, metadata={"help": argparse.SUPPRESS})  # a measuring process's engine
+
+
+def vaswani_steps(args) -> dict:
+    """In this process: seconds of each decoding (rows, length) by one of vaswani's decodings, and the torch
+    operators a step calls."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+    import vaswani  # noqa: F401  (registers the model with the Auto classes)
+
+    torch.set_num_threads(args.threads)
+    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    model = AutoModelForSeq2SeqLM.from_pretrained(args.model).eval()
+    options = ENGINES[args.engine]
+
+    def decode(rows: int, length: int):
+        source = tokenizer([SOURCE] * rows, return_tensors="pt")
+        with torch.inference_mode():
+            return model.generate(**source, **options, min_new_tokens=length, max_new_tokens=length)
+
+    seconds, operators = {}, {}
+    for rows in args.rows:
+        for length in args.lengths:
+            decode(rows, length)
+            times = []
+            for _ in range(args.repeats):
+                start = time.perf_counter()
+                output = decode(rows, length)
+                times.append(time.perf_counter() - start)
+            assert output.shape[1] == length + 1, output.shape
+            seconds[f"{rows},{length}"] = min(times)
+        counts = []
+        for length in args.lengths:
+            with profile(activities=[ProfilerActivity.CPU]) as prof:
+                decode(rows, length)
+            counts.append(sum(event.count for event in prof.key_averages() if event.key.startswith("aten::")))
+        operators[rows] = (counts[1] - counts[0]) / (args.lengths[1] - args.lengths[0])
+    return {"seconds": seconds, "operators_per_step": operators}
+
+
+def ctranslate2_steps(args, folder: Path, name: str) -> dict:
+    """Seconds of each decoding (rows, length) by CTranslate2, timed in a fresh process that never imports torch."""
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(Path(args.model) / "tokenizer.json"))
+    tokenizer.no_padding()
+    tokenizer.no_truncation()
+    tokens = tokenizer.encode(SOURCE).tokens
+    seconds = {}
+    for rows in args.rows:
+        for length in args.lengths:
+            job = {
+                "model_dir": str(folder / "ct2"),
+                "device": "cpu",
+                "threads": args.threads,
+                "decodings": [{"name": name, **ENGINES[name]}],
+                "batches": [[tokens] * rows],
+                "length": length,
+                "warmup": 1,
+                "repeats": args.repeats,
+            }
+            (folder / "job.json").write_text(json.dumps(job))
+            command_line = [sys.executable, "-m", "benchmarks.ctranslate2_timing", str(folder / "job.json")]
+            finished = subprocess.run(command_line, capture_output=True, text=True, check=True)
+            measured = json.loads(finished.stdout.strip().splitlines()[-1])
+            assert not measured["torch_loaded"], "CTranslate2 was timed in a process where torch was loaded"
+            seconds[f"{rows},{length}"] = min(measured["decodings"][name]["times"])
+    return {"seconds": seconds}
+
+
+def random_model_folder(args, folder: Path) -> str:
+    """A model of --preset with random weights and --model's tokenizer, saved into `folder`."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from vaswani import VaswaniConfig, VaswaniForConditionalGeneration
+
+    torch.manual_seed(0)
+    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    config = VaswaniConfig.from_preset(args.preset, vocab_size=len(tokenizer))
+    VaswaniForConditionalGeneration(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return str(folder)
+
+
+def markdown(results: dict) -> str:
+    lengths = results["arguments"]["lengths"]
+    lines = [
+        f"Milliseconds per decoding step of {results['model']}, each row decoding exactly {lengths[0]} and "
+        f"{lengths[1]} tokens (the step: the difference over {lengths[1] - lengths[0]} steps); {results['threads']} "
+        f"threads, fastest of {results['repeats']}; {results['when']}, {results['machine']}. Each engine alone, in a "
+        "fresh process; CTranslate2 where torch was never loaded.",
+        "",
+        "| sentences a batch | vaswani greedy | CTranslate2 greedy | ratio | vaswani, paper's beam 4 | "
+        "CTranslate2 beam 4 | ratio | torch operators a greedy step calls | a beam step |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    steps = results["ms_per_step"]
+    for rows in results["arguments"]["rows"]:
+        greedy, ct2_greedy = steps["vaswani, greedy"][rows], steps["CTranslate2 float32, greedy"][rows]
+        beam, ct2_beam = steps["vaswani, the paper's beam search"][rows], steps["CTranslate2 float32, beam 4"][rows]
+        greedy_operators = results["operators_per_step"]["vaswani, greedy"][rows]
+        beam_operators = results["operators_per_step"]["vaswani, the paper's beam search"][rows]
+        lines.append(
+            f"| {rows} | {greedy:.2f} | {ct2_greedy:.2f} | {greedy / ct2_greedy:.2f}x | {beam:.2f} | {ct2_beam:.2f} "
+            f"| {beam / ct2_beam:.2f}x | {greedy_operators:.0f} | {beam_operators:.0f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+@command
+def main(argv=None) -> dict:
+    (args,) = parse_arguments([DecodingStepArguments], argv, description=__doc__.split("\n\n")[0])
+    if args.engine:
+        print(json.dumps(vaswani_steps(args)))
+        return {}
+    import platform
+
+    import torch
+
+    (short, long) = args.lengths
+    measured = {}
+    with tempfile.TemporaryDirectory(prefix="decoding-step-") as folder:
+        folder = Path(folder)
+        if args.preset:
+            args.model = random_model_folder(args, folder / "model")
+        export = [sys.executable, "-m", "vaswani.scripts.export_ctranslate2", "--model", args.model]
+        subprocess.run([*export, "--output_dir", str(folder / "ct2"), "--quantization", "float32"], check=True)
+        for name in ENGINES:
+            if name.startswith("CTranslate2"):
+                measured[name] = ctranslate2_steps(args, folder, name)
+                continue
+            forwarded = [f"--model={args.model}", f"--threads={args.threads}", f"--repeats={args.repeats}"]
+            forwarded += ["--rows", *map(str, args.rows), "--lengths", *map(str, args.lengths)]
+            command_line = [sys.executable, "-m", "benchmarks.decoding_step", *forwarded, "--engine", name]
+            finished = subprocess.run(
+                command_line, capture_output=True, text=True, check=True, cwd=Path(__file__).parent.parent
+            )
+            measured[name] = json.loads(finished.stdout.strip().splitlines()[-1])
+            print(f"{name}: measured", flush=True)
+    results = {
+        "when": time.strftime("%Y-%m-%d"),
+        "machine": f"{platform.machine()} CPU, torch {torch.__version__}",
+        "model": f"a random-weight {args.preset} model" if args.preset else "the trained model",
+        "threads": args.threads,
+        "repeats": args.repeats,
+        "arguments": asdict(args),
+        "ms_per_step": {
+            name: {
+                rows: (result["seconds"][f"{rows},{long}"] - result["seconds"][f"{rows},{short}"])
+                / (long - short)
+                * 1e3
+                for rows in args.rows
+            }
+            for name, result in measured.items()
+        },
+        "operators_per_step": {
+            name: {int(rows): count for rows, count in result["operators_per_step"].items()}
+            for name, result in measured.items()
+            if "operators_per_step" in result
+        },
+        "raw": measured,
+    }
+    page = markdown(results)
+    print(page)
+    output_dir = Path(args.output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    stem = f"decoding_step_{args.preset or 'model'}"
+    (output_dir / f"{stem}.json").write_text(json.dumps(results, indent=1) + "\n")
+    (output_dir / f"{stem}.md").write_text(page)
+    return results
+
+
+if __name__ == "__main__":
+    main()
