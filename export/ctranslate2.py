@@ -149,3 +149,25 @@ def translate_ids(
         options["min_decoding_length"] = length
     results = translator.translate_batch(source, **options)
     return [[lookup[token] for token in result.hypotheses[0]] for result in results]
+
+
+def translate_sentences(
+    translator: ctranslate2.Translator, tokenizer, sentences: list[str], batch_size: int = 32, **options
+) -> list[str]:
+    """Translate `sentences` with an exported model, in their order: batches of similar length (longest first, as
+    `vaswani.evaluation.bleu.translations` makes them), each limited to its longest source + 50 tokens (section 6.1),
+    tokenized and detokenized by the model's own `tokenizer`. `options` go to `translate_batch` (beam_size,
+    length_penalty, ...). A blank sentence gives a blank translation."""
+    order = sorted((i for i, text in enumerate(sentences) if text.strip()), key=lambda i: -len(sentences[i]))
+    answers = [""] * len(sentences)
+    for start in range(0, len(order), batch_size):
+        chunk = order[start : start + batch_size]
+        ids = tokenizer([sentences[i] for i in chunk]).input_ids
+        limit = max(map(len, ids)) + 50
+        results = translator.translate_batch(
+            [tokenizer.convert_ids_to_tokens(row) for row in ids], max_decoding_length=limit, **options
+        )
+        for i, result in zip(chunk, results):
+            target = tokenizer.convert_tokens_to_ids(result.hypotheses[0])
+            answers[i] = tokenizer.decode(target, skip_special_tokens=True).strip()
+    return answers

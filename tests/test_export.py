@@ -124,3 +124,26 @@ def test_check_passes_for_every_quantization(trained_text_model, tmp_path, capsy
         arguments += ["--quantization", quantization]
     assert export_ctranslate2.main(arguments) == tmp_path / "ct2"
     assert "Greedy outputs identical on 4 sentences" in capsys.readouterr().out
+
+
+def test_vaswani_translate_translates_with_the_export_in_one_command(trained_text_model, tmp_path, capsys):
+    """`vaswani-translate --ctranslate2 CT2`: the fastest engine on CPUs, one command from the exported folder, with the
+    model's tokenizer; the lines keep their order through length-sorted batches and a blank line stays blank, and what
+    it cannot write is refused by name."""
+    from vaswani.scripts import translate
+
+    model, tokenizer, folder = trained_text_model
+    export_ctranslate2.main(["--model", folder, "--output_dir", tmp_path / "ct2"])
+    sources = [source for source, _ in PAIRS[::-1]] + [""]
+    (tmp_path / "in.txt").write_text("".join(line + "\n" for line in sources), encoding="utf-8")
+    paths = ["--model", folder, "--input", tmp_path / "in.txt", "--output", tmp_path / "out.txt"]
+    translate.main([*paths, "--ctranslate2", tmp_path / "ct2", "--batch_size", "2"])
+    lines = (tmp_path / "out.txt").read_text(encoding="utf-8").splitlines()
+    assert lines == [target for _, target in PAIRS[::-1]] + [""]  # the model learnt these by heart
+    assert "with CTranslate2" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exit_info:  # the message the command exits with (status 1)
+        translate.main([*paths, "--ctranslate2", tmp_path / "ct2", "--nbest", "2", "--num_beams", "4"])
+    assert "leave out --nbest" in str(exit_info.value.code)
+    with pytest.raises(SystemExit) as exit_info:
+        translate.main([*paths, "--ctranslate2", tmp_path])
+    assert "holds no CTranslate2 model" in str(exit_info.value.code)
