@@ -116,9 +116,19 @@ def test_trained_model_translates_each_pair_differently(trained_tiny_model, tran
     assert all(len(set(translation)) >= len(translation) - 2 for translation in translations)
 
 
+def skip_transformers_beam_search_in_bfloat16_on_a_cpu(decoding, dtype, device):
+    """transformers' own beam search in bfloat16 on a CPU: on CPUs whose bfloat16 matrix products round differently
+    (seen on an AMD EPYC), a cached and an uncached step, or a left- and a right-padded batch, differ by a few units in
+    the last place, which transformers' beam search carries from step to step past any bfloat16 tolerance. The paper's beam search, greedy decoding and sampling are compared in
+    bfloat16 everywhere, transformers' beam search in float32 and on GPUs."""
+    if decoding == "transformers beam" and dtype == torch.bfloat16 and device.type == "cpu":
+        pytest.skip("transformers' beam search drifts past bfloat16's tolerance on some CPUs (see the docstring)")
+
+
 @pytest.mark.parametrize("cache", CACHES)
 @pytest.mark.parametrize("decoding", DECODING)
-def test_cache_gives_the_logits_of_decoding_without_it(model, padded_batch, dtype, decoding, cache):
+def test_cache_gives_the_logits_of_decoding_without_it(model, padded_batch, dtype, decoding, cache, device):
+    skip_transformers_beam_search_in_bfloat16_on_a_cpu(decoding, dtype, device)
     input_ids, attention_mask = padded_batch
     expected = decode(model, input_ids, attention_mask, decoding, use_cache=False)
     tokens, logits = decode(model, input_ids, attention_mask, decoding, use_cache=True, **CACHES[cache])
@@ -135,8 +145,9 @@ def left_padded(input_ids, attention_mask):
 
 @pytest.mark.parametrize("cache", ["none", *CACHES])
 @pytest.mark.parametrize("decoding", DECODING)
-def test_the_padding_side_never_changes_a_translation(model, padded_batch, dtype, decoding, cache):
+def test_the_padding_side_never_changes_a_translation(model, padded_batch, dtype, decoding, cache, device):
     """Positions count from each sentence's first token (fairseq's make_positions), not from the batch's."""
+    skip_transformers_beam_search_in_bfloat16_on_a_cpu(decoding, dtype, device)
     input_ids, attention_mask = padded_batch
     options = {"use_cache": False} if cache == "none" else CACHES[cache]
     expected = decode(model, input_ids, attention_mask, decoding, **options)
