@@ -54,27 +54,33 @@ from vaswani.training.step import recipe_adam, train_step
 
 
 @dataclass
-class CurveArguments:
+class RecipeArguments:
+    """The corpus and the recipe every run of a study shares (also benchmarks/table3.py's)."""
+
     dataset_dir: str = "outputs/main_job/data"
     tokenizer: str = "outputs/main_job/tokenizer"
+    source_lang: str = "en"
+    target_lang: str = "es"
+    max_steps: int = 1500
+    batch_tokens: int = 4000
+    warmup_steps: int = 150
+    peak_lr: float = 1.3e-3
+    eval_steps: int = 50
+    bleu_samples: int = field(default=500, metadata={"help": "pairs scored at the end (0: no BLEU)"})
+    report_only: bool = field(default=False, metadata={"help": "only rewrite the table and plot"})
+
+
+@dataclass
+class CurveArguments(RecipeArguments):
     output_dir: str = "docs/benchmarks/learning_curves"
     variants: list[str] = field(
         default_factory=lambda: ["vaswani:tensor2tensor", "vaswani:fairseq", "vaswani:bart", "marian"],
         metadata={"help": "vaswani:INIT_SCHEME or marian"},
     )
     seeds: list[int] = field(default_factory=lambda: [1])
-    source_lang: str = "en"
-    target_lang: str = "es"
     preset: str = "small"
-    max_steps: int = 1500
-    batch_tokens: int = 4000
-    warmup_steps: int = 150
-    peak_lr: float = 1.3e-3
     label_smoothing_factor: float = 0.1
-    eval_steps: int = 50
-    bleu_samples: int = field(default=500, metadata={"help": "test pairs scored at the end (0: no BLEU)"})
     report_steps: list[int] = field(default_factory=lambda: [400, 800, 1500])
-    report_only: bool = field(default=False, metadata={"help": "only rewrite the table and plot"})
 
     def __post_init__(self):
         for variant in self.variants:
@@ -96,17 +102,49 @@ def build_model(variant: str, config: VaswaniConfig):
     return VaswaniForConditionalGeneration(config)
 
 
-def train_run(variant, seed, args, data, run_path: Path) -> dict:
-    """One variant from one seed: the curve, then test BLEU; resumable from run_path's .pt state."""
-    tokenizer, train_split, valid_loader, test_pairs, accelerator = data
-    config = VaswaniConfig.from_preset(args.preset, **tokenizer_ids(tokenizer))
-    torch.manual_seed(seed)
-    model = build_model(variant, config)
-    optimizer = recipe_adam(accelerator, model.parameters())
+@dataclass
+class StudyData:
+    """What every run of a study reads: the tokenizer, the tokenized training split, the validation batches, the
+    pairs scored at the end (sources, references), and the CPU accelerator."""
+
+    tokenizer: object
+    train_split: object
+    valid_loader: object
+    bleu_pairs: tuple
+    accelerator: Accelerator
+
+
+def load_study_data(args: RecipeArguments, bleu_split: str) -> StudyData:
+    """The corpus of --dataset_dir tokenized with --tokenizer; the first --bleu_samples pairs of `bleu_split`."""
+    dataset = load_translation_dataset(args.dataset_dir, args.source_lang, args.target_lang)
+    tokenizer = load_tokenizer(args.tokenizer)
+    splits = {
+        name: tokenize_split(dataset[name], tokenizer, args.source_lang, args.target_lang)
+        for name in ("train", "validation")
+    }
+    collator = PairCollator(tokenizer.pad_token_id, tokenizer.bos_token_id)
+    valid_sampler = TokenBucketSampler(
+        splits["validation"].source_lengths,
+        splits["validation"].target_lengths,
+        args.batch_tokens,
+        shuffle=False,
+        drop_remainder=False,
+    )
+    valid_loader = pair_loader(splits["validation"], valid_sampler, collator)
+    sources, references, _ = load_pairs(
+        args.dataset_dir, bleu_split, args.source_lang, args.target_lang, max_samples=args.bleu_samples or 1
+    )
+    return StudyData(tokenizer, splits["train"], valid_loader, (sources, references), Accelerator(cpu=True))
+
+
+def train_curve(model, seed: int, args: RecipeArguments, data: StudyData, state_path: Path, label_smoothing: float):
+    """Train `model` (built after `torch.manual_seed(seed)`) for --max_steps, the validation NLL every --eval_steps
+    steps; resumable from `state_path`, saved at each evaluation. Returns the prepared model and its curve."""
+    optimizer = recipe_adam(data.accelerator, model.parameters())
     scheduler = inverse_sqrt_schedule(optimizer, args.warmup_steps, args.peak_lr)
-    sampler = TokenBucketSampler(train_split.source_lengths, train_split.target_lengths, args.batch_tokens, seed=seed)
-    collator = PairCollator(config.pad_token_id, config.decoder_start_token_id)
-    state_path = run_path.with_suffix(".pt")
+    split = data.train_split
+    sampler = TokenBucketSampler(split.source_lengths, split.target_lengths, args.batch_tokens, seed=seed)
+    collator = PairCollator(model.config.pad_token_id, model.config.decoder_start_token_id)
     state, curve = TrainState(), []
     if state_path.exists():
         saved = torch.load(state_path, weights_only=False)
@@ -115,18 +153,19 @@ def train_run(variant, seed, args, data, run_path: Path) -> dict:
         scheduler.load_state_dict(saved["scheduler"])
         torch.set_rng_state(saved["rng"])
         state, curve = TrainState(**saved["state"]), saved["curve"]
+    accelerator = data.accelerator
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
-    batches = StepBatches(pair_loader(train_split, sampler, collator), state, per_step=1)
+    batches = StepBatches(pair_loader(split, sampler, collator), state, per_step=1)
     model.train()
-    progress = tqdm(total=args.max_steps, initial=state.step, desc=f"{variant} seed {seed}", dynamic_ncols=True)
+    progress = tqdm(total=args.max_steps, initial=state.step, desc=state_path.stem, dynamic_ncols=True)
     while state.step < args.max_steps:
         started = time.perf_counter()
-        step = train_step(accelerator, model, optimizer, scheduler, next(batches), args.label_smoothing_factor)
+        step = train_step(accelerator, model, optimizer, scheduler, next(batches), label_smoothing)
         state.add_step(step, time.perf_counter() - started)
         progress.update()
         if state.step % args.eval_steps == 0 or state.step == args.max_steps:
             train_loss = state.take_log_record(step.learning_rate)["loss"]
-            val_nll = validate(accelerator, model, valid_loader)["val_loss"]
+            val_nll = validate(accelerator, model, data.valid_loader)["val_loss"]
             curve.append({"step": state.step, "train_loss": train_loss, "val_nll": val_nll})
             progress.set_postfix(val_nll=f"{val_nll:.3f}")
             saved = {
@@ -140,21 +179,41 @@ def train_run(variant, seed, args, data, run_path: Path) -> dict:
             torch.save(saved, state_path.with_suffix(".tmp"))
             os.replace(state_path.with_suffix(".tmp"), state_path)
     progress.close()
+    return model, curve
+
+
+def bleu_of(model, data: StudyData, **decoding) -> dict:
+    """sacreBLEU of `model`'s translations of the study's BLEU pairs, beam 4: {"bleu", "bleu_signature", "bleu_pairs"}."""
+    sources, references = data.bleu_pairs
+    hypotheses = translate(model, data.tokenizer, sources, num_beams=4, **decoding)
+    score, signature = corpus_bleu(hypotheses, references.to_pylist())
+    return {"bleu": score.score, "bleu_signature": signature, "bleu_pairs": len(sources)}
+
+
+def finish_run(run_path: Path, result: dict, data: StudyData) -> None:
+    """Write a finished run's result, then drop its resume state and free its model and optimizer."""
+    run_path.write_text(json.dumps(result, indent=1))
+    run_path.with_suffix(".pt").unlink()
+    data.accelerator.free_memory()
+
+
+def train_run(variant, seed, args, data: StudyData, run_path: Path) -> dict:
+    """One variant from one seed: the curve, then test BLEU; resumable from run_path's .pt state."""
+    config = VaswaniConfig.from_preset(args.preset, **tokenizer_ids(data.tokenizer))
+    torch.manual_seed(seed)
+    model = build_model(variant, config)
+    model, curve = train_curve(model, seed, args, data, run_path.with_suffix(".pt"), args.label_smoothing_factor)
     result = {"variant": variant, "seed": seed, "settings": asdict(args), "curve": curve}
     if args.bleu_samples:
-        sources, references = test_pairs
-        longest = max(len(ids) for ids in tokenizer(sources.to_pylist())["input_ids"])
+        longest = max(len(ids) for ids in data.tokenizer(data.bleu_pairs[0].to_pylist())["input_ids"])
         # One output limit for every model (the longest test source + 50), and transformers' beam search for every
         # variant (Marian has no other; the paper's GNMT penalty would favour vaswani's scores alone).
         paper_decoding = False if isinstance(model, VaswaniForConditionalGeneration) else None
-        hypotheses = translate(
-            model, tokenizer, sources, num_beams=4, max_new_tokens=longest + 50, paper_decoding=paper_decoding
+        scores = bleu_of(model, data, max_new_tokens=longest + 50, paper_decoding=paper_decoding)
+        result.update(
+            test_bleu=scores["bleu"], bleu_signature=scores["bleu_signature"], bleu_pairs=scores["bleu_pairs"]
         )
-        score, signature = corpus_bleu(hypotheses, references.to_pylist())
-        result.update(test_bleu=score.score, bleu_signature=signature, bleu_pairs=len(sources))
-    run_path.write_text(json.dumps(result, indent=1))
-    state_path.unlink()
-    accelerator.free_memory()  # the run's model and optimizer
+    finish_run(run_path, result, data)
     return result
 
 
@@ -209,25 +268,7 @@ def main(argv=None):
     output_dir = Path(args.output_dir)
     (output_dir / "runs").mkdir(parents=True, exist_ok=True)
     if not args.report_only:
-        dataset = load_translation_dataset(args.dataset_dir, args.source_lang, args.target_lang)
-        tokenizer = load_tokenizer(args.tokenizer)
-        splits = {
-            name: tokenize_split(dataset[name], tokenizer, args.source_lang, args.target_lang)
-            for name in ("train", "validation")
-        }
-        collator = PairCollator(tokenizer.pad_token_id, tokenizer.bos_token_id)
-        valid_sampler = TokenBucketSampler(
-            splits["validation"].source_lengths,
-            splits["validation"].target_lengths,
-            args.batch_tokens,
-            shuffle=False,
-            drop_remainder=False,
-        )
-        valid_loader = pair_loader(splits["validation"], valid_sampler, collator)
-        sources, references, _ = load_pairs(
-            args.dataset_dir, "test", args.source_lang, args.target_lang, max_samples=args.bleu_samples or 1
-        )
-        data = (tokenizer, splits["train"], valid_loader, (sources, references), Accelerator(cpu=True))
+        data = load_study_data(args, "test")
         for seed in args.seeds:
             for variant in args.variants:
                 run_path = output_dir / "runs" / f"{variant.replace(':', '-')}-seed{seed}.json"

@@ -104,13 +104,17 @@ class VaswaniConfig(PreTrainedConfig):
         d_model: width of every sublayer output and of the embeddings.
         encoder_layers, decoder_layers: N, the number of identical layers in each stack (section 3.1).
         encoder_attention_heads, decoder_attention_heads: h, the number of attention heads (section 3.2.2).
+        d_k, d_v: the size of each head's queries and keys (d_k) and of its values (d_v), section 3.2.2. None, the
+            default, is d_model / h, as in every model of the paper but Table 3's row (B), which shrinks d_k alone.
         encoder_ffn_dim, decoder_ffn_dim: d_ff, the inner width of the feed-forward networks (section 3.3).
         dropout: P_drop, applied to every sublayer output and to the embedding sums (section 5.4).
         attention_dropout: dropout on the attention weights; 0 in the paper.
         activation_dropout: dropout after the feed-forward activation; 0 in the paper.
         activation_function: the feed-forward nonlinearity; "relu" in the paper (section 3.3).
-        max_position_embeddings: the longest sequence accepted. The positional encoding is computed, not
-            learned (section 3.5), so this can be raised after training without new weights.
+        max_position_embeddings: the longest sequence accepted. The sinusoids are computed, not learned, so this can
+            be raised after training without new weights; learned positions have one vector per position up to it.
+        positional_encoding: "sinusoidal" (section 3.5) or "learned", the absolute positional embeddings the paper
+            compares them with (Table 3, row (E)), one table per stack, saved with the model and never extended.
         tie_word_embeddings: one matrix for the encoder input, the decoder input and the pre-softmax
             projection (section 3.4).
         init_scheme: how a new model's weights are drawn; the paper does not say (`INIT_SCHEMES`). The default,
@@ -159,7 +163,10 @@ class VaswaniConfig(PreTrainedConfig):
     # The string options are Literals: @strict refuses any other value, on construction and on assignment, naming the
     # field and the values it takes.
     activation_function: Literal[tuple(ACT2FN)] = "relu"
+    d_k: int | None = None
+    d_v: int | None = None
     max_position_embeddings: int = 1024
+    positional_encoding: Literal["sinusoidal", "learned"] = "sinusoidal"
     init_scheme: Literal[tuple(INIT_SCHEMES)] = "fairseq"
     sinusoid_layout: Literal["interleaved", "concatenated"] = "interleaved"
     position_offset: int = 0
@@ -179,10 +186,18 @@ class VaswaniConfig(PreTrainedConfig):
 
     def _check_values(self):
         """Refuse values no model can be built from, naming the field."""
+        for head_size_field in ("d_k", "d_v"):
+            head_size = getattr(self, head_size_field)
+            if head_size is not None and head_size <= 0:
+                raise ValueError(f"{head_size_field} must be positive or None (d_model / heads), got {head_size}.")
         for heads_field in ("encoder_attention_heads", "decoder_attention_heads"):
             heads = getattr(self, heads_field)
-            if heads <= 0 or self.d_model % heads != 0:
-                raise ValueError(f"d_model ({self.d_model}) must be divisible by {heads_field} ({heads}).")
+            if heads <= 0:
+                raise ValueError(f"{heads_field} must be positive, got {heads}.")
+            if (self.d_k is None or self.d_v is None) and self.d_model % heads != 0:
+                raise ValueError(
+                    f"d_model ({self.d_model}) must be divisible by {heads_field} ({heads}), or d_k and d_v set."
+                )
         for size_field in (
             "vocab_size",
             "d_model",
@@ -200,6 +215,11 @@ class VaswaniConfig(PreTrainedConfig):
                 raise ValueError(f"{rate_field} must be in [0, 1), got {rate}.")
         if self.position_offset < 0:
             raise ValueError(f"position_offset must be 0 or more, got {self.position_offset}.")
+        if self.position_offset and self.positional_encoding == "learned":
+            raise ValueError(
+                f"position_offset ({self.position_offset}) shifts the sinusoids of imported checkpoints; learned "
+                "positional embeddings count positions from 0."
+            )
         for id_field in ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id"):
             ids = getattr(self, id_field)
             for token_id in ids if isinstance(ids, list) else [ids]:

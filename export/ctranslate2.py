@@ -2,7 +2,7 @@
 
 CTranslate2's Transformer spec has the paper's post-norm layout (`pre_norm=False`) and accepts the positional
 table explicitly: the sinusoidal table of section 3.5 is written out (CTranslate2's own would put sines and cosines
-in two halves instead of interleaving them), the embeddings keep their sqrt(d_model) scale (section 3.4), and the
+in two halves instead of interleaving them), or the learned one (Table 3, row (E)), the embeddings keep their sqrt(d_model) scale (section 3.4), and the
 attention projections carry no bias, as in the model (imported checkpoints' biases, positions and separate
 embeddings are written as they are).
 """
@@ -67,6 +67,12 @@ def build_spec(model) -> transformer_spec.TransformerSpec:
     config = model.config
     if config.activation_function != "relu" or config.encoder_attention_heads != config.decoder_attention_heads:
         raise UsageError("CTranslate2's Transformer spec needs ReLU and the same number of heads in both stacks.")
+    attention = model.model.encoder.layers[0].self_attn
+    if {attention.head_dim, attention.value_head_dim} != {config.d_model / config.encoder_attention_heads}:
+        raise UsageError(
+            "CTranslate2's attention gives each head d_model / heads dimensions for queries, keys and values alike; "
+            f"this model's heads have d_k={attention.head_dim} and d_v={attention.value_head_dim} (Table 3, row (B))."
+        )
     spec = transformer_spec.TransformerSpec.from_config(
         (config.encoder_layers, config.decoder_layers), config.encoder_attention_heads, pre_norm=False
     )

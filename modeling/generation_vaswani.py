@@ -132,7 +132,8 @@ class BeamSearchCacheLayer(DynamicLayer):
     `DynamicLayer` appends a step's keys and values by concatenation, a copy of the whole cache, and a beam reorder
     copies it again. Here keys and values live in one buffer with room for the steps to come: a step writes its
     position in place, and a reorder gathers the chosen rows straight into a second buffer, which becomes the first.
-    `keys` and `values` are views of the filled positions, as `DynamicLayer`'s tensors are read.
+    `keys` and `values` are views of the filled positions, as `DynamicLayer`'s tensors are read (of the first d_k and
+    d_v dimensions, where a model's keys and values differ in size: Table 3, row (B)).
     """
 
     room = 32  # positions allocated ahead, each time the buffer fills up
@@ -146,24 +147,30 @@ class BeamSearchCacheLayer(DynamicLayer):
             self.lazy_initialization(key_states, value_states)
         end = self.filled + key_states.shape[-2]
         if self.buffer is None or end > self.buffer.shape[3]:
-            rows, heads, _, head_dim = key_states.shape
-            shape = (2, rows, heads, end + self.room, head_dim)
+            rows, heads = key_states.shape[:2]
+            shape = (2, rows, heads, end + self.room, max(key_states.shape[-1], value_states.shape[-1]))
             buffer = key_states.new_empty(shape)
             if self.buffer is not None:
                 buffer[:, :, :, : self.filled] = self.buffer[:, :, :, : self.filled]
             self.buffer, self.spare = buffer, key_states.new_empty(shape)
-        self.buffer[0, :, :, self.filled : end] = key_states
-        self.buffer[1, :, :, self.filled : end] = value_states
+            self.key_size, self.value_size = key_states.shape[-1], value_states.shape[-1]
+        self.buffer[0, :, :, self.filled : end, : self.key_size] = key_states
+        self.buffer[1, :, :, self.filled : end, : self.value_size] = value_states
         self.filled = end
-        self.keys, self.values = self.buffer[0, :, :, :end], self.buffer[1, :, :, :end]
+        self.show_filled()
         return self.keys, self.values
+
+    def show_filled(self) -> None:
+        """Point `keys` and `values` at the filled positions of the buffer."""
+        self.keys = self.buffer[0, :, :, : self.filled, : self.key_size]
+        self.values = self.buffer[1, :, :, : self.filled, : self.value_size]
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         """Keep row `beam_idx[i]` as row i (fewer rows where sentences left the batch)."""
         target = self.spare[:, : beam_idx.shape[0], :, : self.filled]
         torch.index_select(self.buffer[:, :, :, : self.filled], 1, beam_idx, out=target)
         self.buffer, self.spare = self.spare[:, : beam_idx.shape[0]], self.buffer
-        self.keys, self.values = self.buffer[0, :, :, : self.filled], self.buffer[1, :, :, : self.filled]
+        self.show_filled()
 
 
 class BeamSearchCache(DynamicCache):

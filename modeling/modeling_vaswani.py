@@ -108,7 +108,23 @@ def check_labels(labels: torch.Tensor, vocab_size: int, ignore_index: int = -100
         )
 
 
-class VaswaniSinusoidalPositionalEncoding(nn.Module):
+class PositionLimit:
+    """The longest sequence a positional encoding has positions for (`max_position_embeddings`), and what to do about
+    a longer one (`remedy`)."""
+
+    max_positions: int
+    remedy: str
+
+    def check_length(self, num_positions: int) -> None:
+        """Refuse sequences longer than `max_positions`; a Python int, so no device sync per step."""
+        if num_positions > self.max_positions:
+            raise ValueError(
+                f"Sequence of {num_positions} positions is longer than max_position_embeddings "
+                f"({self.max_positions}); {self.remedy}."
+            )
+
+
+class VaswaniSinusoidalPositionalEncoding(PositionLimit, nn.Module):
     """Section 3.5: PE(pos, 2i) = sin(pos / 10000^(2i/d_model)), PE(pos, 2i+1) = cos(pos / 10000^(2i/d_model)).
 
     Computed on the fly: it holds no weights, nothing of it is saved, and any length up to
@@ -116,20 +132,14 @@ class VaswaniSinusoidalPositionalEncoding(nn.Module):
     sines and cosines out in two halves and count positions from an offset (`sinusoid_layout`, `position_offset`).
     """
 
+    remedy = "raise config.max_position_embeddings (the sinusoids are computed: no retraining needed) or truncate"
+
     def __init__(self, config: VaswaniConfig):
         super().__init__()
         self.d_model = config.d_model
         self.max_positions = config.max_position_embeddings
         self.concatenated = config.sinusoid_layout == "concatenated"
         self.offset = config.position_offset
-
-    def check_length(self, num_positions: int) -> None:
-        """Refuse sequences longer than `max_position_embeddings`; a Python int, so no device sync per step."""
-        if num_positions > self.max_positions:
-            raise ValueError(
-                f"Sequence of {num_positions} positions is longer than max_position_embeddings "
-                f"({self.max_positions}); raise config.max_position_embeddings (no retraining needed) or truncate."
-            )
 
     @torch.no_grad()
     def forward(self, position_ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -145,6 +155,28 @@ class VaswaniSinusoidalPositionalEncoding(nn.Module):
         angles = positions / torch.pow(10000.0, two_i / self.d_model)
         # Interleave so that even dimensions hold the sines and odd dimensions the cosines, as in the formula.
         return torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(-2).to(dtype)
+
+
+class VaswaniLearnedPositionalEmbedding(PositionLimit, nn.Embedding):
+    """Section 3.5 and Table 3, row (E): "learned positional embeddings instead", one trained vector per position.
+
+    A weight of the model, saved with it; a position past the table has no vector, so longer sequences are refused.
+    """
+
+    remedy = "learned positions cannot be extended past the table they were trained with: truncate the input"
+
+    def __init__(self, config: VaswaniConfig):
+        super().__init__(config.max_position_embeddings, config.d_model)
+        self.max_positions = config.max_position_embeddings
+
+    def forward(self, position_ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        return super().forward(position_ids).to(dtype)
+
+
+POSITIONAL_ENCODINGS = {
+    "sinusoidal": VaswaniSinusoidalPositionalEncoding,
+    "learned": VaswaniLearnedPositionalEmbedding,
+}
 
 
 class VaswaniScaledEmbedding(nn.Embedding):
@@ -187,7 +219,8 @@ class VaswaniInputProjection(nn.Linear):
 class VaswaniAttention(nn.Module):
     """Section 3.2.2, multi-head attention: Concat(head_1..head_h) W^O, head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V).
 
-    The projections carry no bias, as in the paper's equations (imported checkpoints may: `attention_bias`). Used three ways (section 3.2.3): encoder
+    Each head's queries and keys have d_k dimensions and its values d_v, both d_model / h unless the config sets them
+    (Table 3, row (B)). The projections carry no bias, as in the paper's equations (imported checkpoints may: `attention_bias`). Used three ways (section 3.2.3): encoder
     self-attention, masked decoder self-attention (`is_causal`) and encoder-decoder attention (`is_cross_attention`).
     """
 
@@ -201,16 +234,18 @@ class VaswaniAttention(nn.Module):
     ):
         super().__init__()
         self.config = config
-        self.head_dim = config.d_model // num_heads
+        self.head_dim = config.d_k or config.d_model // num_heads  # d_k: queries and keys
+        self.value_head_dim = config.d_v or config.d_model // num_heads
         self.scaling = self.head_dim**-0.5
         self.dropout = config.attention_dropout
         self.layer_idx = layer_idx
         self.is_causal = is_causal
         self.is_cross_attention = is_cross_attention
-        self.q_proj = VaswaniInputProjection(config.d_model, config.d_model, bias=config.attention_bias)
-        self.k_proj = VaswaniInputProjection(config.d_model, config.d_model, bias=config.attention_bias)
-        self.v_proj = VaswaniInputProjection(config.d_model, config.d_model, bias=config.attention_bias)
-        self.out_proj = nn.Linear(config.d_model, config.d_model, bias=config.attention_bias)
+        key_size, value_size = num_heads * self.head_dim, num_heads * self.value_head_dim
+        self.q_proj = VaswaniInputProjection(config.d_model, key_size, bias=config.attention_bias)
+        self.k_proj = VaswaniInputProjection(config.d_model, key_size, bias=config.attention_bias)
+        self.v_proj = VaswaniInputProjection(config.d_model, value_size, bias=config.attention_bias)
+        self.out_proj = nn.Linear(value_size, config.d_model, bias=config.attention_bias)
 
     def forward(
         self,
@@ -234,9 +269,8 @@ class VaswaniAttention(nn.Module):
             )
         else:
             source = key_value_states if self.is_cross_attention else hidden_states
-            kv_shape = (*source.shape[:-1], -1, self.head_dim)
-            key_states = self.k_proj(source).view(kv_shape).transpose(1, 2)
-            value_states = self.v_proj(source).view(kv_shape).transpose(1, 2)
+            key_states = self.k_proj(source).view(*source.shape[:-1], -1, self.head_dim).transpose(1, 2)
+            value_states = self.v_proj(source).view(*source.shape[:-1], -1, self.value_head_dim).transpose(1, 2)
             if layer_cache is not None:
                 key_states, value_states = layer_cache.update(key_states, value_states, self.layer_idx)
                 if self.is_cross_attention:
@@ -375,10 +409,11 @@ class VaswaniPreTrainedModel(PreTrainedModel):
             # fairseq's query, key and value projections: Glorot-uniform at gain 1/sqrt(2); every other one at 1.
             fairseq_input = scheme == "fairseq" and isinstance(module, VaswaniInputProjection)
             self._init_projection(module, 2**-0.5 if fairseq_input else 1.0)
-        elif isinstance(module, nn.Embedding):
+        elif isinstance(module, nn.Embedding):  # tokens, and learned positions as fairseq and Marian draw them
             init.normal_(module.weight, mean=0.0, std=0.02 if scheme == "bart" else self.config.d_model**-0.5)
             # A row is a view without the flag that marks loaded weights, hence the explicit check.
-            if scheme != "tensor2tensor" and not getattr(module.weight, "_is_hf_initialized", False):
+            padding_row = isinstance(module, VaswaniScaledEmbedding)
+            if padding_row and scheme != "tensor2tensor" and not getattr(module.weight, "_is_hf_initialized", False):
                 init.zeros_(module.weight[self.config.pad_token_id])
         elif isinstance(module, nn.LayerNorm):
             init.ones_(module.weight)
@@ -403,7 +438,7 @@ class VaswaniEncoder(VaswaniPreTrainedModel):
     def __init__(self, config: VaswaniConfig):
         super().__init__(config)
         self.embed_tokens = VaswaniScaledEmbedding(config)
-        self.embed_positions = VaswaniSinusoidalPositionalEncoding(config)
+        self.embed_positions = POSITIONAL_ENCODINGS[config.positional_encoding](config)
         self.dropout = config.dropout
         self.layers = nn.ModuleList([VaswaniEncoderLayer(config, i) for i in range(config.encoder_layers)])
         self.post_init()
@@ -452,7 +487,7 @@ class VaswaniDecoder(VaswaniPreTrainedModel):
     def __init__(self, config: VaswaniConfig):
         super().__init__(config)
         self.embed_tokens = VaswaniScaledEmbedding(config)
-        self.embed_positions = VaswaniSinusoidalPositionalEncoding(config)
+        self.embed_positions = POSITIONAL_ENCODINGS[config.positional_encoding](config)
         self.dropout = config.dropout
         self.layers = nn.ModuleList([VaswaniDecoderLayer(config, i) for i in range(config.decoder_layers)])
         self.post_init()
@@ -820,8 +855,8 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
         if longest is not None and longest > self.config.max_position_embeddings:
             raise ValueError(
                 f"Generating up to {longest} decoder positions (the start token and the new tokens), more than "
-                f"max_position_embeddings ({self.config.max_position_embeddings}); ask for fewer tokens, or raise "
-                "config.max_position_embeddings (the positional encoding is computed: no retraining needed)."
+                f"max_position_embeddings ({self.config.max_position_embeddings}); ask for fewer tokens, or "
+                f"{self.model.decoder.embed_positions.remedy}."
             )
         cache, decoder_input_ids = kwargs.get("cache"), kwargs.get("decoder_input_ids")
         if cache is not None and cache.get_seq_length():

@@ -53,21 +53,27 @@ def positional_encoding(model, num_positions):
     """The (num_positions, d_model) matrix the model adds to its embeddings, computed by the model itself."""
     import torch
 
-    encoder = model.get_encoder()
-    return encoder.embed_positions(torch.arange(num_positions), torch.float32)
+    positions = model.get_encoder().embed_positions  # learned ones (Table 3, row (E)) stop at their table's end
+    with torch.no_grad():
+        return positions(torch.arange(min(num_positions, positions.max_positions)), torch.float32)
 
 
-def plot_positional_encoding(encoding, path):
+def plot_positional_encoding(encoding, path, kind="sinusoidal"):
+    """`kind`: the config's positional_encoding, "sinusoidal" (section 3.5) or "learned" (Table 3, row (E))."""
     num_positions, d_model = encoding.shape
     plt = pyplot()
     fig, (heat, curves) = plt.subplots(1, 2, figsize=(14, 5), gridspec_kw={"width_ratios": [3, 2]})
-    image = heat.imshow(encoding.numpy(), aspect="auto", cmap="RdBu", vmin=-1, vmax=1, interpolation="nearest")
-    heat.set(xlabel="dimension i", ylabel="position", title=f"Sinusoidal positional encoding (d_model = {d_model})")
+    scale = 1.0 if kind == "sinusoidal" else encoding.abs().max().item()
+    image = heat.imshow(encoding.numpy(), aspect="auto", cmap="RdBu", vmin=-scale, vmax=scale, interpolation="nearest")
+    heat.set(
+        xlabel="dimension i", ylabel="position", title=f"{kind.capitalize()} positional encoding (d_model = {d_model})"
+    )
     fig.colorbar(image, ax=heat)
     for dimension in sorted({2, 4, d_model // 8, d_model // 4, d_model // 2} - {0}):  # even: sines, slower and slower
         if dimension < d_model and dimension % 2 == 0:
             curves.plot(encoding[:, dimension].numpy(), label=f"dim {dimension}")
-    curves.set(xlabel="position", ylabel="PE(pos, i)", title="Wavelengths from 2*pi to 10000*2*pi (section 3.5)")
+    title = "Wavelengths from 2*pi to 10000*2*pi (section 3.5)" if kind == "sinusoidal" else "Learned, Table 3 row (E)"
+    curves.set(xlabel="position", ylabel="PE(pos, i)", title=title)
     curves.legend(fontsize=8)
     curves.grid(alpha=0.3)
     fig.tight_layout()
@@ -139,7 +145,7 @@ def main(argv):
 
     written = []
     path = output_dir / "positional_encoding.png"
-    plot_positional_encoding(positional_encoding(model, args.num_positions), path)
+    plot_positional_encoding(positional_encoding(model, args.num_positions), path, model.config.positional_encoding)
     written.append(path)
 
     output, source_tokens, decoder_tokens = attention_maps(model, tokenizer, args.text, target)

@@ -4,7 +4,7 @@ import copy
 
 import pytest
 import torch
-from helpers import PAIRS, VOCAB_SIZE, make_translation_pairs, pad_pairs, tiny_model_config
+from helpers import PAIRS, VOCAB_SIZE, make_translation_pairs, tiny_model_config, trained_on
 
 from vaswani import VaswaniConfig, VaswaniForConditionalGeneration
 from vaswani.corpora.tokenizer import train_bpe_tokenizer
@@ -61,20 +61,7 @@ def trained_tiny_model_once(translation_pairs) -> VaswaniForConditionalGeneratio
     changes its tokens; this one is confident, and each position's logits depend on the position and the source.
     Use `trained_tiny_model`, a copy per test; this session-wide original must not be changed.
     """
-    config = tiny_model_config()
-    input_ids, attention_mask, labels = pad_pairs(translation_pairs)
-    with torch.random.fork_rng():
-        torch.manual_seed(0)
-        model = VaswaniForConditionalGeneration(config).train()
-    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
-    for _ in range(300):
-        loss = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        if loss.item() < 0.02:  # targets at about 0.98 probability: greedy decoding gives every pair's
-            break
-    return model.eval()
+    return trained_on(translation_pairs, tiny_model_config())
 
 
 @pytest.fixture

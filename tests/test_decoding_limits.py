@@ -10,11 +10,24 @@ from transformers import CompileConfig, GenerationConfig
 from vaswani import VaswaniConfig, VaswaniForConditionalGeneration
 
 
+def model_of_12_positions(positional_encoding="sinusoidal"):
+    torch.manual_seed(0)
+    config = VaswaniConfig.from_preset(
+        "tiny", vocab_size=40, max_position_embeddings=12, eos_token_id=None, positional_encoding=positional_encoding
+    )
+    return VaswaniForConditionalGeneration(config).eval()
+
+
 @pytest.fixture(scope="module")
 def short_model():
-    torch.manual_seed(0)
-    config = VaswaniConfig.from_preset("tiny", vocab_size=40, max_position_embeddings=12, eos_token_id=None)
-    return VaswaniForConditionalGeneration(config).eval()
+    return model_of_12_positions()
+
+
+# What a longer sequence is told: sinusoids extend to any length, learned positions (Table 3, row (E)) do not.
+REMEDIES = {
+    "sinusoidal": r"raise config.max_position_embeddings \(the sinusoids are computed: no retraining needed\)",
+    "learned": r"learned positions cannot be extended past the table they were trained with: truncate the input",
+}
 
 
 def compiled():
@@ -26,18 +39,25 @@ def compiled():
 SOURCE = torch.tensor([[5, 6, 7, 2]])
 
 
+@pytest.mark.parametrize("positional_encoding", sorted(REMEDIES))
 @pytest.mark.parametrize("path", ["eager", "static cache, compiled"])
-def test_a_limit_past_the_positions_is_refused_before_decoding(short_model, path):
+def test_a_limit_past_the_positions_is_refused_before_decoding(positional_encoding, path):
+    model = model_of_12_positions(positional_encoding)
     options = compiled() if path != "eager" else {}
-    within = short_model.generate(SOURCE, num_beams=1, max_new_tokens=11, min_new_tokens=11, **options)
+    within = model.generate(SOURCE, num_beams=1, max_new_tokens=11, min_new_tokens=11, **options)
     assert within.shape == (1, 12)  # the start token and 11 new ones: all 12 positions
     for limit in ({"max_new_tokens": 12}, {"max_length": 13}):
         with pytest.raises(
             ValueError,
             match=r"Generating up to 13 decoder positions .* max_position_embeddings \(12\); ask for fewer tokens, "
-            r"or raise config.max_position_embeddings \(the positional encoding is computed: no retraining needed\)",
+            rf"or {REMEDIES[positional_encoding]}",
         ):
-            short_model.generate(SOURCE, num_beams=1, **limit, **options)
+            model.generate(SOURCE, num_beams=1, **limit, **options)
+    source = torch.full((1, 13), 5)
+    with pytest.raises(
+        ValueError, match=rf"Sequence of 13 positions is longer .* \(12\); {REMEDIES[positional_encoding]}"
+    ):
+        model.generate(source, num_beams=1, max_new_tokens=2)
 
 
 @pytest.mark.parametrize("where", ["generation_config argument", "model's generation_config"])

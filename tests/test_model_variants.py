@@ -5,9 +5,10 @@ config's own validation, recorded in the run's summary and its checkpoints, and 
 import json
 
 import pytest
+import torch
 from helpers import exit_message, make_dataset, word_tokenizer
 
-from vaswani import VaswaniConfig
+from vaswani import VaswaniConfig, VaswaniForConditionalGeneration
 from vaswani.scripts import train
 
 
@@ -64,14 +65,37 @@ def test_a_config_file_or_folder_is_the_starting_point(corpus, tmp_path):
     assert summary["args"]["config_name"] == str(tmp_path / "cfg" / "config.json") and summary["preset"] is None
 
 
+def test_rows_b_and_e_of_table_3_from_the_command_line(corpus, tmp_path):
+    """Row (B)'s key size apart from the value size, and row (E)'s learned positions: built from --config_overrides,
+    trained, saved with the model (the positions' table among its weights) and loaded back."""
+    overrides = "d_k=4,d_v=8,positional_encoding=learned,max_position_embeddings=260"
+    model = train.main([*corpus_flags(corpus, tmp_path / "run"), "--preset", "tiny", "--config_overrides", overrides,
+                        *SHORT_RUN])  # fmt: skip
+    attention = model.model.encoder.layers[0].self_attn
+    assert (attention.q_proj.out_features, attention.v_proj.out_features, attention.out_proj.in_features) == (
+        16,
+        32,
+        32,
+    )
+    loaded = VaswaniForConditionalGeneration.from_pretrained(tmp_path / "run")
+    assert (loaded.config.d_k, loaded.config.d_v, loaded.config.max_position_embeddings) == (4, 8, 260)
+    table = loaded.model.decoder.embed_positions.weight
+    assert table.shape == (260, 64) and torch.equal(table, model.model.decoder.embed_positions.weight.cpu())
+    summary = json.loads((tmp_path / "run" / "training_summary.json").read_text())
+    assert summary["config"]["positional_encoding"] == "learned" and summary["config"]["d_k"] == 4
+
+
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
         (["--config_overrides", "d_modle=32"], "--config_overrides 'd_modle=32': key d_modle isn't in the original config dict"),
-        (["--config_overrides", "d_model=30"], "the model config is not valid (d_model (30) must be divisible by encoder_attention_heads (8).)"),
+        (["--config_overrides", "d_model=30"], "the model config is not valid (d_model (30) must be divisible by encoder_attention_heads (8), or d_k and d_v set.)"),
         (["--config_overrides", "dropout=1.5"], "the model config is not valid (dropout must be in [0, 1), got 1.5.)"),
         (["--config_overrides", "d_model=big"], "--config_overrides 'd_model=big': invalid literal for int()"),
         (["--config_overrides", "d_model"], '--config_overrides takes "field=value,field=value", not \'d_model\''),
+        (["--config_overrides", "d_k=-4"], "the model config is not valid (d_k must be positive or None (d_model / heads), got -4.)"),
+        (["--config_overrides", "d_v=sixty"], "--config_overrides 'd_v=sixty': invalid literal for int()"),
+        (["--config_overrides", "positional_encoding=learned,max_position_embeddings=200"], "Learned positional embeddings (positional_encoding=learned) cover max_position_embeddings=200 positions, fewer than --max_source_length 256"),
         (["--config_overrides", "vocab_size=9,pad_token_id=3"], "--config_overrides cannot set vocab_size, pad_token_id: the tokenizer decides them."),
         (["--preset", "tiny", "--config_name", "cfg"], "give --preset or --config_name, not both"),
         (["--config_name", "no/such/folder"], "--config_name no/such/folder:"),

@@ -161,8 +161,10 @@ class VaswaniModelTester:
         pad_token_id=1,
         bos_token_id=0,
         decoder_start_token_id=3,
+        **config_fields,
     ):
         self.parent = parent
+        self.config_fields = config_fields
         self.batch_size = batch_size
         self.seq_length = seq_length
         self.is_training = is_training
@@ -196,6 +198,7 @@ class VaswaniModelTester:
             bos_token_id=self.bos_token_id,
             pad_token_id=self.pad_token_id,
             decoder_start_token_id=self.decoder_start_token_id,
+            **self.config_fields,
         )
 
     def prepare_config_and_inputs(self):
@@ -300,3 +303,12 @@ class VaswaniModelTest(ModelTesterMixin, GenerationTesterMixin, unittest.TestCas
     def test_encoder_decoder_model_standalone(self):
         config_and_inputs = self.model_tester.prepare_config_and_inputs_for_common()
         self.model_tester.check_encoder_decoder_model_standalone(*config_and_inputs)
+
+
+class VaswaniRowsBAndEModelTest(VaswaniModelTest):
+    """The same tests on Table 3's rows (B) and (E) at once: heads whose queries and keys (d_k = 8) are larger than
+    their values (d_v = 2), and learned positional embeddings in place of the sinusoids."""
+
+    def setUp(self):
+        self.model_tester = VaswaniModelTester(self, d_k=8, d_v=2, positional_encoding="learned")
+        self.config_tester = ConfigTester(self, config_class=VaswaniConfig, d_model=16, d_k=8, d_v=2)

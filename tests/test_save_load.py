@@ -9,7 +9,7 @@ import zipfile
 
 import pytest
 import torch
-from helpers import REPO_ROOT
+from helpers import REPO_ROOT, tiny_model_config
 from safetensors.torch import load_file
 from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
 from transformers.testing_utils import CaptureLogger, LoggingLevel
@@ -89,7 +89,16 @@ REMOTE_LOAD = textwrap.dedent(
 )
 
 
-def test_fresh_process_without_the_package_loads_with_remote_code(tiny_model, source_batch, tmp_path):
+@pytest.mark.parametrize(
+    "table3_rows",
+    [{}, {"d_k": 8, "d_v": 32, "positional_encoding": "learned", "max_position_embeddings": 64}],
+    ids=["base", "rows (B) and (E)"],
+)
+def test_fresh_process_without_the_package_loads_with_remote_code(source_batch, tmp_path, table3_rows):
+    """The folder's own code, in a process without the package, computes and decodes as the model; also with Table 3's
+    rows (B) and (E): keys and values of other sizes than d_model / h, learned positions."""
+    torch.manual_seed(0)
+    tiny_model = VaswaniForConditionalGeneration(tiny_model_config(**table3_rows)).eval()
     input_ids, attention_mask = source_batch
     folder = tmp_path / "model"
     tiny_model.save_pretrained(folder)

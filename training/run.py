@@ -117,9 +117,15 @@ def model_config(args, tokenizer):
         }
     )
     values.update(tokenizer_ids(tokenizer))
-    longest = max(args.max_source_length, args.max_target_length) + 51  # decoding runs to source length + 50
-    # Sinusoidal encodings (section 3.5): no weight depends on this limit.
-    values["max_position_embeddings"] = max(values["max_position_embeddings"], longest)
+    if values["positional_encoding"] == "sinusoidal":  # section 3.5: no weight depends on the limit
+        longest = max(args.max_source_length, args.max_target_length) + 51  # decoding runs to source length + 50
+        values["max_position_embeddings"] = max(values["max_position_embeddings"], longest)
+    elif values["max_position_embeddings"] < max(args.max_source_length, args.max_target_length):
+        raise UsageError(
+            f"Learned positional embeddings (positional_encoding=learned) cover max_position_embeddings="
+            f"{values['max_position_embeddings']} positions, fewer than --max_source_length {args.max_source_length} "
+            f"and --max_target_length {args.max_target_length} allow: lower those or raise the table."
+        )
     try:
         return VaswaniConfig(**values)
     except (TypeError, ValueError) as error:  # the config's own checks: heads dividing d_model, sizes, rates
@@ -136,6 +142,11 @@ def parse_config_overrides(overrides, config):
     if fixed:
         raise UsageError(f"--config_overrides cannot set {', '.join(fixed)}: the tokenizer decides them.")
     try:
+        for name, value in (item.replace(" ", "").split("=", 1) for item in overrides.split(",")):
+            # update_from_string reads a value as the type of the field's current one, and refuses a field that is
+            # None: the integers that default to None (d_k and d_v: d_model / heads) are read here.
+            if getattr(config, name, 0) is None:
+                setattr(config, name, int(value))
         config.update_from_string(overrides.replace(" ", ""))
     except (TypeError, ValueError) as error:  # an unknown field, or a value of the wrong type
         raise UsageError(f"--config_overrides {overrides!r}: {error}") from error

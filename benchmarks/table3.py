@@ -1,0 +1,202 @@
+"""Table 3 in miniature: every row of the paper's Table 3, scaled down, trained alike, scored as the paper scores it.
+
+    python -m benchmarks.table3 [--width_divisor 4] [--layer_divisor 2] [--max_steps 1200] [--seeds 1 2]
+                                [--rows base "(A) h=1" ...] [--quick] [--report_only]
+
+Run from the root of a checkout with the `test` extra installed (benchmarks/README.md). Each row is the paper's base
+model with the row's change (vaswani.configuration.table3), every width (d_model, d_ff, d_k, d_v) divided by
+--width_divisor and every layer count by --layer_divisor: with the defaults the base row has d_model 128, d_ff 512,
+8 heads of 16 dimensions and 3+3 layers. Every row trains on the same corpus (the main job's, scripts/main_job.sh)
+with the same recipe, batches, steps and seed (benchmarks.learning_curves' loop: Adam (0.9, 0.98, 1e-9), warmup then
+inverse square root peaking at --peak_lr, the row's dropout and label smoothing, float32, one CPU process), then is
+scored as the paper scores Table 3 on its development set: perplexity per target token of the validation split (the
+exponential of its cross-entropy, no label smoothing) and BLEU (sacreBLEU) of the paper's beam search (beam 4,
+length penalty 0.6, up to the source length + 50) on the first --bleu_samples validation pairs. --quick is a
+rehearsal: widths divided by 16, 4 steps, 4 BLEU pairs.
+
+A run is written to OUTPUT_DIR/runs/ROW-seedN.json when done (resumable, as learning_curves' runs are); each time one
+ends, OUTPUT_DIR/table3.{md,json,png} are rewritten from the finished runs: each row beside the paper's figures, and
+which of the paper's findings the miniature reproduces, from each seed.
+"""
+
+import json
+import math
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from benchmarks.learning_curves import RecipeArguments, bleu_of, finish_run, load_study_data, train_curve
+from vaswani import VaswaniForConditionalGeneration
+from vaswani.checks import UsageError, tokenizer_ids
+from vaswani.cli import command, parse_arguments
+from vaswani.configuration.table3 import TABLE3
+
+
+ROWS = {row.name: row for row in TABLE3}
+
+
+@dataclass
+class Table3Arguments(RecipeArguments):
+    output_dir: str = "docs/benchmarks/table3"
+    rows: list[str] = field(default_factory=lambda: list(ROWS), metadata={"help": "the rows to train (all)"})
+    seeds: list[int] = field(default_factory=lambda: [1])
+    width_divisor: int = 4
+    layer_divisor: int = 2
+    max_steps: int = 1200
+    bleu_samples: int = field(default=300, metadata={"help": "validation pairs scored with BLEU (0: none)"})
+    quick: bool = field(default=False, metadata={"help": "a rehearsal: widths / 16, 4 steps, 4 BLEU pairs"})
+
+    def __post_init__(self):
+        unknown = [name for name in self.rows if name not in ROWS]
+        if unknown:
+            raise UsageError(f"unknown rows {unknown}: Table 3's are {list(ROWS)}")
+        if self.quick:
+            self.width_divisor, self.max_steps, self.eval_steps, self.warmup_steps, self.bleu_samples = 16, 4, 2, 2, 4
+
+
+# The paper's findings from Table 3 (section 6.2), each a comparison of dev perplexities: (what it says, rows that
+# should be worse, rows that should be better). Row (E) is "nearly identical" to the base model: a tie, checked apart.
+FINDINGS = [
+    ("single-head attention is worse than 8 heads", "(A) h=1", "base"),
+    ("reducing the attention key size d_k hurts", "(B) d_k=16", "base"),
+    ("reducing the attention key size d_k hurts", "(B) d_k=32", "base"),
+    ("bigger models are better: fewer layers", "(C) N=2", "base"),
+    ("bigger models are better: more layers", "base", "(C) N=8"),
+    ("bigger models are better: narrower", "(C) d_model=256", "base"),
+    ("bigger models are better: wider", "base", "(C) d_model=1024"),
+    ("bigger models are better: wider feed-forward", "(C) d_ff=1024", "(C) d_ff=4096"),
+    ("bigger models are better: the big model", "base", "big"),
+    ("dropout is very helpful in avoiding over-fitting", "(D) P_drop=0.0", "base"),
+    ("label smoothing hurts perplexity", "base", "(D) eps_ls=0.0"),
+]
+# "Nearly identical": learned positions within this fraction of the sinusoids' dev perplexity (the paper's: 0%).
+ON_PAR = 0.02
+
+
+def slug(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9=._]+", "_", name).strip("_")
+
+
+def train_row(row, seed: int, args: Table3Arguments, data, run_path: Path) -> dict:
+    """One row from one seed: train, then dev perplexity, dev BLEU of the paper's decoding, and parameters."""
+    config = row.config(args.width_divisor, args.layer_divisor, **tokenizer_ids(data.tokenizer))
+    torch.manual_seed(seed)
+    model = VaswaniForConditionalGeneration(config)
+    model, curve = train_curve(model, seed, args, data, run_path.with_suffix(".pt"), row.label_smoothing)
+    result = {
+        "row": row.name,
+        "seed": seed,
+        "settings": asdict(args),
+        "config": config.to_diff_dict(),
+        "label_smoothing": row.label_smoothing,
+        "parameters": model.num_parameters(),
+        "curve": curve,
+        "dev_perplexity": math.exp(curve[-1]["val_nll"]),
+    }
+    if args.bleu_samples:
+        result.update(bleu_of(model, data, paper_decoding=True))
+    finish_run(run_path, result, data)
+    return result
+
+
+def mean(values):
+    return sum(values) / len(values)
+
+
+def findings(runs_by_row: dict) -> list[dict]:
+    """Each of the paper's findings as the miniature's runs answer it: for the seeds both rows have, how many agree."""
+    checks = []
+    for claim, worse, better in FINDINGS:
+        if worse in runs_by_row and better in runs_by_row:
+            pairs = [
+                (runs_by_row[worse][seed], runs_by_row[better][seed])
+                for seed in sorted(set(runs_by_row[worse]) & set(runs_by_row[better]))
+            ]
+            agree = sum(w["dev_perplexity"] > b["dev_perplexity"] for w, b in pairs)
+            checks.append({"claim": claim, "rows": f"{worse} > {better}", "agree": agree, "seeds": len(pairs)})
+    if "(E) positional embedding" in runs_by_row and "base" in runs_by_row:
+        learned, sinusoids = runs_by_row["(E) positional embedding"], runs_by_row["base"]
+        seeds = sorted(set(learned) & set(sinusoids))
+        agree = sum(abs(learned[s]["dev_perplexity"] / sinusoids[s]["dev_perplexity"] - 1) <= ON_PAR for s in seeds)
+        claim = f"learned positions are on par with the sinusoids (within {ON_PAR:.0%})"
+        checks.append({"claim": claim, "rows": "(E) ~ base", "agree": agree, "seeds": len(seeds)})
+    return checks
+
+
+def write_report(args: Table3Arguments, output_dir: Path) -> str:
+    """table3.md (each row beside the paper's, then the findings), table3.json and table3.png from finished runs."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = [json.loads(path.read_text()) for path in sorted((output_dir / "runs").glob("*.json"))]
+    if not runs:
+        return "no finished runs yet"
+    runs_by_row = {}
+    for run in runs:
+        runs_by_row.setdefault(run["row"], {})[run["seed"]] = run
+    lines = [
+        "| row | params (M) | dev PPL | dev BLEU | paper: params (M) | paper: dev PPL | paper: dev BLEU |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    rows = []
+    for name, row in ROWS.items():
+        if name not in runs_by_row:
+            continue
+        seeds = runs_by_row[name]
+        perplexities = [run["dev_perplexity"] for run in seeds.values()]
+        bleus = [run["bleu"] for run in seeds.values() if "bleu" in run]
+        params = next(iter(seeds.values()))["parameters"] / 1e6
+        rows.append(
+            {"row": name, "parameters_millions": params, "dev_perplexity": perplexities, "dev_bleu": bleus}
+            | {"paper": {"params": row.params or 65, "dev_perplexity": row.perplexity, "dev_bleu": row.bleu}}
+        )
+        spread = f" ({', '.join(f'{p:.2f}' for p in perplexities)})" if len(perplexities) > 1 else ""
+        bleu = f"{mean(bleus):.2f}" if bleus else "n/a"
+        lines.append(
+            f"| {name} | {params:.2f} | {mean(perplexities):.2f}{spread} | {bleu} | "
+            f"{row.params or 65} | {row.perplexity:.2f} | {row.bleu:.1f} |"
+        )
+    checks = findings(runs_by_row)
+    lines += ["", "| the paper's finding | rows (dev PPL) | seeds that agree |", "|---|---|---|"]
+    lines += [f"| {c['claim']} | {c['rows']} | {c['agree']} of {c['seeds']} |" for c in checks]
+
+    figure, axis = plt.subplots(figsize=(7, 6))
+    for index, entry in enumerate(rows):
+        x, y = entry["paper"]["dev_perplexity"], mean(entry["dev_perplexity"])
+        axis.scatter(x, y, color=f"C{index % 10}")
+        axis.annotate(entry["row"], (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
+    axis.set(xlabel="the paper's dev perplexity (newstest2013, base size)", ylabel="dev perplexity in miniature")
+    axis.set_title(f"Table 3 in miniature: widths / {args.width_divisor}, layers / {args.layer_divisor}, "
+                   f"{args.max_steps} steps")  # fmt: skip
+    axis.grid(alpha=0.3)
+    figure.tight_layout()
+    figure.savefig(output_dir / "table3.png", dpi=120)
+    plt.close(figure)
+    table = "\n".join(lines)
+    (output_dir / "table3.md").write_text(table + "\n")
+    (output_dir / "table3.json").write_text(json.dumps({"rows": rows, "findings": checks}, indent=1))
+    return table
+
+
+@command
+def main(argv=None):
+    (args,) = parse_arguments([Table3Arguments], argv, description=__doc__.split("\n\n")[0])
+    output_dir = Path(args.output_dir)
+    (output_dir / "runs").mkdir(parents=True, exist_ok=True)
+    if not args.report_only:
+        data = load_study_data(args, "validation")
+        for seed in args.seeds:
+            for name in args.rows:
+                run_path = output_dir / "runs" / f"{slug(name)}-seed{seed}.json"
+                if not run_path.exists():
+                    train_row(ROWS[name], seed, args, data, run_path)
+                    write_report(args, output_dir)
+    print(write_report(args, output_dir))
+
+
+if __name__ == "__main__":
+    main()
