@@ -262,21 +262,27 @@ def write_report(args, output_dir: Path):
     return table
 
 
-@command
-def main(argv=None):
-    (args,) = parse_arguments([CurveArguments], argv, description=__doc__.split("\n\n")[0])
+def run_study(args, bleu_split: str, runs: dict, train_one, write_report) -> None:
+    """Train every run not finished yet, from every seed (`runs`: {file name: what `train_one` trains}), into
+    OUTPUT_DIR/runs/NAME-seedN.json, the report rewritten as each ends; then print the report."""
     output_dir = Path(args.output_dir)
     (output_dir / "runs").mkdir(parents=True, exist_ok=True)
     if not args.report_only:
-        data = load_study_data(args, "test")
+        data = load_study_data(args, bleu_split)
         for seed in args.seeds:
-            for variant in args.variants:
-                run_path = output_dir / "runs" / f"{variant.replace(':', '-')}-seed{seed}.json"
-                if run_path.exists():
-                    continue
-                train_run(variant, seed, args, data, run_path)
-                write_report(args, output_dir)
+            for name, what in runs.items():
+                run_path = output_dir / "runs" / f"{name}-seed{seed}.json"
+                if not run_path.exists():
+                    train_one(what, seed, args, data, run_path)
+                    write_report(args, output_dir)
     print(write_report(args, output_dir))
+
+
+@command
+def main(argv=None):
+    (args,) = parse_arguments([CurveArguments], argv, description=__doc__.split("\n\n")[0])
+    variants = {variant.replace(":", "-"): variant for variant in args.variants}
+    run_study(args, "test", variants, train_run, write_report)
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.learning_curves import RecipeArguments, bleu_of, finish_run, load_study_data, train_curve
+from benchmarks.learning_curves import RecipeArguments, bleu_of, finish_run, run_study, train_curve
 from vaswani import VaswaniForConditionalGeneration
 from vaswani.checks import UsageError, tokenizer_ids
 from vaswani.cli import command, parse_arguments
@@ -185,17 +185,7 @@ def write_report(args: Table3Arguments, output_dir: Path) -> str:
 @command
 def main(argv=None):
     (args,) = parse_arguments([Table3Arguments], argv, description=__doc__.split("\n\n")[0])
-    output_dir = Path(args.output_dir)
-    (output_dir / "runs").mkdir(parents=True, exist_ok=True)
-    if not args.report_only:
-        data = load_study_data(args, "validation")
-        for seed in args.seeds:
-            for name in args.rows:
-                run_path = output_dir / "runs" / f"{slug(name)}-seed{seed}.json"
-                if not run_path.exists():
-                    train_row(ROWS[name], seed, args, data, run_path)
-                    write_report(args, output_dir)
-    print(write_report(args, output_dir))
+    run_study(args, "validation", {slug(name): ROWS[name] for name in args.rows}, train_row, write_report)
 
 
 if __name__ == "__main__":
