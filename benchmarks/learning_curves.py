@@ -1,6 +1,6 @@
 """Learning curves: vaswani (with each weight initialisation) and MarianMTModel trained side by side, step for step.
 
-    python -m benchmarks.learning_curves [--variants vaswani:tensor2tensor vaswani:fairseq vaswani:bart marian]
+    python -m benchmarks.learning_curves [--variants vaswani:tensor2tensor vaswani:fairseq vaswani:fairseq+bias marian]
                                          [--seeds 1 2] [--max_steps 1500] [--report_only]
 
 Run from the root of a checkout with the `test` extra installed (benchmarks/README.md). Every run trains one variant from one seed on the same corpus (the main job's, scripts/main_job.sh), with the same
@@ -11,6 +11,8 @@ step is the recipe's own, `vaswani.training.step.train_step`, for both models: t
 (vaswani's label-smoothed cross-entropy, summed over the step's target tokens and divided by their number), so the
 recipe is identical and only the models differ. Variants:
 - vaswani:SCHEME: VaswaniForConditionalGeneration with `init_scheme=SCHEME` (configuration_vaswani.INIT_SCHEMES);
+- vaswani:SCHEME+bias: the same with biases in the attention projections (`attention_bias=True`), as Marian and
+  fairseq have them and the paper's equations do not;
 - marian: transformers' MarianMTModel of the same sizes (ReLU, post-norm, sinusoidal positions, scaled and tied
   embeddings: benchmarks.benchmark.marian_config), with its own initialisation (N(0, 0.02)), attention biases
   and final-logits bias.
@@ -85,9 +87,14 @@ class CurveArguments(RecipeArguments):
     def __post_init__(self):
         for variant in self.variants:
             kind, _, scheme = variant.partition(":")
-            if not (variant == "marian" or (kind == "vaswani" and scheme in INIT_SCHEMES)):
+            scheme, plus, bias = scheme.partition("+")
+            if not (
+                variant == "marian"
+                or (kind == "vaswani" and scheme in INIT_SCHEMES and (bias == "bias") == bool(plus))
+            ):
                 raise UsageError(
-                    f"unknown variant {variant!r}: use marian or vaswani:SCHEME ({', '.join(INIT_SCHEMES)})"
+                    f"unknown variant {variant!r}: use marian, vaswani:SCHEME or vaswani:SCHEME+bias "
+                    f"({', '.join(INIT_SCHEMES)})"
                 )
 
 
@@ -98,7 +105,8 @@ def build_model(variant: str, config: VaswaniConfig):
 
     if variant == "marian":
         return MarianMTModel(marian_config(config))
-    config.init_scheme = variant.partition(":")[2]
+    scheme, _, bias = variant.partition(":")[2].partition("+")
+    config.init_scheme, config.attention_bias = scheme, bias == "bias"
     return VaswaniForConditionalGeneration(config)
 
 
@@ -203,7 +211,13 @@ def train_run(variant, seed, args, data: StudyData, run_path: Path) -> dict:
     torch.manual_seed(seed)
     model = build_model(variant, config)
     model, curve = train_curve(model, seed, args, data, run_path.with_suffix(".pt"), args.label_smoothing_factor)
-    result = {"variant": variant, "seed": seed, "settings": asdict(args), "curve": curve}
+    result = {
+        "variant": variant,
+        "seed": seed,
+        "settings": asdict(args),
+        "parameters": model.num_parameters(),
+        "curve": curve,
+    }
     if args.bleu_samples:
         longest = max(len(ids) for ids in data.tokenizer(data.bleu_pairs[0].to_pylist())["input_ids"])
         # One output limit for every model (the longest test source + 50), and transformers' beam search for every

@@ -358,13 +358,16 @@ def test_learning_curves_train_each_variant_and_marian_and_report_them(carried_c
     command = ["-m", "benchmarks.learning_curves", "--dataset_dir", data, "--tokenizer", tokenizer]
     command += ["--output_dir", tmp_path, "--preset", "tiny", "--max_steps", "6", "--eval_steps", "3"]
     command += ["--batch_tokens", "400", "--warmup_steps", "2", "--bleu_samples", "5", "--report_steps", "3", "6"]
-    run_in_checkout(*command, "--variants", "vaswani:fairseq", "marian")
+    run_in_checkout(*command, "--variants", "vaswani:fairseq", "vaswani:bart+bias", "marian")
     runs = {path.stem: json.loads(path.read_text()) for path in (tmp_path / "runs").glob("*.json")}
-    assert sorted(runs) == ["marian-seed1", "vaswani-fairseq-seed1"]
+    assert sorted(runs) == ["marian-seed1", "vaswani-bart+bias-seed1", "vaswani-fairseq-seed1"]
     assert not list((tmp_path / "runs").glob("*.pt"))  # the resume states go once a run is done
     for run in runs.values():
         assert [point["step"] for point in run["curve"]] == [3, 6]
         assert run["curve"][1]["val_nll"] < run["curve"][0]["val_nll"] and 0 <= run["test_bleu"] <= 100
     table = (tmp_path / "learning_curves.md").read_text()
     assert "| vaswani:fairseq | 1 |" in table and "| marian | 1 |" in table and "val NLL @ 6" in table
+    assert "| vaswani:bart+bias | 1 |" in table
+    # The biases of the query, key, value and output projections: 4 x d_model each, in 6 attention blocks of the tiny preset.
+    assert runs["vaswani-bart+bias-seed1"]["parameters"] - runs["vaswani-fairseq-seed1"]["parameters"] == 6 * 4 * 64
     assert (tmp_path / "learning_curves.png").stat().st_size > 0
