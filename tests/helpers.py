@@ -6,16 +6,20 @@ tests/ on sys.path, so test modules import it by its bare name: `from helpers im
 No name here starts with `test`: pytest would collect it in every module that imports it.
 """
 
+import contextlib
 import json
 import os
 import random
 import re
+import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
@@ -279,17 +283,50 @@ def run_script(name, *arguments, timeout=600):
 
 def start(command):
     """Start `command` as run_command runs it, in the background. Its output goes to files: a full pipe would
-    block it."""
+    block it. Its Python processes dump their stacks on SIGABRT (faulthandler), for finish() to show a hang."""
     stdout, stderr = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
     command = [str(part) for part in command]
-    process = subprocess.Popen(command, cwd=REPO_ROOT, env=script_env(), stdout=stdout, stderr=stderr, text=True)
+    env = script_env(PYTHONFAULTHANDLER="1")
+    process = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=stdout, stderr=stderr, text=True)
     process.output_files = stdout, stderr
     return process
 
 
-def finish(process, timeout=120):
-    """Wait for a process from start(); its stdout and stderr."""
-    process.wait(timeout=timeout)
+def finish(*processes, timeout=120):
+    """Wait for processes from start(), `timeout` seconds for all; the (stdout, stderr) of one, a list of them for
+    several. Where they run past it, the test fails with what each printed and the Python stack of every process they
+    started (a launcher's workers, whose output the launcher relays, included), and none is left running."""
+    deadline = time.monotonic() + timeout
+    try:
+        for process in processes:
+            process.wait(timeout=max(deadline - time.monotonic(), 0))
+    except subprocess.TimeoutExpired:
+        for process in processes:
+            abort_tree(process)
+        outputs = map(read_output, processes)
+        report = (
+            f"$ {' '.join(process.args)}\n{out[-3000:]}\n{err[-12000:]}"
+            for process, (out, err) in zip(processes, outputs)
+        )
+        pytest.fail(f"ran past {timeout} s:\n" + "\n\n".join(report), pytrace=False)
+    outputs = [read_output(process) for process in processes]
+    return outputs[0] if len(processes) == 1 else outputs
+
+
+def abort_tree(process):
+    """SIGABRT to everything `process` started, then to it (so that a launcher still relays its workers' stacks);
+    SIGKILL to whatever outlives that."""
+    root = psutil.Process(process.pid)
+    for group in (root.children(recursive=True), [root]):
+        for member in group:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                member.send_signal(signal.SIGABRT)
+        for member in psutil.wait_procs(group, timeout=10)[1]:
+            member.kill()
+    process.wait()
+
+
+def read_output(process):
     return tuple(file.seek(0) or file.read() for file in process.output_files)
 
 

@@ -288,7 +288,7 @@ def test_two_machines_on_the_loopback_train_from_one_cache_and_end_identical(cor
             "--dynamo_backend", "no", port=port,
         )  # fmt: skip
         machines.append(start([*launcher, SCRIPTS / "train.py", *arguments]))
-    outputs = [finish(machine, timeout=300) for machine in machines]
+    outputs = finish(*machines, timeout=300)
     assert [machine.returncode for machine in machines] == [0, 0], "\n\n".join(
         f"{stdout[-3000:]}\n{stderr[-3000:]}" for stdout, stderr in outputs
     )
