@@ -322,13 +322,13 @@ class BeamSearchState:
         )
 
     def keep_live(self, candidates: Candidates, ends: torch.Tensor) -> torch.Tensor:
-        """The k best candidates that did not end stay live; returns the live hypothesis each came from, whose cache
-        row it continues."""
+        """The k best candidates that did not end stay live; returns which they are (their positions among the
+        candidates)."""
         num_beams = self.live.shape[1]
         self.live_scores, keep = candidates.scores.masked_fill(ends, -float("inf")).topk(num_beams, dim=1)
         self.live = candidates.sequences.gather(1, keep[:, :, None].expand(-1, -1, candidates.sequences.shape[2]))
         self.live_beams = candidates.beams.gather(1, keep[:, :, None].expand(-1, -1, candidates.beams.shape[2]))
-        return candidates.origin.gather(1, keep)
+        return keep
 
     def settled(self, length: int, alpha: float, num_return: int) -> torch.Tensor:
         """Which sentences are done: the hypotheses they return are finished, and no live one can still beat the
@@ -355,6 +355,34 @@ class BeamSearchState:
         for name, value in vars(self).items():
             setattr(self, name, value[still])
         return still
+
+
+@dataclass
+class BeamStep:
+    """One step of the search, for the sentences still searched (`sentences`, their indices in the batch): the 2k
+    candidates, best first, with the tokens they generated and their summed log-probabilities; which of them ended
+    (and so were offered to the finished hypotheses), which stayed live (the k best of the others; the rest were
+    dropped), and the scores of the k best finished hypotheses after the step (divided by lp(|Y|), -inf where fewer
+    have finished)."""
+
+    sentences: torch.Tensor  # (searched,)
+    tokens: torch.Tensor  # (searched, 2k, generated)
+    scores: torch.Tensor  # (searched, 2k)
+    ended: torch.Tensor  # (searched, 2k), bool
+    live: torch.Tensor  # (searched, 2k), bool
+    finished_scores: torch.Tensor  # (searched, k)
+
+    @classmethod
+    def of(cls, state: BeamSearchState, candidates: Candidates, ends: torch.Tensor, kept: torch.Tensor, prompt: int):
+        live = torch.zeros_like(ends).scatter_(1, kept, True) & (candidates.scores > -float("inf"))
+        return cls(
+            sentences=state.active.cpu(),
+            tokens=candidates.sequences[:, :, prompt:].cpu(),
+            scores=candidates.scores.cpu(),
+            ended=ends.cpu(),
+            live=live.cpu(),
+            finished_scores=state.finished_scores.cpu(),
+        )
 
 
 def step_records(generation_config) -> dict:
@@ -407,7 +435,9 @@ def beam_search_output(results, prompt_length, generation_config, step_scores, e
     )
 
 
-def gnmt_beam_search(model, input_ids, logits_processor, stopping_criteria, generation_config, **model_kwargs):
+def gnmt_beam_search(
+    model, input_ids, logits_processor, stopping_criteria, generation_config, beam_steps=None, **model_kwargs
+):
     """Beam search as tensor2tensor runs it for the paper: `generate(custom_generate=gnmt_beam_search)`.
 
     Each step extends every live hypothesis by every token and keeps the 2k best continuations (k = num_beams). Those
@@ -419,6 +449,7 @@ def gnmt_beam_search(model, input_ids, logits_processor, stopping_criteria, gene
     `return_dict_in_generate=True`, what transformers' beam search returns: with `output_scores=True` their scores
     (`sequences_scores`), the processed log-probabilities of every step (`scores`) and the beams each token came from
     (`beam_indices`); with `output_logits`, `output_attentions` or `output_hidden_states`, those of every step.
+    `beam_steps`, a list (a `generate()` argument): a `BeamStep` is appended to it at every step, the search at work.
     """
     synced_gpus = model_kwargs.pop("synced_gpus", False)
     num_beams = generation_config.num_beams
@@ -486,7 +517,11 @@ def gnmt_beam_search(model, input_ids, logits_processor, stopping_criteria, gene
         ends = stopping_criteria(candidates.sequences.view(-1, cur_len + 1), step_scores or None).view(searched, -1)
         ends &= candidates.scores > -float("inf")
         state.settle_finished(candidates, ends, cur_len + 1 - prompt_length, alpha, generation_config.pad_token_id)
-        source_beams, positions = state.keep_live(candidates, ends), torch.arange(searched, device=device)
+        kept = state.keep_live(candidates, ends)
+        # Each kept hypothesis continues the cache row of the live hypothesis it extends.
+        source_beams, positions = candidates.origin.gather(1, kept), torch.arange(searched, device=device)
+        if beam_steps is not None:
+            beam_steps.append(BeamStep.of(state, candidates, ends, kept, prompt_length))
         done_now = state.settled(cur_len + 1 - prompt_length, alpha, num_return)
         if not can_drop:
             done |= done_now

@@ -39,90 +39,6 @@ class VisualizeArguments:
     num_positions: int = field(default=100, metadata={"help": "positions shown in the encoding plot"})
 
 
-def pyplot():
-    """matplotlib's pyplot, drawing into files (no display needed)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def positional_encoding(model, num_positions):
-    """The (num_positions, d_model) matrix the model adds to its embeddings, computed by the model itself."""
-    import torch
-
-    positions = model.get_encoder().embed_positions  # learned ones (Table 3, row (E)) stop at their table's end
-    with torch.no_grad():
-        return positions(torch.arange(min(num_positions, positions.max_positions)), torch.float32)
-
-
-def plot_positional_encoding(encoding, path, kind="sinusoidal"):
-    """`kind`: the config's positional_encoding, "sinusoidal" (section 3.5) or "learned" (Table 3, row (E))."""
-    num_positions, d_model = encoding.shape
-    plt = pyplot()
-    fig, (heat, curves) = plt.subplots(1, 2, figsize=(14, 5), gridspec_kw={"width_ratios": [3, 2]})
-    scale = 1.0 if kind == "sinusoidal" else encoding.abs().max().item()
-    image = heat.imshow(encoding.numpy(), aspect="auto", cmap="RdBu", vmin=-scale, vmax=scale, interpolation="nearest")
-    heat.set(
-        xlabel="dimension i", ylabel="position", title=f"{kind.capitalize()} positional encoding (d_model = {d_model})"
-    )
-    fig.colorbar(image, ax=heat)
-    for dimension in sorted({2, 4, d_model // 8, d_model // 4, d_model // 2} - {0}):  # even: sines, slower and slower
-        if dimension < d_model and dimension % 2 == 0:
-            curves.plot(encoding[:, dimension].numpy(), label=f"dim {dimension}")
-    title = "Wavelengths from 2*pi to 10000*2*pi (section 3.5)" if kind == "sinusoidal" else "Learned, Table 3 row (E)"
-    curves.set(xlabel="position", ylabel="PE(pos, i)", title=title)
-    curves.legend(fontsize=8)
-    curves.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
-def plot_attention_grid(attentions, row_labels, column_labels, title, path):
-    """One heat map per layer (rows of the grid) and head (columns); `attentions` is a tuple of (1, heads, q, k)."""
-    layers, heads = len(attentions), attentions[0].shape[1]
-    cell = max(2.2, 0.28 * max(len(row_labels), len(column_labels)))
-    plt = pyplot()
-    fig, axes = plt.subplots(layers, heads, figsize=(cell * heads + 1, cell * layers + 1), squeeze=False)
-    for layer, weights in enumerate(attentions):
-        for head in range(heads):
-            axis = axes[layer][head]
-            axis.imshow(weights[0, head].float().numpy(), cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto")
-            axis.set_xticks(range(len(column_labels)), column_labels, rotation=90, fontsize=7)
-            axis.set_yticks(range(len(row_labels)), row_labels, fontsize=7)
-            axis.set_title(f"layer {layer + 1}, head {head + 1}", fontsize=9)
-    fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
-def attention_maps(model, tokenizer, text, target):
-    """Attention weights of every layer and head for one (source, target) pair, and the token labels of both."""
-    import torch
-
-    encoded = tokenizer([text], text_target=[target], return_tensors="pt")
-    with torch.no_grad():
-        output = model(
-            input_ids=encoded["input_ids"],
-            attention_mask=encoded["attention_mask"],
-            labels=encoded["labels"],
-            output_attentions=True,
-        )
-    source_tokens = tokenizer.convert_ids_to_tokens(encoded["input_ids"][0].tolist())
-    decoder_input = model.prepare_decoder_input_ids_from_labels(encoded["labels"])[0].tolist()
-    decoder_tokens = tokenizer.convert_ids_to_tokens(decoder_input)
-    return output, source_tokens, decoder_tokens
-
-
-def readable(tokens):
-    """Byte-level BPE marks a leading space with "Ġ"; show it as "_" so the labels stay legible."""
-    return [token.replace("Ġ", "_").replace("▁", "_") for token in tokens]
-
-
 @command(extra="train", needs=("matplotlib", "datasets", "sacrebleu", "sacremoses"))
 def main(argv):
     (args,) = parse_arguments([VisualizeArguments], argv, description=__doc__.split("\n\n")[0])
@@ -135,6 +51,8 @@ def main(argv):
 
     import vaswani  # noqa: F401  (registers model_type "vaswani" with the Auto classes)
     from vaswani.evaluation.bleu import translate
+    from vaswani.inspection.figures import attention_grid_figure, positional_encoding_figure, save
+    from vaswani.inspection.maps import attention_maps, positional_encoding
 
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or args.model)
     # The fused attention kernels never form the weight matrix; the eager implementation returns it.
@@ -145,24 +63,17 @@ def main(argv):
 
     written = []
     path = output_dir / "positional_encoding.png"
-    plot_positional_encoding(positional_encoding(model, args.num_positions), path, model.config.positional_encoding)
+    encoding = positional_encoding(model, args.num_positions)
+    save(positional_encoding_figure(encoding, model.config.positional_encoding), path)
     written.append(path)
 
-    output, source_tokens, decoder_tokens = attention_maps(model, tokenizer, args.text, target)
-    source_tokens, decoder_tokens = readable(source_tokens), readable(decoder_tokens)
-    for name, attentions, rows, columns, title in (
-        ("encoder_self", output.encoder_attentions, source_tokens, source_tokens, "Encoder self-attention"),
-        ("decoder_self", output.decoder_attentions, decoder_tokens, decoder_tokens, "Decoder masked self-attention"),
-        (
-            "encoder_decoder",
-            output.cross_attentions,
-            decoder_tokens,
-            source_tokens,
-            "Encoder-decoder attention (rows: decoder input, columns: source)",
-        ),
+    maps = attention_maps(model, tokenizer, args.text, target)
+    for (kind, (attentions, rows, columns)), name in zip(
+        maps.kinds().items(), ("encoder_self", "decoder_self", "encoder_decoder")
     ):
+        title = kind.capitalize() + (" (rows: decoder input, columns: source)" if name == "encoder_decoder" else "")
         path = output_dir / f"attention_{name}.png"
-        plot_attention_grid(attentions, rows, columns, title, path)
+        save(attention_grid_figure(attentions, rows, columns, title), path, dpi=110)
         written.append(path)
     for path in written:
         print(f"wrote {path}")

@@ -22,7 +22,7 @@ def test_every_command_is_a_console_entry_point():
     names = {point.name for point in ENTRY_POINTS}
     assert names == {"vaswani-prepare-data", "vaswani-train-tokenizer", "vaswani-train", "vaswani-evaluate",
                      "vaswani-finetune", "vaswani-push-to-hub", "vaswani-export-ctranslate2", "vaswani-visualize",
-                     "vaswani-convert-fairseq", "vaswani-translate"}  # fmt: skip
+                     "vaswani-convert-fairseq", "vaswani-translate", "vaswani-demo"}  # fmt: skip
 
 
 @pytest.mark.parametrize("point", ENTRY_POINTS, ids=lambda point: point.name)

@@ -24,7 +24,7 @@ except ModuleNotFoundError:  # Python 3.10: as they were installed
 # What no command may import to answer --help: the extras. torch and transformers come with `import vaswani`, which
 # registers the model with transformers' Auto classes, and transformers imports accelerate itself where it is installed
 # (vaswani-finetune parses its Seq2SeqTrainingArguments flags only after its own).
-HEAVY = ("datasets", "pyarrow", "evaluate", "sacrebleu", "ctranslate2", "matplotlib")
+HEAVY = ("datasets", "pyarrow", "evaluate", "sacrebleu", "ctranslate2", "matplotlib", "gradio")
 # The install extra each command needs, and one module of it.
 EXTRAS = {
     "vaswani-prepare-data": ("data", "datasets"),
@@ -37,6 +37,7 @@ EXTRAS = {
     "vaswani-convert-fairseq": ("fairseq", "sacremoses"),
     "vaswani-translate": ("train", "datasets"),
     "vaswani-visualize": ("train", "matplotlib"),
+    "vaswani-demo": ("demo", "gradio"),
 }
 
 
@@ -162,11 +163,12 @@ def model_arguments(name, model, tmp_path):
         "vaswani-export-ctranslate2": ["--model", model, "--output_dir", tmp_path / "ct2"],
         "vaswani-visualize": ["--model", model, "--text", "the cat", "--output_dir", tmp_path / "figures"],
         "vaswani-push-to-hub": ["--model_dir", model, "--repo_id", "alice/model"],
+        "vaswani-demo": ["--model", model, "--port", 0],
     }[name]
 
 
 MODEL_COMMANDS = ["vaswani-translate", "vaswani-evaluate", "vaswani-finetune", "vaswani-export-ctranslate2",
-                  "vaswani-visualize", "vaswani-push-to-hub"]  # fmt: skip
+                  "vaswani-visualize", "vaswani-push-to-hub", "vaswani-demo"]  # fmt: skip
 
 
 @pytest.mark.parametrize("name", MODEL_COMMANDS)

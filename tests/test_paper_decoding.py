@@ -11,6 +11,7 @@ from transformers import GenerationConfig, GenerationMixin, LogitsProcessor, Log
 
 from vaswani import VaswaniConfig, VaswaniForConditionalGeneration
 from vaswani.evaluation.bleu import tokenized_bleu
+from vaswani.modeling.generation_vaswani import gnmt_length_penalty
 
 
 EOS = 2
@@ -252,3 +253,37 @@ def test_greedy_decoding_drops_finished_sentences_and_decodes_as_transformers_gr
     assert dropping_rows[0] == 3 and dropping_rows[-1] < 3, dropping_rows
     assert dropping_rows == sorted(dropping_rows, reverse=True) and len(dropping_rows) == len(whole_rows)
     assert torch.equal(dropping, whole) and torch.equal(scored.sequences, whole)
+
+
+def test_beam_steps_show_the_search_at_work_without_changing_it(trained_tiny_model, translation_pairs):
+    """`generate(beam_steps=[])`: a record per step of every sentence still searched, its 2k candidates best first
+    (k live, the ones that ended, the rest dropped); the translations and scores are those of a search not watched."""
+    input_ids, attention_mask = padded_sources(translation_pairs)
+    options = {"attention_mask": attention_mask, "return_dict_in_generate": True, "output_scores": True}
+    steps = []
+    watched = trained_tiny_model.generate(input_ids, beam_steps=steps, **options)
+    unwatched = trained_tiny_model.generate(input_ids, **options)
+    assert torch.equal(watched.sequences, unwatched.sequences)
+    torch.testing.assert_close(watched.sequences_scores, unwatched.sequences_scores)
+    num_beams, batch = trained_tiny_model.generation_config.num_beams, input_ids.shape[0]
+    assert steps[0].sentences.tolist() == list(range(batch)) and len(steps[-1].sentences) < batch  # sentences leave
+    for number, step in enumerate(steps, start=1):
+        assert step.tokens.shape == (len(step.sentences), 2 * num_beams, number)
+        assert torch.equal(step.scores, step.scores.sort(dim=1, descending=True).values)
+        assert not (step.live & step.ended).any()
+        # The live ones are the k best of those that did not end: every dropped candidate scores below them.
+        assert (step.live.sum(1) == num_beams).all()
+        dropped = ~step.live & ~step.ended
+        worst_live = step.scores.masked_fill(~step.live, float("inf")).min(1).values
+        assert (step.scores.masked_fill(~dropped, -float("inf")).max(1).values <= worst_live).all()
+    # Each sentence's translation ended at some step, its summed log-probability there its score times lp(|Y|).
+    for sentence, (sequence, score) in enumerate(zip(watched.sequences, watched.sequences_scores)):
+        generated = sequence[1 : generated_length(sequence) + 1]
+        found = [
+            step.scores[row, candidate]
+            for step in steps
+            for row in (step.sentences == sentence).nonzero().view(-1).tolist()
+            for candidate in step.ended[row].nonzero().view(-1).tolist()
+            if step.tokens.shape[2] == len(generated) and torch.equal(step.tokens[row, candidate], generated)
+        ]
+        assert found and found[0] / gnmt_length_penalty(len(generated), 0.6) == pytest.approx(score.item(), abs=1e-5)

@@ -134,7 +134,7 @@ def test_ctranslate2_takes_learned_positions_and_refuses_row_b(translation_pairs
 
 
 def test_vaswani_visualize_draws_the_learned_table_to_its_end(rows_b_and_e):
-    from vaswani.scripts.visualize import positional_encoding
+    from vaswani.inspection.maps import positional_encoding
 
     table = positional_encoding(rows_b_and_e, 100)  # 64 positions learned: those are drawn
     assert torch.equal(table, rows_b_and_e.model.encoder.embed_positions.weight)
