@@ -1,4 +1,4 @@
-"""The attention explorer: a Gradio app over one vaswani model (`vaswani-demo --model FOLDER_OR_REPO`).
+"""The attention explorer: a Gradio app over one vaswani model (`vaswani-demo --model FOLDER_OR_REPO`, or a Space).
 
 Type a sentence and get its translation with the paper's decoding (beam search with the GNMT length penalty, or
 greedy), the n-best list with the scores the beam ranked by, and a look inside: every layer and head of the three
@@ -8,14 +8,16 @@ by step: at each step the hypotheses it kept, their scores, those that ended, an
 
 `Explorer` holds the model (loaded once) and computes what the page shows; `build_app` lays the page out. Requests
 are answered one at a time, in order: the model serves one decoding at a time, as it would one user.
+
+The model runs the code saved with it (`trust_remote_code`: its modeling, decoding and pipeline files), and this
+folder imports nothing of the vaswani package but its own modules, so that a Space runs it as it is, beside a model
+repository, without the package (`vaswani.inspection.space`).
 """
 
 import html
 from dataclasses import dataclass
 
-from vaswani.checks import UsageError
-from vaswani.inspection.maps import KINDS, AttentionMaps, attention_maps, positional_encoding, readable
-from vaswani.modeling.pipeline_vaswani import translate_batch
+from .maps import KINDS, AttentionMaps, attention_maps, positional_encoding, readable
 
 
 MAX_BEAMS = 16
@@ -27,6 +29,10 @@ AVERAGE = "average of the heads"
 
 class InputError(ValueError):
     """A request the model cannot answer, said in one sentence a reader of the page acts on."""
+
+
+class ModelError(ValueError):
+    """A model the page cannot serve (not found, or not a vaswani model), said in one sentence."""
 
 
 @dataclass
@@ -46,19 +52,23 @@ class Explorer:
     everything the page computes from them."""
 
     def __init__(self, model_path: str, tokenizer_path: str | None = None):
-        from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoTokenizer
-
-        import vaswani  # noqa: F401  (registers model_type "vaswani" with the Auto classes)
+        from transformers import AutoConfig, pipeline
 
         try:
-            config = AutoConfig.from_pretrained(model_path)
+            config = AutoConfig.from_pretrained(model_path, trust_remote_code=True)
         except (OSError, ValueError) as error:
-            raise UsageError(f"--model {model_path} is neither a model folder nor a model on the Hub ({error}).")
+            raise ModelError(f"{model_path} is neither a model folder nor a model on the Hub ({error}).") from error
         if config.model_type != "vaswani":
-            raise UsageError(f"--model {model_path} holds a model of type {config.model_type!r}, not a vaswani model.")
-        self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_path or model_path)
+            raise ModelError(f"{model_path} holds a model of type {config.model_type!r}, not a vaswani model.")
         # The fused attention kernels never form the weight matrix; the eager implementation returns it.
-        self.model = AutoModelForSeq2SeqLM.from_pretrained(model_path, attn_implementation="eager").eval()
+        self.translator = pipeline(
+            "translation",
+            model=model_path,
+            tokenizer=tokenizer_path or model_path,
+            trust_remote_code=True,
+            model_kwargs={"attn_implementation": "eager"},
+        )
+        self.model, self.tokenizer = self.translator.model.eval(), self.translator.tokenizer
         self.max_source_tokens = self.model.get_encoder().embed_positions.max_positions
         self.max_beams = min(MAX_BEAMS, self.model.config.vocab_size // 2)
         generation = self.model.generation_config
@@ -86,17 +96,15 @@ class Explorer:
         self.check(text, num_beams, nbest)
         steps = []
         searched = {"beam_steps": steps} if num_beams > 1 else {}
-        answers = translate_batch(
-            self.model,
-            self.tokenizer,
-            [text],
-            return_scores=True,
-            return_alignments=True,
+        answers = self.translator(
+            text,
             num_beams=num_beams,
             num_return_sequences=nbest,
             length_penalty=length_penalty,
+            return_scores=True,
+            return_alignments=True,
             **searched,
-        )[0]
+        )
         best = answers[0]["translation_text"]
         source_words = self.tokens(text)
         target_words = self.tokens(best, target=True)
@@ -147,7 +155,7 @@ class Explorer:
         return rows
 
     def positional_figure(self, num_positions: int = 100):
-        from vaswani.inspection.figures import positional_encoding_figure
+        from .figures import positional_encoding_figure
 
         encoding = positional_encoding(self.model, num_positions)
         return positional_encoding_figure(encoding, self.model.config.positional_encoding)
@@ -161,11 +169,12 @@ def attention_html(maps: AttentionMaps | None, kind: str, layer: int, head: str)
     weights, rows, columns = maps.kinds()[kind]
     layer_weights = weights[int(layer) - 1]
     matrix = layer_weights.mean(0) if head == AVERAGE else layer_weights[int(head) - 1]
+    largest = max(matrix.max().item(), 1e-9)
     cells = []
     for row_token, row in zip(rows, matrix.tolist()):
         shaded = "".join(
             f'<td title="{html.escape(row_token)} &rarr; {html.escape(column)}: {weight:.3f}" '
-            f'style="background: rgba(68, 1, 84, {weight:.3f}); width: 1.6em; height: 1.6em"></td>'
+            f'style="background: rgba(68, 1, 84, {weight / largest:.3f}); width: 1.6em; height: 1.6em"></td>'
             for column, weight in zip(columns, row)
         )
         cells.append(f'<tr><th style="text-align: right">{html.escape(row_token)}</th>{shaded}</tr>')
@@ -174,7 +183,10 @@ def attention_html(maps: AttentionMaps | None, kind: str, layer: int, head: str)
         for column in columns
     )
     which = "the average of its heads" if head == AVERAGE else f"head {head}"
-    caption = f"{kind.capitalize()}, layer {layer}, {which}: rows attend to columns; the pointer shows each weight."
+    caption = (
+        f"{kind.capitalize()}, layer {layer}, {which}: rows attend to columns, shaded up to the largest weight "
+        f"({largest:.3f}); the pointer shows each weight."
+    )
     return (
         f'<table class="attention" style="border-collapse: collapse"><caption>{html.escape(caption)}</caption>'
         f"<tr><th></th>{header}</tr>{''.join(cells)}</table>"
@@ -203,22 +215,22 @@ def build_app(explorer: Explorer):
         )
         maps = gr.State(None)
         with gr.Row():
-            source = gr.Textbox(label="Sentence", lines=2, scale=3)
+            source = gr.Textbox(label="Sentence", lines=2, scale=3, elem_id="sentence")
             with gr.Column(scale=2):
                 num_beams = gr.Slider(
                     1, explorer.max_beams, value=explorer.default_beams, step=1, label="Beam size (1: greedy)"
                 )
                 length_penalty = gr.Slider(0.0, 2.0, value=explorer.default_penalty, step=0.1, label="Length penalty")
                 nbest = gr.Slider(1, explorer.max_beams, value=1, step=1, label="Hypotheses listed")
-        run = gr.Button("Translate", variant="primary")
-        translation = gr.Textbox(label="Translation", interactive=False)
+        run = gr.Button("Translate", variant="primary", elem_id="translate")
+        translation = gr.Textbox(label="Translation", interactive=False, elem_id="translation")
         nbest_table = gr.Dataframe(headers=["rank", "score", "translation"], label="n-best list", interactive=False)
         with gr.Tab("Attention"):
             with gr.Row():
                 kind = gr.Dropdown(list(KINDS), value=KINDS[2], label="Attention")
                 layer = gr.Dropdown([str(n) for n in range(1, config.num_hidden_layers + 1)], value="1", label="Layer")
                 head = gr.Dropdown(heads, value=AVERAGE, label="Head")
-            attention = gr.HTML(attention_html(None, "", 1, AVERAGE))
+            attention = gr.HTML(attention_html(None, "", 1, AVERAGE), elem_id="attention")
         with gr.Tab("Alignment"):
             alignment = gr.HTML(alignment_html([]))
         with gr.Tab("Beam search"):

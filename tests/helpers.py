@@ -281,13 +281,14 @@ def run_script(name, *arguments, timeout=600):
     return run_command(script_command(name, *arguments), timeout=timeout, check=True)
 
 
-def start(command):
-    """Start `command` as run_command runs it, in the background. Its output goes to files: a full pipe would
-    block it. Its Python processes dump their stacks on SIGABRT (faulthandler), for finish() to show a hang."""
+def start(command, *, cwd=REPO_ROOT, env=None):
+    """Start `command` as run_command runs it (from `cwd`, in `env`, default script_env()), in the background. Its
+    output goes to files: a full pipe would block it. Its Python processes dump their stacks on SIGABRT
+    (faulthandler), for finish() to show a hang."""
     stdout, stderr = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
     command = [str(part) for part in command]
-    env = script_env(PYTHONFAULTHANDLER="1")
-    process = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=stdout, stderr=stderr, text=True)
+    env = {**(script_env() if env is None else env), "PYTHONFAULTHANDLER": "1"}
+    process = subprocess.Popen(command, cwd=cwd, env=env, stdout=stdout, stderr=stderr, text=True)
     process.output_files = stdout, stderr
     return process
 

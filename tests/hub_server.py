@@ -71,6 +71,7 @@ import fnmatch
 import hashlib
 import hmac
 import json
+import os
 import re
 import secrets
 import threading
@@ -930,6 +931,23 @@ class HubServer:
     def requests(self) -> list[str]:
         """ "METHOD path status" of every request served so far, Hub and storage, for debugging (never headers)."""
         return [*self._servers[0].hub_requests, *self._servers[1].hub_requests]
+
+    def client_env(self, home, token: str | None = None) -> dict:
+        """The environment of a client process of this Hub: no Xet, its own HF_HOME (`home`), `token` as HF_TOKEN
+        (none: anonymous), no Hub settings inherited."""
+        env = {key: value for key, value in os.environ.items() if not key.startswith(("HF_", "HUGGINGFACE_"))}
+        env.update(
+            HF_ENDPOINT=self.url,
+            HF_HUB_DISABLE_XET="1",
+            HF_HOME=str(home),
+            HF_HUB_DISABLE_TELEMETRY="1",
+            HF_HUB_DISABLE_PROGRESS_BARS="1",
+            NO_PROXY="127.0.0.1",
+            no_proxy="127.0.0.1",
+        )
+        if token is not None:
+            env["HF_TOKEN"] = token
+        return env
 
     def start(self) -> "HubServer":
         for thread in self._threads:

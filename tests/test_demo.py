@@ -4,11 +4,20 @@ pipeline with the same settings."""
 
 import concurrent.futures
 import html
+import shutil
+import sys
+import time
+from pathlib import Path
 
+import gradio
 import pytest
+import torch
+import transformers
 from gradio_client import Client
 from gradio_client.exceptions import AppError
-from helpers import PAIRS, exit_message, free_port
+from helpers import PAIRS, exit_message, finish, free_port, run_command, script_command, start
+from hub_server import HubServer
+from huggingface_hub import HfApi, ModelCard
 
 from vaswani import VaswaniTranslationPipeline
 from vaswani.inspection.app import AVERAGE
@@ -17,13 +26,38 @@ from vaswani.scripts.demo import main
 
 
 @pytest.fixture(scope="module")
-def page(trained_text_model):
-    """The page served by `vaswani-demo --model FOLDER` and a client of it; the model and tokenizer beside."""
-    model, tokenizer, folder = trained_text_model
+def served(trained_text_model):
+    """The address of the page served by `vaswani-demo --model FOLDER`."""
     port = free_port()
-    app = main(["--model", folder, "--port", port], block=False)
-    yield Client(f"http://127.0.0.1:{port}/", verbose=False), model, tokenizer
+    app = main(["--model", trained_text_model[2], "--port", port], block=False)
+    yield f"http://127.0.0.1:{port}/"
     app.close()
+
+
+@pytest.fixture(scope="module")
+def page(served, trained_text_model):
+    """A client of the page, and the model and tokenizer it serves."""
+    model, tokenizer, _ = trained_text_model
+    return Client(served, verbose=False), model, tokenizer
+
+
+ALICE_TOKEN = "hf_aliceSecretToken0123456789"
+
+
+def wait_for_page(url, process, timeout=300):
+    """A client of the page at `url` once it answers; fails with the output of `process`, which serves it, if that
+    ends first."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if process.poll() is not None:
+            stdout, stderr = finish(process)
+            pytest.fail(f"the page's process ended (code {process.returncode}):\n{stdout[-2000:]}\n{stderr[-4000:]}")
+        try:
+            return Client(url, verbose=False)
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(1)
 
 
 def ask(client, text, num_beams=4, length_penalty=0.6, nbest=1, kind=KINDS[2], layer="1", head=AVERAGE):
@@ -103,3 +137,102 @@ def test_a_folder_that_is_not_a_vaswani_model_is_refused_at_start_in_one_sentenc
     assert message.endswith(f"--model {tmp_path} holds a model of type 'marian'; this command takes 'vaswani' models.")
     message = exit_message(main, ["--model", tmp_path / "missing"])
     assert "does not exist" in message
+    assert exit_message(main, ["--model", tmp_path, "--private"]).endswith(
+        "--private makes a Space private: give --space."
+    )
+
+
+@pytest.mark.browser
+def test_a_reader_translates_in_a_real_browser_and_sees_the_sentences_tokens(served, trained_text_model, tmp_path):
+    """Headless Chromium (Debian's `chromium` and `chromium-driver`) on the page: type, translate, read."""
+    from selenium import webdriver
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    model, tokenizer, _ = trained_text_model
+    source = PAIRS[0][0]
+    options = webdriver.ChromeOptions()
+    options.binary_location = shutil.which("chromium")
+    for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1400,1800"):
+        options.add_argument(argument)
+    browser = webdriver.Chrome(options=options, service=webdriver.ChromeService(shutil.which("chromedriver")))
+    try:
+        browser.get(served)
+        wait = WebDriverWait(browser, 60)
+        wait.until(lambda page: page.find_elements(By.CSS_SELECTOR, "#sentence textarea"))[0].send_keys(source)
+        browser.find_element(By.ID, "translate").click()
+        shown = wait.until(
+            lambda page: page.find_element(By.CSS_SELECTOR, "#translation textarea").get_property("value")
+        )
+        attention = wait.until(
+            lambda page: (
+                "<td title=" in (html_of := page.find_element(By.ID, "attention").get_attribute("innerHTML"))
+                and html_of
+            )
+        )
+        screenshot = tmp_path / "vaswani-demo.png"
+        browser.save_screenshot(screenshot)
+        print(f"screenshot: {screenshot}")
+    finally:
+        browser.quit()
+    expected = VaswaniTranslationPipeline(model=model, tokenizer=tokenizer)(source, num_beams=4, length_penalty=0.6)
+    assert shown == expected[0]["translation_text"]
+    for token in tokenizer.convert_ids_to_tokens(tokenizer(source).input_ids):
+        assert f">{html.escape(token.replace('Ġ', '_'))}</th>" in attention
+    assert screenshot.stat().st_size > 10_000
+
+
+HIDE_THE_PACKAGE = """
+import importlib.abc, runpy, sys
+class Hide(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name == "vaswani" or name.startswith("vaswani."):
+            raise ModuleNotFoundError(name)
+sys.meta_path.insert(0, Hide())
+runpy.run_path("app.py", run_name="__main__")
+"""
+
+
+@pytest.mark.slow  # a push to a local Hub, and the Space's app started in a process of its own
+def test_the_space_runs_what_was_pushed_without_the_package(trained_text_model, tmp_path):
+    """`vaswani-demo --model REPO --space SPACE` against a local Hub: the Space's files, then its app.py run from a
+    download of them in a Python where vaswani cannot be imported, answering as the pipeline does."""
+    model, tokenizer, folder = trained_text_model
+    with HubServer(users={"alice": ALICE_TOKEN}) as hub:
+        env = hub.client_env(tmp_path / "home", ALICE_TOKEN)
+        run_command(
+            script_command("push_to_hub", "--model_dir", folder, "--repo_id", "alice/tiny"), env=env, check=True
+        )
+        pushed = run_command(
+            script_command("demo", "--model", "alice/tiny", "--space", "alice/tiny-explorer"), env=env, check=True
+        )
+        assert "alice/tiny-explorer" in pushed.stdout and ALICE_TOKEN not in pushed.stdout + pushed.stderr
+        api = HfApi(endpoint=hub.url, token=ALICE_TOKEN)
+        space = Path(api.snapshot_download("alice/tiny-explorer", repo_type="space", cache_dir=tmp_path / "cache"))
+        assert sorted(p.relative_to(space).as_posix() for p in space.rglob("*") if p.is_file()) == [
+            ".gitattributes", "README.md", "app.py", "explorer/__init__.py", "explorer/app.py",
+            "explorer/figures.py", "explorer/maps.py", "requirements.txt",
+        ]  # fmt: skip
+        pins = dict(line.split("==") for line in (space / "requirements.txt").read_text().splitlines())
+        assert pins["torch"] == torch.__version__.split("+")[0] and pins["transformers"] == transformers.__version__
+        card = ModelCard.load(space / "README.md", repo_type="space")
+        assert (card.data.sdk, card.data.sdk_version, card.data.models) == (
+            "gradio",
+            gradio.__version__,
+            ["alice/tiny"],
+        )
+
+        port = free_port()
+        serving = start(
+            [sys.executable, "-c", HIDE_THE_PACKAGE], cwd=space, env={**env, "GRADIO_SERVER_PORT": str(port)}
+        )
+        try:
+            client = wait_for_page(f"http://127.0.0.1:{port}/", serving)
+            answer = ask(client, PAIRS[3][0], nbest=2)
+        finally:
+            serving.terminate()
+            finish(serving)
+    expected = VaswaniTranslationPipeline(model=model, tokenizer=tokenizer)(
+        PAIRS[3][0], num_beams=4, length_penalty=0.6, num_return_sequences=2
+    )
+    assert [row[2] for row in answer[1]["data"]] == [hypothesis["translation_text"] for hypothesis in expected]

@@ -79,32 +79,17 @@ def save_model_folder(folder: Path, model, records: bool = True) -> Path:
     return folder
 
 
-def client_env(hub: HubServer, home: Path, token: str | None = ALICE_TOKEN) -> dict:
-    """The environment of a client process: this Hub, no Xet, its own HF_HOME, no settings inherited."""
-    env = {key: value for key, value in os.environ.items() if not key.startswith(("HF_", "HUGGINGFACE_"))}
-    env.update(
-        HF_ENDPOINT=hub.url,
-        HF_HUB_DISABLE_XET="1",
-        HF_HOME=str(home),
-        HF_HUB_DISABLE_TELEMETRY="1",
-        HF_HUB_DISABLE_PROGRESS_BARS="1",
-        NO_PROXY="127.0.0.1",
-        no_proxy="127.0.0.1",
-    )
-    if token is not None:
-        env["HF_TOKEN"] = token
-    return env
-
-
 def run_push(hub, home, folder, repo=REPO, *options, token=ALICE_TOKEN) -> subprocess.CompletedProcess:
     command = script_command("push_to_hub", "--model_dir", folder, "--repo_id", repo, *options)
-    return run_command(command, env=client_env(hub, home, token))
+    return run_command(command, env=hub.client_env(home, token))
 
 
 def pushed_by_script(command, hub, api, home, repo) -> tuple[str, set[str]]:
     """Run a script that pushes `repo` to the Hub as alice: its output (which must not show her token) and the files
     of the repo."""
-    done = run_command(command, env={**client_env(hub, home), "OMP_NUM_THREADS": "1"}, timeout=600, check=True)
+    done = run_command(
+        command, env={**hub.client_env(home, ALICE_TOKEN), "OMP_NUM_THREADS": "1"}, timeout=600, check=True
+    )
     assert ALICE_TOKEN not in done.stdout + done.stderr
     return done.stdout + done.stderr, {entry.path for entry in api.list_repo_tree(repo, recursive=True)}
 
@@ -441,7 +426,7 @@ def loaded_remotely(hub, published, tmp_path_factory) -> dict:
         str(work / "out.pt"),
         json.dumps(DECODER_INPUT_IDS.tolist()),
     ]
-    env = {**client_env(hub, work / "home", token=None), "TEST_PUSH_TOKEN": ALICE_TOKEN}  # loads are anonymous
+    env = {**hub.client_env(work / "home"), "TEST_PUSH_TOKEN": ALICE_TOKEN}  # loads are anonymous
     loaded = subprocess.run(command, cwd=work, env=env, capture_output=True, text=True, timeout=300)
     assert loaded.returncode == 0, loaded.stderr
     return torch.load(work / "out.pt")
@@ -597,7 +582,7 @@ def test_token_stored_by_hf_auth_login_is_used(hub, published, tmp_path):
     home = tmp_path / "home"
     login = subprocess.run(
         [sys.executable, "-m", "huggingface_hub.cli.hf", "auth", "login", "--token", ALICE_TOKEN],
-        env=client_env(hub, home, token=None),
+        env=hub.client_env(home),
         capture_output=True,
         text=True,
         timeout=120,
