@@ -371,3 +371,18 @@ def test_learning_curves_train_each_variant_and_marian_and_report_them(carried_c
     # The biases of the query, key, value and output projections: 4 x d_model each, in 6 attention blocks of the tiny preset.
     assert runs["vaswani-bart+bias-seed1"]["parameters"] - runs["vaswani-fairseq-seed1"]["parameters"] == 6 * 4 * 64
     assert (tmp_path / "learning_curves.png").stat().st_size > 0
+
+
+@pytest.mark.benchmark
+def test_demo_benchmark_times_the_explorers_start_and_answers_and_takes_a_screenshot(trained_text_model, tmp_path):
+    _, _, folder = trained_text_model
+    screenshot = tmp_path / "demo.png"
+    run_in_checkout(
+        "-m", "benchmarks.demo", "--model", folder, "--text", PAIRS[0][0], "--requests", "2",
+        "--output_dir", tmp_path, "--screenshot", screenshot,
+    )  # fmt: skip
+    result = json.loads((tmp_path / "demo.json").read_text())
+    assert result["translation"] == PAIRS[0][1]  # the model learnt it by heart
+    assert result["start_s"] > 0 and 0 < result["answer_median_s"] <= result["answer_slowest_s"]
+    assert "| one request" in (tmp_path / "demo.md").read_text()
+    assert screenshot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
