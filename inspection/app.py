@@ -167,7 +167,10 @@ def attention_html(maps: AttentionMaps | None, kind: str, layer: int, head: str)
     if maps is None:
         return "<p>Translate a sentence to see its attention.</p>"
     weights, rows, columns = maps.kinds()[kind]
-    layer_weights = weights[int(layer) - 1]
+    layer, stack = int(layer), "encoder" if kind == KINDS[0] else "decoder"
+    if layer > len(weights) or (head != AVERAGE and int(head) > weights[0].shape[0]):
+        return f"<p>The {stack} has {len(weights)} layers of {weights[0].shape[0]} heads.</p>"
+    layer_weights = weights[layer - 1]
     matrix = layer_weights.mean(0) if head == AVERAGE else layer_weights[int(head) - 1]
     largest = max(matrix.max().item(), 1e-9)
     cells = []
@@ -206,11 +209,15 @@ def build_app(explorer: Explorer):
     import gradio as gr
 
     config = explorer.model.config
-    heads = [AVERAGE] + [str(h) for h in range(1, config.num_attention_heads + 1)]
+    layers = max(config.encoder_layers, config.decoder_layers)
+    heads = [AVERAGE] + [
+        str(h) for h in range(1, max(config.encoder_attention_heads, config.decoder_attention_heads) + 1)
+    ]
     with gr.Blocks(title="vaswani: attention explorer") as app:
         gr.Markdown(
-            f"# Attention explorer\n{config.num_hidden_layers}-layer encoder and decoder, d_model {config.d_model}, "
-            f"{config.num_attention_heads} heads, {config.vocab_size:,} tokens. Translate a sentence, then look "
+            f"# Attention explorer\n{config.encoder_layers}-layer encoder, {config.decoder_layers}-layer decoder, "
+            f"d_model {config.d_model}, {config.encoder_attention_heads} heads, {config.vocab_size:,} tokens. "
+            "Translate a sentence, then look "
             "inside: attention, alignment, positional encoding and the beam search step by step."
         )
         maps = gr.State(None)
@@ -228,7 +235,7 @@ def build_app(explorer: Explorer):
         with gr.Tab("Attention"):
             with gr.Row():
                 kind = gr.Dropdown(list(KINDS), value=KINDS[2], label="Attention")
-                layer = gr.Dropdown([str(n) for n in range(1, config.num_hidden_layers + 1)], value="1", label="Layer")
+                layer = gr.Dropdown([str(n) for n in range(1, layers + 1)], value="1", label="Layer")
                 head = gr.Dropdown(heads, value=AVERAGE, label="Head")
             attention = gr.HTML(attention_html(None, "", 1, AVERAGE), elem_id="attention")
         with gr.Tab("Alignment"):

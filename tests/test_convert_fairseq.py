@@ -339,3 +339,20 @@ def test_other_tokenizers_are_refused_by_name(fairseq_dir, moses_dir, tmp_path):
             ["--checkpoint", moses_dir / "space" / "checkpoint.pt", "--data_dir", fairseq_dir / "data",
              "--output_dir", tmp_path]
         )  # fmt: skip
+
+
+def test_the_attention_explorer_serves_a_converted_model(converted):
+    """vaswani-demo's page on a converted folder (its Moses + BPE tokenizer, remote code): the pipeline's translation
+    and n-best list, the attention maps labelled with the Moses tokens, the beam search's steps."""
+    from vaswani.inspection.app import Explorer
+
+    folder = converted / "wmt_en_de_shared"
+    shown = Explorer(str(folder)).translate(SENTENCES[0], num_beams=4, length_penalty=0.6, nbest=2)
+    model, tokenizer = AutoModelForSeq2SeqLM.from_pretrained(folder).eval(), AutoTokenizer.from_pretrained(folder)
+    translate = VaswaniTranslationPipeline(model=model, tokenizer=tokenizer)
+    expected = translate(SENTENCES[0], num_beams=4, length_penalty=0.6, num_return_sequences=2, return_scores=True)
+    assert shown.text == expected[0]["translation_text"]
+    assert [row[2] for row in shown.nbest] == [answer["translation_text"] for answer in expected]
+    source_tokens = tokenizer.convert_ids_to_tokens(tokenizer(SENTENCES[0]).input_ids)
+    assert shown.maps.source_tokens == source_tokens and len(shown.maps.encoder_decoder) == model.config.decoder_layers
+    assert shown.beam_steps and shown.beam_steps[0][0] == 1

@@ -20,8 +20,8 @@ from hub_server import HubServer
 from huggingface_hub import HfApi, ModelCard
 
 from vaswani import VaswaniTranslationPipeline
-from vaswani.inspection.app import AVERAGE
-from vaswani.inspection.maps import KINDS
+from vaswani.inspection.app import AVERAGE, attention_html
+from vaswani.inspection.maps import KINDS, AttentionMaps
 from vaswani.scripts.demo import main
 
 
@@ -236,3 +236,17 @@ def test_the_space_runs_what_was_pushed_without_the_package(trained_text_model, 
         PAIRS[3][0], num_beams=4, length_penalty=0.6, num_return_sequences=2
     )
     assert [row[2] for row in answer[1]["data"]] == [hypothesis["translation_text"] for hypothesis in expected]
+
+
+def test_a_layer_or_head_one_stack_lacks_is_said_in_the_page():
+    """Stacks of different depths (Table 3 allows them): the choices run to the deeper one, the shallower says so."""
+    maps = AttentionMaps(
+        source_tokens=["a", "</s>"],
+        decoder_tokens=["<s>", "b"],
+        encoder_self=(torch.full((2, 2, 2), 0.5),) * 3,
+        decoder_self=(torch.full((2, 2, 2), 0.5),),
+        encoder_decoder=(torch.full((2, 2, 2), 0.5),),
+    )
+    assert attention_html(maps, KINDS[0], "3", "2").count("<td title=") == 4
+    assert attention_html(maps, KINDS[2], "3", AVERAGE) == "<p>The decoder has 1 layers of 2 heads.</p>"
+    assert attention_html(maps, KINDS[1], "1", "3") == "<p>The decoder has 1 layers of 2 heads.</p>"
