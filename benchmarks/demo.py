@@ -12,7 +12,8 @@ sentence is --text (default: a verse of 20 tokens and </s> with the main job's t
 4, length penalty 0.6, one hypothesis listed), and returns the translation, the n-best list, the attention map shown,
 the alignment and the beam search's steps (every attention map of every layer is computed for each request). The
 table gives the start and the median and slowest of --requests answers after one untimed; it is printed and written
-as `demo.{json,md}` in --output_dir.
+as `demo.{json,md}` in --output_dir. With --screenshot, the page is then driven in headless Chromium (typed into,
+run), saved as a PNG, and what it showed (the translation, the attention map's HTML) goes into the JSON.
 """
 
 import argparse
@@ -63,8 +64,9 @@ def ask(client: Client, text: str):
     )
 
 
-def screenshot(url: str, text: str, path: Path) -> None:
-    """The page in headless Chromium after translating `text`, saved as a PNG at `path`."""
+def screenshot(url: str, text: str, path: Path) -> dict:
+    """The page in headless Chromium after translating `text`, saved as a PNG at `path`; what the page shows: the
+    translation and the attention map's HTML."""
     from selenium import webdriver
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
@@ -82,6 +84,10 @@ def screenshot(url: str, text: str, path: Path) -> None:
         wait.until(lambda page: "<td title=" in page.find_element(By.ID, "attention").get_attribute("innerHTML"))
         path.parent.mkdir(parents=True, exist_ok=True)
         browser.save_screenshot(str(path))
+        return {
+            "translation": browser.find_element(By.CSS_SELECTOR, "#translation textarea").get_property("value"),
+            "attention_html": browser.find_element(By.ID, "attention").get_attribute("innerHTML"),
+        }
     finally:
         browser.quit()
 
@@ -109,8 +115,9 @@ def main(argv=None) -> dict:
             began = time.perf_counter()
             ask(client, args.text)
             seconds.append(time.perf_counter() - began)
-        if args.screenshot:
-            screenshot(f"http://127.0.0.1:{port}/", args.text, Path(args.screenshot))
+        browser = (
+            screenshot(f"http://127.0.0.1:{port}/", args.text, Path(args.screenshot)) if args.screenshot else None
+        )
     finally:
         process.terminate()
         process.wait()
@@ -124,6 +131,7 @@ def main(argv=None) -> dict:
         "answer_slowest_s": round(max(seconds), 3),
         "requests": args.requests,
         "machine": f"{platform.machine()}, {platform.processor() or 'CPU'}",
+        "browser": browser,  # what headless Chromium showed, with --screenshot
     }
     rows = [
         "| measure | seconds |",

@@ -50,17 +50,19 @@ def attention_maps(model, tokenizer, text: str, target: str) -> AttentionMaps:
         return tuple(layer[0].float().cpu() for layer in weights)
 
     return AttentionMaps(
-        source_tokens=readable(tokenizer.convert_ids_to_tokens(encoded["input_ids"][0].tolist())),
-        decoder_tokens=readable(tokenizer.convert_ids_to_tokens(decoder_input)),
+        source_tokens=readable(tokenizer, encoded["input_ids"][0].tolist()),
+        decoder_tokens=readable(tokenizer, decoder_input),
         encoder_self=first(output.encoder_attentions),
         decoder_self=first(output.decoder_attentions),
         encoder_decoder=first(output.cross_attentions),
     )
 
 
-def readable(tokens: list[str]) -> list[str]:
-    """Byte-level BPE marks a leading space with "Ġ" and SentencePiece with "▁"; both are shown as "_"."""
-    return [token.replace("Ġ", "_").replace("▁", "_") for token in tokens]
+def readable(tokenizer, ids: list[int]) -> list[str]:
+    """Each token of `ids` as the text it stands for (byte-level BPE's "Ã©" as "é", a Moses BPE's "@@" dropped),
+    with the space that begins a word shown as "_"; a token that holds part of a character shows "\ufffd"."""
+    texts = [tokenizer.convert_tokens_to_string([token]) for token in tokenizer.convert_ids_to_tokens(ids)]
+    return ["_" + text[1:] if text.startswith(" ") else text for text in texts]
 
 
 def positional_encoding(model, num_positions: int) -> torch.Tensor:

@@ -374,15 +374,12 @@ def test_learning_curves_train_each_variant_and_marian_and_report_them(carried_c
 
 
 @pytest.mark.benchmark
-def test_demo_benchmark_times_the_explorers_start_and_answers_and_takes_a_screenshot(trained_text_model, tmp_path):
+def test_demo_benchmark_times_the_explorers_start_and_answers(trained_text_model, tmp_path):
     _, _, folder = trained_text_model
-    screenshot = tmp_path / "demo.png"
     run_in_checkout(
-        "-m", "benchmarks.demo", "--model", folder, "--text", PAIRS[0][0], "--requests", "2",
-        "--output_dir", tmp_path, "--screenshot", screenshot,
-    )  # fmt: skip
+        "-m", "benchmarks.demo", "--model", folder, "--text", PAIRS[0][0], "--requests", "2", "--output_dir", tmp_path
+    )
     result = json.loads((tmp_path / "demo.json").read_text())
     assert result["translation"] == PAIRS[0][1]  # the model learnt it by heart
     assert result["start_s"] > 0 and 0 < result["answer_median_s"] <= result["answer_slowest_s"]
-    assert "| one request" in (tmp_path / "demo.md").read_text()
-    assert screenshot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "| one request" in (tmp_path / "demo.md").read_text() and result["browser"] is None
