@@ -201,6 +201,15 @@ def test_the_space_runs_what_was_pushed_without_the_package(trained_text_model, 
         )
         assert "alice/tiny-explorer" in pushed.stdout and ALICE_TOKEN not in pushed.stdout + pushed.stderr
         api = HfApi(endpoint=hub.url, token=ALICE_TOKEN)
+        # A repo that holds another kind of model: refused in one sentence, served or pushed as a Space.
+        api.create_repo("alice/marian")
+        api.upload_file(
+            path_or_fileobj=b'{"model_type": "marian"}', path_in_repo="config.json", repo_id="alice/marian"
+        )
+        for command in (["--model", "alice/marian"], ["--model", "alice/marian", "--space", "alice/marian-explorer"]):
+            refused = run_command(script_command("demo", *command), env=env)
+            assert refused.returncode == 1 and "Traceback" not in refused.stderr
+            assert refused.stderr.strip().endswith("alice/marian holds a model of type 'marian', not a vaswani model.")
         space = Path(api.snapshot_download("alice/tiny-explorer", repo_type="space", cache_dir=tmp_path / "cache"))
         assert sorted(p.relative_to(space).as_posix() for p in space.rglob("*") if p.is_file()) == [
             ".gitattributes", "README.md", "app.py", "explorer/__init__.py", "explorer/app.py",
