@@ -52,6 +52,8 @@ print([type(finder).__module__ for finder in sys.meta_path if finder not in befo
 
 
 def test_registering_leaves_the_import_system_alone():
-    """The registration is made by transformers' public calls at import: the finders on sys.meta_path after `import
-    vaswani` are the ones there before and transformers' own."""
-    assert all(module.startswith("transformers.") for module in json.loads(run(ADDED_FINDERS).replace("'", '"')))
+    """The registration is made by transformers' public calls at import: of the finders `import vaswani` puts on
+    sys.meta_path, none is the package's (transformers adds its own, and what it imports may add theirs: accelerate
+    imports boto3 where it is installed, which adds six's)."""
+    added = json.loads(run(ADDED_FINDERS).replace("'", '"'))
+    assert "transformers.utils.import_utils" in added and not [module for module in added if "vaswani" in module]
