@@ -11,6 +11,7 @@ from pathlib import Path
 from transformers import HfArgumentParser
 
 from .checks import UsageError, check_extra, remove_empty_created_dirs
+from .progress import quiet_library_bars
 
 
 def parse_arguments(dataclass_types, argv=None, description=None, **parser_options):
@@ -65,6 +66,7 @@ def command(main=None, *, extra=None, needs=()):
         try:
             if extra is not None:
                 check_extra(name, extra, needs)
+            quiet_library_bars()
             try:
                 result = main(sys.argv[1:] if argv is None else [str(argument) for argument in argv], **options)
             except ModuleNotFoundError as error:

@@ -44,6 +44,7 @@ import torch
 
 from vaswani.checks import UsageError
 from vaswani.cli import command, parse_arguments
+from vaswani.progress import progress_bar
 from vaswani.training.step import recipe_adam, train_step
 
 
@@ -580,8 +581,6 @@ def main(argv) -> dict:
         return {}
     if args.device == "cuda" and not torch.cuda.is_available():
         raise UsageError("--device cuda asked for, but torch sees no CUDA device.")
-    from tqdm import tqdm
-
     implementations = ["vaswani", "marian"]
     if not args.no_ctranslate2:
         quantizations = ["float32", "int8"] if args.device == "cpu" else ["float16", "int8_float16"]
@@ -600,7 +599,9 @@ def main(argv) -> dict:
     ceiling = matmul_ceiling(torch.device(args.device), getattr(torch, args.dtype))
     rounds, sweep_points = {implementation: [] for implementation in implementations}, []
     with tempfile.TemporaryDirectory(prefix="benchmark-ct2-") as folder:
-        with tqdm(total=args.rounds * len(implementations) + len(sweep), desc="benchmark", unit="run") as progress:
+        with progress_bar(
+            total=args.rounds * len(implementations) + len(sweep), desc="benchmark", unit="run"
+        ) as progress:
             for round_index in range(args.rounds):
                 for implementation in implementations[:: -1 if round_index % 2 else 1]:
                     progress.set_postfix_str(f"{implementation}, round {round_index + 1}")

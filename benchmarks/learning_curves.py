@@ -35,7 +35,6 @@ from pathlib import Path
 
 import torch
 from accelerate import Accelerator
-from tqdm import tqdm
 
 from vaswani import VaswaniConfig, VaswaniForConditionalGeneration
 from vaswani.checks import UsageError, tokenizer_ids
@@ -43,6 +42,7 @@ from vaswani.cli import command, parse_arguments
 from vaswani.configuration.configuration_vaswani import INIT_SCHEMES
 from vaswani.corpora.tokenizer import load_tokenizer
 from vaswani.evaluation.bleu import corpus_bleu, load_pairs, translate, validate
+from vaswani.progress import progress_bar
 from vaswani.training.batching import StepBatches, TokenBucketSampler
 from vaswani.training.checkpoints import TrainState
 from vaswani.training.data import (
@@ -165,7 +165,7 @@ def train_curve(model, seed: int, args: RecipeArguments, data: StudyData, state_
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
     batches = StepBatches(pair_loader(split, sampler, collator), state, per_step=1)
     model.train()
-    progress = tqdm(total=args.max_steps, initial=state.step, desc=state_path.stem, dynamic_ncols=True)
+    progress = progress_bar(total=args.max_steps, initial=state.step, desc=state_path.stem, dynamic_ncols=True)
     while state.step < args.max_steps:
         started = time.perf_counter()
         step = train_step(accelerator, model, optimizer, scheduler, next(batches), label_smoothing)
@@ -175,7 +175,7 @@ def train_curve(model, seed: int, args: RecipeArguments, data: StudyData, state_
             train_loss = state.take_log_record(step.learning_rate)["loss"]
             val_nll = validate(accelerator, model, data.valid_loader)["val_loss"]
             curve.append({"step": state.step, "train_loss": train_loss, "val_nll": val_nll})
-            progress.set_postfix(val_nll=f"{val_nll:.3f}")
+            progress.write(f"{state_path.stem}: step {state.step}, validation NLL {val_nll:.3f}")
             saved = {
                 "model": model.state_dict(),
                 "optimizer": optimizer.state_dict(),

@@ -1,5 +1,5 @@
 """Evaluation (section 6.1): translate a test set with the paper's beam search and score it with sacreBLEU and
-Table 2's tokenized BLEU (`bleu`, also the `evaluate` metric `vaswani_bleu`), with the decoding flags the commands
+Table 2's tokenized BLEU, and chrF beside them (`bleu`, also the `evaluate` metric `vaswani_bleu`), with the decoding flags the commands
 share (`arguments`). `vaswani-evaluate` and `vaswani-translate` run them; the validation of training calls `validate`.
 """
 
@@ -11,6 +11,7 @@ _EXPORTS = {
     "bleu": [
         "TranslationEvaluator",
         "corpus_bleu",
+        "corpus_chrf",
         "load_metric",
         "tokenized_bleu",
         "translate",

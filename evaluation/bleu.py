@@ -1,8 +1,8 @@
 """Section 6.1, evaluation: translate with beam search and score with sacreBLEU.
 
-`translate` is how this package decodes; `corpus_bleu` (sacreBLEU, with its signature) and `tokenized_bleu` (the
-paper's Table 2 measure) are how it scores. The scoring is also an `evaluate` metric, `vaswani_bleu`: the folder
-`metrics/vaswani_bleu` of the package, installed with it, whose module calls these two functions (one implementation).
+`translate` is how this package decodes; `corpus_bleu` (sacreBLEU, with its signature), `tokenized_bleu` (the
+paper's Table 2 measure) and `corpus_chrf` (sacreBLEU's chrF, which WMT reports beside BLEU) are how it scores. The scoring is also an `evaluate` metric, `vaswani_bleu`: the folder
+`metrics/vaswani_bleu` of the package, installed with it, whose module calls these functions (one implementation).
 `load_metric()` loads it from that folder, offline, and the evaluation command, the periodic validation of training
 (`validate`) and fine-tuning's `compute_metrics` score through it, so that their BLEU scores are comparable with each
 other and with what `evaluate.load(...)` or `evaluate`'s translation evaluator (`TranslationEvaluator`) give with
@@ -22,12 +22,12 @@ import pyarrow.compute as pc
 import sacrebleu
 import torch
 from sacremoses import MosesTokenizer
-from tqdm.auto import tqdm
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, Pipeline, pipeline
 
 from ..checks import check_safetensors_weights, check_tokenizer_matches_config
 from ..modeling import VaswaniTranslationPipeline, label_smoothed_cross_entropy
 from ..modeling.pipeline_vaswani import BATCH_SIZE, translate_batch
+from ..progress import progress_bar
 from ..training.data import load_translation_dataset, text_pairs
 from ..training.padding import batch_to_device
 
@@ -92,7 +92,9 @@ def translations(
     if max_new_tokens is not None:
         generate_kwargs["max_new_tokens"] = max_new_tokens
     answers = [None] * len(sentences)
-    for start in tqdm(range(0, len(order), batch_size), desc="translating", unit="batch", disable=not progress):
+    for start in progress_bar(
+        range(0, len(order), batch_size), desc="translating", unit="batch", disable=not progress
+    ):
         chunk = order[start : start + batch_size]
         batch = translate_batch(
             model,
@@ -120,18 +122,26 @@ def reference_lists(hypotheses, references):
     return references
 
 
-def corpus_bleu(hypotheses, references, **bleu_options):
-    """sacreBLEU corpus BLEU of `hypotheses` against one reference each (or a list of references each, the same
-    number for all): returns (score object, signature str).
-
-    `score.score` is the BLEU number (0-100); `str(score)` gives the full line with n-gram precisions and brevity
-    penalty. `bleu_options` go to `sacrebleu.metrics.BLEU` (e.g. tokenize="intl").
-    """
+def corpus_score(metric, hypotheses, references):
+    """sacreBLEU's corpus score by `metric` (a `sacrebleu.metrics` object) of `hypotheses` against one reference each
+    (or a list of references each, the same number for all): returns (score object, signature str)."""
     references = reference_lists(hypotheses, references)
-    metric = sacrebleu.metrics.BLEU(**bleu_options)
     streams = [list(stream) for stream in zip(*references)] or [[]]  # sacreBLEU's: one list per reference number
-    score = metric.corpus_score(list(hypotheses), streams)
-    return score, str(metric.get_signature())
+    return metric.corpus_score(list(hypotheses), streams), str(metric.get_signature())
+
+
+def corpus_bleu(hypotheses, references, **bleu_options):
+    """sacreBLEU corpus BLEU (`corpus_score`). `score.score` is the BLEU number (0-100); `str(score)` gives the full
+    line with n-gram precisions and brevity penalty. `bleu_options` go to `sacrebleu.metrics.BLEU` (e.g.
+    tokenize="intl")."""
+    return corpus_score(sacrebleu.metrics.BLEU(**bleu_options), hypotheses, references)
+
+
+def corpus_chrf(hypotheses, references, **chrf_options):
+    """sacreBLEU corpus chrF (`corpus_score`): the F-score of character 6-grams, recall weighted twice (beta 2), the
+    score WMT's findings report beside BLEU; it needs no tokenizer and credits a word's right stem. `chrf_options` go
+    to `sacrebleu.metrics.CHRF` (e.g. word_order=2 for chrF++)."""
+    return corpus_score(sacrebleu.metrics.CHRF(**chrf_options), hypotheses, references)
 
 
 # tensor2tensor's get_ende_bleu.sh, which scored the paper's Table 2: "rich-text" becomes "rich ##AT##-##AT## text",

@@ -14,6 +14,7 @@ from transformers.trainer_utils import IntervalStrategy
 from transformers.training_args import OptimizerNames
 
 from ..checks import UsageError
+from ..progress import watched
 
 
 def default(name, value, **metadata):
@@ -38,6 +39,14 @@ class FinetuningArguments(Seq2SeqTrainingArguments):
     )
     hub_private_repo: bool | None = default("hub_private_repo", None, nargs="?", const=True)
     logging_steps: float = default("logging_steps", 50)
+    disable_tqdm: bool | None = default(
+        "disable_tqdm",
+        None,
+        help="no progress bar (the log's lines at each logging step instead); default: where the output is a log, "
+        "not a terminal",
+        nargs="?",
+        const=True,
+    )
     eval_strategy: IntervalStrategy | str = default("eval_strategy", "steps")
     eval_steps: float | None = default("eval_steps", 500)
     save_total_limit: int | None = default("save_total_limit", 3)
@@ -67,6 +76,8 @@ class FinetuningArguments(Seq2SeqTrainingArguments):
                 f"--max_steps must be a positive number of optimizer steps, or -1 to train for --num_train_epochs; "
                 f"got {self.max_steps}"
             )
+        if self.disable_tqdm is None:  # a log gets the logging steps' lines, not a bar's updates
+            self.disable_tqdm = not watched()
         if self.bf16 is None:
             self.bf16 = not self.use_cpu and torch.cuda.is_available() and torch.cuda.is_bf16_supported()
         super().__post_init__()
@@ -93,7 +104,12 @@ def bleu_metrics(tokenizer, target_lang=None):
         references = [text.strip() for text in tokenizer.batch_decode(labels, skip_special_tokens=True)]
         bleu = metric.compute(predictions=hypotheses, references=references)
         lengths = (predictions != tokenizer.pad_token_id).sum(axis=1)
-        metrics = {"bleu": bleu["score"], "bleu_signature": bleu["signature"], "gen_len": float(lengths.mean())}
+        metrics = {
+            "bleu": bleu["score"],
+            "bleu_signature": bleu["signature"],
+            "chrf": bleu["chrf"],
+            "gen_len": float(lengths.mean()),
+        }
         if "tokenized_bleu" in bleu:
             metrics["tokenized_bleu"] = bleu["tokenized_bleu"]
         return metrics

@@ -149,14 +149,15 @@ def measured_bleu(evaluation: dict | None) -> dict[str, dict]:
 
 
 def results_table(evaluation: dict | None, training: dict | None) -> str:
-    """The BLEU scores of the evaluated splits (sacreBLEU, and the paper's tokenized BLEU where measured), then the
-    validation score of the end of training."""
-    fields = ("bleu", "tokenized_bleu", "sentences", "num_beams", "length_penalty", "paper_decoding", "signature")
+    """The scores of the evaluated splits (sacreBLEU's BLEU, the paper's tokenized BLEU and chrF where measured), then
+    the validation score of the end of training."""
+    fields = ("bleu", "tokenized_bleu", "chrf", "sentences", "num_beams", "length_penalty", "paper_decoding")
+    fields += ("signature",)
     rows = [[split, *map(result.get, fields)] for split, result in measured_bleu(evaluation).items()]
     if training is not None:
         args = training.get("args") or {}
         beams = args.get("generation_num_beams", args.get("eval_num_beams"))  # the latter: summaries before 0.3
-        validation = [training.get("final_val_bleu"), None, training.get("bleu_samples"), beams]
+        validation = [training.get("final_val_bleu"), None, None, training.get("bleu_samples"), beams]
         validation += [args.get("eval_length_penalty"), None, training.get("bleu_signature")]
         rows.append(["validation, at the end of training", *validation])
     if not rows:
@@ -167,10 +168,18 @@ def results_table(evaluation: dict | None, training: dict | None) -> str:
         return f"beam {format_value(beams)}, {penalty} {format_value(alpha)}"
 
     return table(
-        ["split", "BLEU", "tokenized BLEU (Table 2's measure)", "sentences", "decoding", "sacreBLEU signature"],
         [
-            [split, bleu, format_value(tokenized), n, decoding(beams, alpha, paper), sig]
-            for split, bleu, tokenized, n, beams, alpha, paper, sig in rows
+            "split",
+            "BLEU",
+            "tokenized BLEU (Table 2's measure)",
+            "chrF",
+            "sentences",
+            "decoding",
+            "sacreBLEU signature",
+        ],
+        [
+            [split, bleu, format_value(tokenized), format_value(chrf), n, decoding(beams, alpha, paper), sig]
+            for split, bleu, tokenized, chrf, n, beams, alpha, paper, sig in rows
         ],
     )
 
@@ -189,25 +198,29 @@ def card_data(model_name: str, training: dict | None, evaluation: dict | None) -
     results = []
     for split, result in measured_bleu(evaluation).items():
         dataset = dataset_name(result if result.get("dataset_dir") else args)
-        results.append(
-            EvalResult(
-                task_type="translation",
-                task_name="Translation",
-                dataset_type=dataset,
-                dataset_name=f"{dataset} ({split} split)",
-                dataset_split=split,
-                metric_type="bleu",
-                metric_value=result["bleu"],
-                metric_name=f"BLEU (sacreBLEU, beam {format_value(result.get('num_beams'))})",
+        beams = format_value(result.get("num_beams"))
+        for metric, name in (("bleu", "BLEU"), ("chrf", "chrF")):
+            if type(result.get(metric)) not in (int, float):  # chrF: evaluations from before it was recorded
+                continue
+            results.append(
+                EvalResult(
+                    task_type="translation",
+                    task_name="Translation",
+                    dataset_type=dataset,
+                    dataset_name=f"{dataset} ({split} split)",
+                    dataset_split=split,
+                    metric_type=metric,
+                    metric_value=result[metric],
+                    metric_name=f"{name} (sacreBLEU, beam {beams})",
+                )
             )
-        )
     return ModelCardData(
         language=languages or None,
         license="apache-2.0",
         library_name="transformers",
         pipeline_tag="translation",
         tags=["vaswani", "transformer", "translation", "attention-is-all-you-need"],
-        metrics=["bleu"] if results else None,
+        metrics=sorted({result.metric_type for result in results}) or None,
         model_name=model_name if results else None,  # only the model-index uses it
         eval_results=results or None,
     )

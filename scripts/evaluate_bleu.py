@@ -4,9 +4,9 @@ The paper decodes with beam search, beam size 4, the length penalty of Wu et al.
 each output run to its input's length + 50 tokens; that is the default here (--paper_decoding false gives
 transformers' beam search, whose length penalty divides by |Y|^alpha). The score is sacreBLEU's corpus BLEU on
 detokenized text, printed with its signature so that it can be compared with other runs, and beside it the paper's
-own: tokenized BLEU with compounds split (tensor2tensor's get_ende_bleu.sh), the figure Table 2 reports. The
-hypotheses are written one per line next to the model, and the scores into its eval_results.json (which the model
-card reads). Both scores come from the package's `evaluate` metric (metrics/vaswani_bleu, `load_metric`), which
+own: tokenized BLEU with compounds split (tensor2tensor's get_ende_bleu.sh), the figure Table 2 reports, and
+sacreBLEU's chrF, which WMT's findings report beside BLEU. The hypotheses are written one per line next to the model,
+and the scores into its eval_results.json (which the model card reads). The scores come from the package's `evaluate` metric (metrics/vaswani_bleu, `load_metric`), which
 `evaluate.load` and `evaluate.evaluator("translation")` also take.
 
 Usage:
@@ -92,6 +92,7 @@ def main(argv):
         "Tokenized BLEU, compounds split (the paper's Table 2 measure, tensor2tensor's get_ende_bleu.sh): "
         f"BLEU = {bleu['tokenized_bleu']:.2f}"
     )
+    print(f"chrF2 = {bleu['chrf']:.2f} (sacreBLEU signature: {bleu['chrf_signature']})")
 
     results_file = Path(args.model) / "eval_results.json"
     results = json.loads(results_file.read_text()) if results_file.exists() else {}
@@ -100,6 +101,8 @@ def main(argv):
         "bleu": round(bleu["score"], 2),
         "signature": bleu["signature"],
         "tokenized_bleu": round(bleu["tokenized_bleu"], 2),
+        "chrf": round(bleu["chrf"], 2),
+        "chrf_signature": bleu["chrf_signature"],
         "paper_decoding": decoding.paper_decoding,
         "sentences": len(sources),
         "num_beams": decoding.num_beams,

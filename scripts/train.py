@@ -33,7 +33,7 @@ from vaswani.training.arguments import TrainArguments
 logging.getLogger("accelerate.utils.other").setLevel(logging.ERROR)
 
 
-@command(extra="train", needs=("accelerate", "datasets", "sacrebleu", "sacremoses", "tqdm"))
+@command(extra="train", needs=("accelerate", "datasets", "sacrebleu", "sacremoses"))
 def main(argv, callbacks=()):
     """vaswani-train; `callbacks` (`vaswani.training.run.TrainingCallback`) watch the run from Python."""
     (args,) = parse_arguments([TrainArguments], argv, description=__doc__.split("\n\n")[0])

@@ -3,7 +3,10 @@
     python scripts/translate.py --model M --input F --output G [--num_beams 4] [--nbest 3 --scores] [--alignments]
                                 [--prefixes P] [--max_source_length 250]        (or: vaswani-translate ...)
     python scripts/translate.py --model M --ctranslate2 CT2 --input F --output G   (CTranslate2, the fastest on CPUs)
+    sacremoses normalize < raw.txt | vaswani-translate --model M > hyp.txt       (a pipe: standard input and output)
 
+--input and --output left out, or given as -, are standard input and standard output (UTF-8), so that the command sits
+in a shell pipeline as fairseq-interactive and marian-decoder do; its progress and summary go to standard error.
 Sentences are decoded in batches of similar length (less padding) and written in their input order, one line each.
 With --nbest, --scores or --alignments, each line is instead tab-separated, --nbest lines per sentence, best first:
 the sentence's line number (from 0), the hypothesis' rank, the score (with --scores: its log-probability divided by
@@ -15,6 +18,7 @@ instead, tokenized by --model's tokenizer: CTranslate2's beam search with --num_
 penalty is |Y| ** alpha, as transformers' beam search's), each batch limited to its longest source + 50 tokens.
 """
 
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,8 +37,11 @@ from vaswani.evaluation.arguments import DecodingArguments
 @dataclass
 class TranslateArguments:
     model: str = field(metadata={"help": "a model folder (saved with save_pretrained)"})
-    input: str = field(metadata={"help": "text file, one source sentence per line"})
-    output: str = field(metadata={"help": "where the translations go (overwritten; its folder must exist)"})
+    input: str = field(default="-", metadata={"help": "text file, one source sentence per line (-: standard input)"})
+    output: str = field(
+        default="-",
+        metadata={"help": "where the translations go (overwritten; its folder must exist; -: standard output)"},
+    )
     nbest: int = field(default=1, metadata={"help": "hypotheses written per sentence (at most --num_beams)"})
     scores: bool = field(default=False, metadata={"help": "write each hypothesis' score"})
     alignments: bool = field(default=False, metadata={"help": "write source-target word alignments"})
@@ -46,10 +53,35 @@ class TranslateArguments:
     )
 
 
+STANDARD_STREAM = "-"
+
+
 def read_lines(path: str, what: str) -> list[str]:
+    if path == STANDARD_STREAM:
+        return sys.stdin.buffer.read().decode("utf-8").splitlines()
     if not Path(path).is_file():
         raise UsageError(f"{what} {path} does not exist.")
     return Path(path).read_text(encoding="utf-8").splitlines()
+
+
+def write_lines(path: str, lines: list[str]):
+    """One line each (a newline inside a translation becomes a space), to the file or standard output."""
+    text = "".join(line.replace("\n", " ") + "\n" for line in lines).encode("utf-8")
+    if path == STANDARD_STREAM:
+        sys.stdout.flush()
+        sys.stdout.buffer.write(text)
+        sys.stdout.buffer.flush()
+    else:
+        Path(path).write_bytes(text)
+
+
+def report(message: str):
+    """The command's summary, on standard error: standard output may be the translations."""
+    print(message, file=sys.stderr)
+
+
+def destination(output: str) -> str:
+    return "standard output" if output == STANDARD_STREAM else output
 
 
 def format_answer(index: int, rank: int, answer: dict, args: TranslateArguments) -> str:
@@ -96,8 +128,8 @@ def translate_with_ctranslate2(args: TranslateArguments, decoding: DecodingArgum
         length_penalty=decoding.length_penalty,
     )
     seconds = time.time() - start
-    Path(args.output).write_text("".join(line.replace("\n", " ") + "\n" for line in answers), encoding="utf-8")
-    print(f"Translated {len(sources)} sentences with CTranslate2 in {seconds:.1f}s into {args.output}")
+    write_lines(args.output, answers)
+    report(f"Translated {len(sources)} sentences with CTranslate2 in {seconds:.1f}s into {destination(args.output)}")
     return answers
 
 
@@ -108,12 +140,14 @@ def main(argv):
     )
     if not 1 <= args.nbest <= decoding.num_beams:
         raise UsageError(f"--nbest must be between 1 and --num_beams ({decoding.num_beams}), got {args.nbest}.")
-    check_output_file(args.output)
+    if args.output != STANDARD_STREAM:
+        check_output_file(args.output)
+    if args.prefixes == STANDARD_STREAM == args.input:
+        raise UsageError("--prefixes - and --input - would both read standard input: give one of them as a file.")
     sources = read_lines(args.input, "--input")
     if not sources:
-        raise UsageError(
-            f"--input {args.input} is empty: give one sentence per line (a blank line gives a blank one)."
-        )
+        source = "standard input" if args.input == STANDARD_STREAM else f"--input {args.input}"
+        raise UsageError(f"{source} is empty: give one sentence per line (a blank line gives a blank one).")
     prefixes = read_lines(args.prefixes, "--prefixes") if args.prefixes else None
     if prefixes is not None and len(prefixes) != len(sources):
         raise UsageError(f"--prefixes has {len(prefixes)} lines but --input {len(sources)}: give one per sentence.")
@@ -145,14 +179,17 @@ def main(argv):
         for i, hypotheses in enumerate(answers)
         for rank, answer in enumerate(hypotheses)
     ]
-    Path(args.output).write_text("".join(line.replace("\n", " ") + "\n" for line in lines), encoding="utf-8")
+    write_lines(args.output, lines)
     cut = [i for i, hypotheses in enumerate(answers) if "source_tokens_dropped" in hypotheses[0]]
     if cut:
-        print(
+        report(
             f"{len(cut)} sources longer than --max_source_length {decoding.max_source_length} tokens were cut (lines "
             f"{', '.join(map(str, cut[:20]))}{', ...' if len(cut) > 20 else ''}, counted from 0)."
         )
-    print(f"Translated {len(sources)} sentences in {seconds:.1f}s ({len(sources) / seconds:.1f}/s) into {args.output}")
+    report(
+        f"Translated {len(sources)} sentences in {seconds:.1f}s ({len(sources) / seconds:.1f}/s) into "
+        f"{destination(args.output)}"
+    )
     return answers
 
 

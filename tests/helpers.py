@@ -265,12 +265,15 @@ def two_process_launch(config=None):
                              "--dynamo_backend", "no")  # fmt: skip
 
 
-def run_command(command, *, env=None, timeout=300, check=False):
+def run_command(command, *, env=None, timeout=300, check=False, input=None):
     """Run `command` (its items as strings) from the checkout's root in `env` (default script_env()), its output
-    captured. check: fail the test with the command's output unless it exits with 0."""
+    captured, `input` (text) on its standard input. check: fail the test with the command's output unless it exits
+    with 0."""
     command = [str(part) for part in command]
     env = script_env() if env is None else env
-    result = subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=REPO_ROOT, env=env)
+    result = subprocess.run(
+        command, capture_output=True, text=True, timeout=timeout, cwd=REPO_ROOT, env=env, input=input
+    )
     if check:
         assert result.returncode == 0, f"{' '.join(command)} failed:\n{result.stdout[-3000:]}\n{result.stderr[-5000:]}"
     return result

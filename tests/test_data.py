@@ -223,6 +223,7 @@ def test_script_with_files_writes_a_loadable_dataset_dict(tmp_path):
         "prepare_data", "--output_dir", out, *files, *"--valid_fraction 0.2 --test_fraction 0.2".split()
     )
     assert "kept 59 pairs" in result.stdout and "empty" in result.stdout
+    assert "%|" not in result.stderr  # to a pipe, as to a log: no bar of datasets' maps and saves (vaswani.progress)
 
     dataset = datasets.load_from_disk(str(out))
     assert set(dataset) == {"train", "validation", "test"}

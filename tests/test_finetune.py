@@ -5,6 +5,7 @@ Everything runs on the CPU with a tiny model, a word-level tokenizer and a few d
 
 import json
 import shutil
+import sys
 
 import datasets
 import numpy as np
@@ -77,10 +78,12 @@ def workspace(tmp_path_factory):
     }
 
 
-def test_finetuning_lowers_eval_loss_and_raises_bleu(workspace, tmp_path):
+def test_finetuning_lowers_eval_loss_and_raises_bleu(workspace, tmp_path, capsys):
     output_dir = tmp_path / "finetuned"
     flags = "--eval_on_start --max_steps 30 --learning_rate 5e-3 --per_device_train_batch_size 8".split()
     metrics = run_finetune(workspace["model"], workspace["data"], output_dir, *flags)
+    printed, progress = capsys.readouterr()  # as a log gets them: the logging steps' figures, no bar
+    assert "'loss':" in printed and "'eval_bleu':" in printed and "%|" not in progress
 
     state = json.loads((output_dir / "trainer_state.json").read_text())
     before = next(entry for entry in state["log_history"] if "eval_bleu" in entry)  # --eval_on_start, step 0
@@ -217,6 +220,7 @@ def test_finetune_evaluates_with_the_decoding_and_score_of_vaswani_evaluate(work
     assert metrics["eval_bleu"] == pytest.approx(expected["score"], abs=1e-9)
     assert metrics["eval_tokenized_bleu"] == pytest.approx(expected["tokenized_bleu"], abs=1e-9)
     assert metrics["eval_bleu_signature"] == expected["signature"]
+    assert metrics["eval_chrf"] == pytest.approx(expected["chrf"], abs=1e-9) and 0 < expected["chrf"] < 100
     # The mean length: the start token and each sentence's 6 + 50 tokens (a random model rarely ends sooner).
     assert metrics["eval_gen_len"] <= 1 + 6 + 50
 
@@ -425,6 +429,16 @@ def test_defaults_are_the_scripts_not_the_librarys(tmp_path):
     _, _, args = parse(tmp_path, "--num_beams 2 --hub_private_repo --use_cpu --bf16 false --gradient_checkpointing")
     parsed = (args.generation_num_beams, args.hub_private_repo, args.bf16, args.activation_checkpointing)
     assert parsed == (2, True, False, True)
+
+
+def test_a_log_gets_the_logging_steps_lines_and_a_terminal_the_bar(tmp_path, monkeypatch):
+    """Where the output is a log (pytest's captured stderr here), Trainer's bar is off and its PrinterCallback prints
+    each logging step's figures; in a terminal the bar is on; the flag decides either way."""
+    assert parse(tmp_path, "--use_cpu")[2].disable_tqdm is True
+    assert parse(tmp_path, "--use_cpu --disable_tqdm false")[2].disable_tqdm is False
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True, raising=False)
+    assert parse(tmp_path, "--use_cpu")[2].disable_tqdm is False
+    assert parse(tmp_path, "--use_cpu --disable_tqdm")[2].disable_tqdm is True
 
 
 def test_without_the_evaluation_split_part_of_the_training_split_is_held_out(tmp_path):

@@ -307,6 +307,8 @@ def test_model_card_says_only_what_the_records_hold(tiny_model, tmp_path):
         "test": {
             "bleu": 27.3,
             "tokenized_bleu": 28.4,
+            "chrf": 55.1,
+            "chrf_signature": "nrefs:1|case:mixed|eff:yes|nc:6|nw:0|space:no|version:2.5.1",
             "sentences": 3003,
             "num_beams": 4,
             "length_penalty": 0.6,
@@ -315,27 +317,32 @@ def test_model_card_says_only_what_the_records_hold(tiny_model, tmp_path):
         }
     }
     card = card_for(tmp_path, run_records(), evaluation)
-    assert card.data.language == ["de", "en"] and card.data.metrics == ["bleu"] and card.data.datasets is None
-    (result,) = card.data.eval_results
-    assert (result.task_type, result.dataset_type, result.dataset_split, result.metric_type, result.metric_value) == (
-        "translation",
-        "wmt14-de-en",
-        "test",
-        "bleu",
-        27.3,
-    )
-    assert result.metric_name == "BLEU (sacreBLEU, beam 4)"
+    assert card.data.language == ["de", "en"] and card.data.metrics == ["bleu", "chrf"] and card.data.datasets is None
+    assert [
+        (result.task_type, result.dataset_type, result.dataset_split, result.metric_type, result.metric_value)
+        for result in card.data.eval_results
+    ] == [("translation", "wmt14-de-en", "test", "bleu", 27.3), ("translation", "wmt14-de-en", "test", "chrf", 55.1)]
+    assert [result.metric_name for result in card.data.eval_results] == [
+        "BLEU (sacreBLEU, beam 4)",
+        "chrF (sacreBLEU, beam 4)",
+    ]
     assert "trained from scratch with the `vaswani` package to translate from `de` into `en`" in prose(card)
     assert "4,500,966 sentence pairs of the dataset folder `wmt14-de-en`, from `de` into `en`" in prose(card)
     assert (
-        "| test | 27.3 | 28.4 | 3003 | beam 4, GNMT length penalty 0.6 | "
+        "| test | 27.3 | 28.4 | 55.1 | 3003 | beam 4, GNMT length penalty 0.6 | "
         "nrefs:1\\|case:mixed\\|eff:no\\|tok:13a\\|smooth:exp\\|version:2.5.1 |"
     ) in card.text
     assert (
-        "| validation, at the end of training | 25.41 | not measured | 500 | beam 1, length penalty 0.6 |" in card.text
+        "| validation, at the end of training | 25.41 | not measured | not measured | 500 | beam 1, length penalty 0.6 |"
+        in card.text
     )
     for claim in ("English into Spanish", "minutes", "small model", "biblical English", "sword-text-web"):
         assert claim not in prose(card), claim
+    # An evaluation recorded before chrF was: its BLEU alone, chrF not measured.
+    del evaluation["test"]["chrf"]
+    card = card_for(tmp_path, run_records(), evaluation)
+    assert card.data.metrics == ["bleu"] and [result.metric_type for result in card.data.eval_results] == ["bleu"]
+    assert "| test | 27.3 | 28.4 | not measured | 3003 |" in card.text
 
     # A fine-tuned folder (the Trainer's flat eval_results.json, no training_summary.json) has no training to tell.
     (tmp_path / "training_summary.json").unlink()

@@ -56,12 +56,17 @@ def test_the_metric_loads_offline_from_the_package_and_scores_as_corpus_bleu(off
     assert result["signature"] == signature
     assert signature == f"nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:{sacrebleu.__version__}"
     assert "tokenized_bleu" not in result  # no target language, no Moses tokenizer to choose
+    # chrF beside it, as WMT reports it: sacreBLEU's own, character 6-grams, beta 2.
+    chrf = sacrebleu.corpus_chrf(HYPOTHESES, [REFERENCES])
+    assert result["chrf"] == chrf.score and 0 < result["chrf"] < 100 and "chrf" in metric.inputs_description
+    assert result["chrf_signature"] == f"nrefs:1|case:mixed|eff:yes|nc:6|nw:0|space:no|version:{sacrebleu.__version__}"
 
 
 def test_the_metric_module_calls_the_packages_scoring():
     """One implementation: the module that evaluate imported uses vaswani.evaluation.bleu's functions."""
     module = sys.modules[type(load_metric()).__module__]
     assert module.corpus_bleu is evaluation.corpus_bleu and module.tokenized_bleu is evaluation.tokenized_bleu
+    assert module.corpus_chrf is evaluation.corpus_chrf
 
 
 def test_the_signature_follows_the_options():
@@ -70,6 +75,11 @@ def test_the_signature_follows_the_options():
     score, signature = corpus_bleu(HYPOTHESES, REFERENCES, tokenize="intl", lowercase=True)
     assert result["score"] == score.score
     assert result["signature"] == signature and "|case:lc|" in signature and "|tok:intl|" in signature
+    assert "|case:lc|" in result["chrf_signature"]
+    assert (
+        result["chrf"]
+        == sacrebleu.corpus_chrf([h.lower() for h in HYPOTHESES], [[r.lower() for r in REFERENCES]]).score
+    )
     # Several references per translation, as the Hub's sacrebleu metric takes them.
     several = [[reference, hypothesis] for reference, hypothesis in zip(REFERENCES, HYPOTHESES)]
     result = metric.compute(predictions=HYPOTHESES, references=several)

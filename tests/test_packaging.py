@@ -12,7 +12,7 @@ from helpers import REPO_ROOT
 from packaging.requirements import Requirement
 
 
-BASE = {"torch", "transformers", "safetensors", "huggingface-hub", "tokenizers"}
+BASE = {"torch", "transformers", "safetensors", "huggingface-hub", "tokenizers", "tqdm"}
 
 
 def requirements():

@@ -59,11 +59,12 @@ def corpus(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def trained(corpus, tmp_path_factory):
-    """One single-process run with validation, BLEU, TensorBoard and checkpoint averaging."""
+def training_run(corpus, tmp_path_factory):
+    """One single-process run with validation, BLEU, TensorBoard and checkpoint averaging: its output folder, and what
+    it printed to its pipes (as a job's log gets it)."""
     data, tokenizer = corpus
     output_dir = tmp_path_factory.mktemp("trained") / "out"
-    run_script(
+    result = run_script(
         "train",
         *train_arguments(data, tokenizer, output_dir),
         *FAST,
@@ -80,7 +81,40 @@ def trained(corpus, tmp_path_factory):
         "--eval_bleu_samples",
         20,
     )
-    return output_dir
+    return output_dir, result
+
+
+@pytest.fixture(scope="module")
+def trained(training_run):
+    return training_run[0]
+
+
+def test_a_log_gets_a_line_per_logging_step_and_few_bar_updates(training_run):
+    """Output to a file or a pipe (`vaswani-train ... > log 2>&1`): the figures of each logging step on a line of their
+    own, the bar updated at most every 30 s (not at each of the 200 steps), and no bar of the libraries (datasets'
+    tokenization and saves)."""
+    output_dir, result = training_run
+    records = [json.loads(line) for line in (output_dir / "train_log.jsonl").read_text().splitlines()]
+    steps = [record for record in records if "loss" in record]
+    assert len(steps) == 200 // 5
+    for record in steps:
+        line = f"step {record['step']}: loss {record['loss']:.3f}, lr {record['lr']:.2e}, "
+        assert f"{line}{record['tokens_per_sec']:,.0f} tokens/s\n" in result.stdout
+    assert "step 100: validation loss" in result.stdout
+    bar_updates = result.stderr.split("\r")[1:]
+    assert all(update.startswith("training:") for update in bar_updates), bar_updates  # the run's bar alone
+    assert len(bar_updates) < 10  # the first, one per 30 s, the last; not one per step
+
+
+def test_a_bar_updates_live_in_a_terminal_and_every_30_seconds_in_a_log(monkeypatch):
+    from vaswani.progress import LOG_INTERVAL, progress_bar
+
+    assert LOG_INTERVAL == 30
+    with progress_bar(total=3) as bar:  # pytest's captured stderr: not a terminal
+        assert (bar.mininterval, bar.maxinterval) == (30, 30)
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True, raising=False)
+    with progress_bar(total=3) as bar:
+        assert (bar.mininterval, bar.maxinterval) == (0.1, 10.0)  # tqdm's own
 
 
 # --- Section 5.3: the learning rate. ---
@@ -667,6 +701,9 @@ def test_evaluate_prints_bleu_with_signature_and_writes_hypotheses(trained, corp
     recorded = json.loads((trained / "eval_results.json").read_text())["test"]
     assert float(paper_line.split("BLEU = ")[1].split()[0]) == pytest.approx(recorded["tokenized_bleu"], abs=0.01)
     assert recorded["paper_decoding"] is True
+    chrf_line = next(line for line in result.stdout.splitlines() if line.startswith("chrF2 = "))
+    assert chrf_line == f"chrF2 = {recorded['chrf']:.2f} (sacreBLEU signature: {recorded['chrf_signature']})"
+    assert 0 < recorded["chrf"] < 100 and "|nc:6|nw:0|" in recorded["chrf_signature"]
 
 
 @pytest.mark.slow  # a training run, then the pictures

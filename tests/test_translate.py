@@ -4,7 +4,7 @@ order kept through length-sorted batches."""
 
 import pytest
 import torch
-from helpers import PAIRS
+from helpers import PAIRS, run_command, script_command
 from transformers import pipeline
 
 from vaswani import VaswaniTranslationPipeline
@@ -90,11 +90,29 @@ def test_max_source_length_cuts_and_says_what(trained_text_model, tmp_path, caps
     answers, lines = run(folder, tmp_path, SOURCES[:2], "--max_source_length", str(limit))
     assert answers[0][0]["source_tokens_dropped"] == full - limit and "source_tokens_dropped" not in answers[1][0]
     assert f"1 sources longer than --max_source_length {limit} tokens were cut (lines 0, counted from 0)" in (
-        capsys.readouterr().out
+        capsys.readouterr().err
     )
     cut = tokenizer(SOURCES[0]).input_ids[: limit - 1] + [tokenizer.eos_token_id]
     expected = model.generate(torch.tensor([cut]))
     assert lines[0] == tokenizer.decode(expected[0], skip_special_tokens=True)
+
+
+@pytest.mark.parametrize("streams", [[], ["--input", "-", "--output", "-"]])
+def test_a_pipe_translates_standard_input_to_standard_output(trained_text_model, tmp_path, streams):
+    """`... | vaswani-translate --model M > hyp.txt`, as fairseq-interactive and marian-decoder sit in a shell pipeline:
+    the output holds the translations only, the same as --output's file; the summary is on standard error."""
+    _, _, folder = trained_text_model
+    sources = [*SOURCES, "", "Dios es amor, ¿verdad?"]  # a blank line and non-ASCII text keep their places
+    _, lines = run(folder, tmp_path, sources, "--nbest", "2", "--scores")
+    command = script_command("translate", "--model", folder, "--device", "cpu", "--nbest", "2", "--scores", *streams)
+    piped = run_command(command, input="".join(line + "\n" for line in sources), check=True)
+    assert piped.stdout.splitlines() == lines
+    assert f"Translated {len(sources)} sentences in" in piped.stderr and "into standard output" in piped.stderr
+    nothing = run_command(command, input="")
+    assert nothing.returncode == 1 and "error: standard input is empty" in nothing.stderr and not nothing.stdout
+    with pytest.raises(SystemExit) as exit_info:
+        translate.main(["--model", folder, "--prefixes", "-"])
+    assert "--prefixes - and --input - would both read standard input" in str(exit_info.value.code)
 
 
 def test_the_pipeline_answers_as_translate_batch(trained_text_model):

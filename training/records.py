@@ -1,6 +1,7 @@
-"""What a run shows while it trains and leaves for a person to read: a progress bar, the step log (train_log.jsonl,
-one JSON object per line, easy to plot; also to TensorBoard), its pictures (training_curves.png, lr_schedule.png),
-and training_summary.json (what the run did, measured, on which hardware).
+"""What a run shows while it trains and leaves for a person to read: a progress bar and a line of figures at each
+logging step (`vaswani.progress`: in a log, a few lines a minute), the step log (train_log.jsonl, one JSON object
+per line, easy to plot; also to TensorBoard), its pictures (training_curves.png, lr_schedule.png), and
+training_summary.json (what the run did, measured, on which hardware).
 
     report = TrainingReport(accelerator, output_dir, max_steps=1000, logging_steps=50, start=state)
     ... each step: report.step(state, result, seconds); after a validation: report.validation(state, result)
@@ -16,8 +17,8 @@ import time
 from pathlib import Path
 
 from accelerate.utils import DistributedType, gather_object
-from tqdm.auto import tqdm
 
+from ..progress import progress_bar
 from .checkpoints import weights_checksum
 from .distributed import describe
 from .schedule import inverse_sqrt_lr
@@ -27,7 +28,7 @@ from .schedule import inverse_sqrt_lr
 
 
 class TrainingReport:
-    """The progress bar, train_log.jsonl and the tracker (`accelerator.log`: TensorBoard) of a run, written by the
+    """The progress bar and its lines, train_log.jsonl and the tracker (`accelerator.log`: TensorBoard) of a run, written by the
     main process; and what this command did (tokens, seconds), as against the whole run it may have resumed.
 
     Log lines after the step the run `start`s from go: a resumed run writes them again."""
@@ -40,13 +41,13 @@ class TrainingReport:
         if accelerator.is_main_process:
             kept = [r for r in read_jsonl(self.log_path) if r["step"] <= start.step and not r.get("final")]
             self.log_path.write_text("".join(json.dumps(record) + "\n" for record in kept))
-        self.progress = tqdm(
+        self.progress = progress_bar(
             total=max_steps, initial=start.step, disable=not accelerator.is_main_process, desc="training"
         )
 
     def step(self, state, result, seconds):
         """After `state.add_step(result, seconds)`: the bar, a word on a skipped step, and every `logging_steps` (and
-        at the last step) the log line of the steps since the last one."""
+        at the last step) the log record of the steps since the last one, and its line under the bar."""
         self.tokens, self.seconds = self.tokens + result.tokens, self.seconds + seconds
         self.progress.update(1)
         if not result.finite and self.accelerator.is_main_process:
@@ -57,12 +58,13 @@ class TrainingReport:
         if state.step % self.logging_steps and state.step != self.max_steps:
             return
         record = state.take_log_record(result.learning_rate)
-        self.progress.set_postfix(
-            loss=f"{record['loss']:.3f}", lr=f"{result.learning_rate:.2e}", tok_s=f"{record['tokens_per_sec']:.0f}"
-        )
         self.accelerator.log({f"train/{k}": v for k, v in record.items() if k != "step"}, step=state.step)
         if self.accelerator.is_main_process:
             append_jsonl(self.log_path, record)
+            self.progress.write(
+                f"step {state.step}: loss {record['loss']:.3f}, lr {result.learning_rate:.2e}, "
+                f"{record['tokens_per_sec']:,.0f} tokens/s"
+            )
 
     def validation(self, state, result):
         """A validation's figures (`vaswani.evaluation.bleu.validate`), logged and shown."""

@@ -1,8 +1,8 @@
 """vaswani_bleu: the BLEU of "Attention Is All You Need" as an `evaluate` metric.
 
-sacreBLEU's corpus BLEU on detokenized text, with its signature, and, given the target language, the paper's own
-measure: tokenized BLEU with compounds split (Table 2). The scoring is the `vaswani` package's
-(`vaswani.evaluation.bleu.corpus_bleu` and `tokenized_bleu`), the one that `vaswani-evaluate`, the validation during
+sacreBLEU's corpus BLEU on detokenized text, with its signature, sacreBLEU's chrF beside it, and, given the target
+language, the paper's own measure: tokenized BLEU with compounds split (Table 2). The scoring is the `vaswani`
+package's (`vaswani.evaluation.bleu.corpus_bleu`, `corpus_chrf` and `tokenized_bleu`), the one that `vaswani-evaluate`, the validation during
 training and `vaswani-finetune` use, so that this metric's numbers are theirs.
 
     import evaluate
@@ -13,7 +13,7 @@ training and `vaswani-finetune` use, so that this metric's numbers are theirs.
 import datasets
 import evaluate
 
-from vaswani.evaluation.bleu import corpus_bleu, tokenized_bleu
+from vaswani.evaluation.bleu import corpus_bleu, corpus_chrf, tokenized_bleu
 
 
 _CITATION = """\
@@ -36,12 +36,23 @@ _CITATION = """\
   url = {https://www.aclweb.org/anthology/W18-6319},
   pages = {186--191},
 }
+@inproceedings{popovic-2015-chrf,
+  title = {chr{F}: character n-gram {F}-score for automatic {MT} evaluation},
+  author = {Popovi{\\'c}, Maja},
+  booktitle = {Proceedings of the Tenth Workshop on Statistical Machine Translation},
+  year = {2015},
+  address = {Lisbon, Portugal},
+  publisher = {Association for Computational Linguistics},
+  url = {https://aclanthology.org/W15-3049},
+  pages = {392--395},
+}
 """
 
 _DESCRIPTION = """\
 BLEU as the `vaswani` package (the Transformer of "Attention Is All You Need") reports it. `score` is sacreBLEU's corpus
 BLEU of the detokenized translations, returned with its `signature` (tokenizer, case, smoothing, version), so that it
-can be compared with any other sacreBLEU score. With the target language (the metric's configuration name, e.g.
+can be compared with any other sacreBLEU score; `chrf` is sacreBLEU's chrF (character 6-grams, beta 2), the score
+WMT's findings report beside BLEU, with its own `chrf_signature`. With the target language (the metric's configuration name, e.g.
 `evaluate.load(path, "de")`, or `target_lang=` in `compute`), `tokenized_bleu` is the paper's own measure, the one its
 Table 2 reports: both sides tokenized with the Moses tokenizer of that language, compounds split at their hyphens
 ("rich-text" as "rich ##AT##-##AT## text", tensor2tensor's get_ende_bleu.sh), then multi-bleu.perl's case-sensitive
@@ -54,7 +65,8 @@ Args:
     references (`list` of `str`, or `list` of `list` of `str`): one reference per translation, or the same number of
         references for every translation.
     tokenize (`str`): sacreBLEU's tokenizer for `score`: "13a" (default), "intl", "zh", "ja-mecab", "char", "none", ...
-    lowercase (`bool`): case-insensitive `score` (default False). The tokenized BLEU is always case-sensitive.
+    lowercase (`bool`): case-insensitive `score` and `chrf` (default False). The tokenized BLEU is always
+        case-sensitive.
     target_lang (`str`): the language of the translations, for the Moses tokenizer of `tokenized_bleu`; default: the
         configuration name (`evaluate.load(path, "de")`); without either, `tokenized_bleu` is left out.
 Returns:
@@ -64,6 +76,8 @@ Returns:
     precisions (`list` of `float`): the n-gram precisions, in percent.
     bp (`float`): the brevity penalty.
     sys_len, ref_len (`int`): the lengths of the translations and of the references, in sacreBLEU's tokens.
+    chrf (`float`): sacreBLEU's corpus chrF, 0 to 100.
+    chrf_signature (`str`): its signature, e.g. "nrefs:1|case:mixed|eff:yes|nc:6|nw:0|space:no|version:2.6.0".
     tokenized_bleu (`float`): with a target language only: the paper's tokenized BLEU, compounds split.
 Examples:
     >>> bleu = evaluate.load("metrics/vaswani_bleu", "en")
@@ -111,6 +125,8 @@ class VaswaniBleu(evaluate.Metric):
             "sys_len": score.sys_len,
             "ref_len": score.ref_len,
         }
+        chrf, result["chrf_signature"] = corpus_chrf(predictions, references, lowercase=lowercase)
+        result["chrf"] = chrf.score
         language = target_lang or (self.config_name if self.config_name != "default" else None)
         if language:
             result["tokenized_bleu"] = tokenized_bleu(predictions, references, language).score
