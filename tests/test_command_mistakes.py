@@ -11,7 +11,7 @@ import subprocess
 import sys
 
 import pytest
-from helpers import REPO_ROOT, save_pairs, script_env
+from helpers import REPO_ROOT, finish, save_pairs, script_env, start
 
 
 try:  # pyproject.toml's [project.scripts], as the checkout has them
@@ -80,10 +80,14 @@ def test_import_vaswani_imports_no_extra():
     assert result.stdout.split() == ["[]"]
 
 
-@pytest.mark.parametrize("name", sorted(COMMANDS))
-def test_help_answers_without_importing_heavy_libraries(name):
-    module, function = COMMANDS[name].split(":")
-    code = f"""
+@pytest.fixture(scope="module")
+def help_runs():
+    """Each command's --help in a fresh process, all started at once (each takes seconds, most of them imports): the
+    exit status, stdout and stderr by command."""
+    processes = {}
+    for name, entry_point in COMMANDS.items():
+        module, function = entry_point.split(":")
+        code = f"""
 import json, sys
 sys.argv = [{name!r}, "--help"]
 from {module} import {function} as main
@@ -93,9 +97,16 @@ except SystemExit as done:
     code = done.code
 print(json.dumps({{"code": code, "heavy": [m for m in {HEAVY!r} if m in sys.modules]}}))
 """
-    result = run_python(code)
-    assert result.returncode == 0, result.stderr
-    *help_text, last = result.stdout.splitlines()
+        processes[name] = start([sys.executable, "-c", code])
+    outputs = finish(*processes.values(), timeout=300)
+    return {name: (process.returncode, *output) for (name, process), output in zip(processes.items(), outputs)}
+
+
+@pytest.mark.parametrize("name", sorted(COMMANDS))
+def test_help_answers_without_importing_heavy_libraries(help_runs, name):
+    returncode, stdout, stderr = help_runs[name]
+    assert returncode == 0, stderr
+    *help_text, last = stdout.splitlines()
     answer = json.loads(last)
     assert answer["code"] in (0, None) and "--help" in "\n".join(help_text)
     assert answer["heavy"] == []

@@ -40,7 +40,10 @@ SOURCE = torch.tensor([[5, 6, 7, 2]])
 
 
 @pytest.mark.parametrize("positional_encoding", sorted(REMEDIES))
-@pytest.mark.parametrize("path", ["eager", "static cache, compiled"])
+@pytest.mark.parametrize(
+    "path",
+    ["eager", pytest.param("static cache, compiled", marks=pytest.mark.slow)],  # torch.compile: 25 s
+)
 def test_a_limit_past_the_positions_is_refused_before_decoding(positional_encoding, path):
     model = model_of_12_positions(positional_encoding)
     options = compiled() if path != "eager" else {}

@@ -9,6 +9,7 @@ from transformers import AutoModelForSeq2SeqLM
 from vaswani.training.checkpoints import load_checkpoint_weights
 
 
+@pytest.mark.slow  # a run, its resume and a straight run
 def test_the_minimal_loop_trains_resumes_and_averages_its_last_checkpoints(tmp_path):
     data = make_dataset(tmp_path / "data", {"train": 200, "validation": 20})
     tokenizer = word_tokenizer(tmp_path / "tokenizer")

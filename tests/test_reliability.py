@@ -148,6 +148,7 @@ def assert_ends_like(straight, resumed):
 # --- 1. SIGTERM / SIGINT: finish the step, checkpoint, exit, resume exactly. ---
 
 
+@pytest.mark.slow  # an interrupted run, its resume and a straight run to compare: a minute
 def test_sigterm_checkpoints_the_step_under_way_and_the_printed_command_resumes_exactly(corpus, straight, tmp_path):
     output_dir = tmp_path / "out"
     process = start(train_command(*arguments_for(corpus, output_dir)))
@@ -358,6 +359,7 @@ def test_an_interim_checkpoint_stays_only_until_the_next_one(tmp_path):
 # --- 3. Non-finite losses: skipped and counted; too many in a row stop the run, naming the last good checkpoint. ---
 
 
+@pytest.mark.slow  # two training runs
 def test_non_finite_losses_are_skipped_and_counted_and_too_many_in_a_row_stop_the_run(corpus, tmp_path):
     output_dir = tmp_path / "out"
     flags = "--save_steps 2 --save_total_limit 5 --logging_steps 2 --max_bad_steps 3".split()

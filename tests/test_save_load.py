@@ -91,8 +91,14 @@ REMOTE_LOAD = textwrap.dedent(
 
 @pytest.mark.parametrize(
     "table3_rows",
-    [{}, {"d_k": 8, "d_v": 32, "positional_encoding": "learned", "max_position_embeddings": 64}],
-    ids=["base", "rows (B) and (E)"],
+    [
+        pytest.param({}, id="base"),
+        pytest.param(
+            {"d_k": 8, "d_v": 32, "positional_encoding": "learned", "max_position_embeddings": 64},
+            id="rows (B) and (E)",
+            marks=pytest.mark.slow,  # a second fresh process; the base run covers the default suite
+        ),
+    ],
 )
 def test_fresh_process_without_the_package_loads_with_remote_code(source_batch, tmp_path, table3_rows):
     """The folder's own code, in a process without the package, computes and decodes as the model; also with Table 3's
@@ -158,6 +164,7 @@ def test_remote_loaded_model_saves_a_folder_that_loads_again(tiny_model, tmp_pat
         assert (tmp_path / "second" / name).read_text() == (tmp_path / "first" / name).read_text()
 
 
+@pytest.mark.slow  # builds the wheel and installs it into a fresh environment
 def test_wheel_installs_the_vaswani_package(tmp_path):
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path), "."],

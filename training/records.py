@@ -1,5 +1,5 @@
-"""What a run shows while it trains and leaves for a person to read: a progress bar and a line of figures at each
-logging step (`vaswani.progress`: in a log, a few lines a minute), the step log (train_log.jsonl, one JSON object
+"""What a run shows while it trains and leaves for a person to read: a line of figures at each logging step, under a
+progress bar where a person watches a terminal (in a log, the lines alone: `vaswani.progress`), the step log (train_log.jsonl, one JSON object
 per line, easy to plot; also to TensorBoard), its pictures (training_curves.png, lr_schedule.png), and
 training_summary.json (what the run did, measured, on which hardware).
 
@@ -18,7 +18,7 @@ from pathlib import Path
 
 from accelerate.utils import DistributedType, gather_object
 
-from ..progress import progress_bar
+from ..progress import progress_bar, watched
 from .checkpoints import weights_checksum
 from .distributed import describe
 from .schedule import inverse_sqrt_lr
@@ -41,8 +41,12 @@ class TrainingReport:
         if accelerator.is_main_process:
             kept = [r for r in read_jsonl(self.log_path) if r["step"] <= start.step and not r.get("final")]
             self.log_path.write_text("".join(json.dumps(record) + "\n" for record in kept))
+        # In a log, the lines of the logging steps are the progress: a bar would redraw after each of them.
         self.progress = progress_bar(
-            total=max_steps, initial=start.step, disable=not accelerator.is_main_process, desc="training"
+            total=max_steps,
+            initial=start.step,
+            disable=not (accelerator.is_main_process and watched()),
+            desc="training",
         )
 
     def step(self, state, result, seconds):
@@ -62,7 +66,7 @@ class TrainingReport:
         if self.accelerator.is_main_process:
             append_jsonl(self.log_path, record)
             self.progress.write(
-                f"step {state.step}: loss {record['loss']:.3f}, lr {result.learning_rate:.2e}, "
+                f"step {state.step}/{self.max_steps}: loss {record['loss']:.3f}, lr {result.learning_rate:.2e}, "
                 f"{record['tokens_per_sec']:,.0f} tokens/s"
             )
 
