@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from vaswani.checks import UsageError, check_dataset_exists, check_writable_dir
 from vaswani.cli import command, parse_arguments
+from vaswani.progress import watched
 
 
 @dataclass
@@ -61,7 +62,8 @@ def main(argv):
         + " of the train split"
     )
     sentences = SplitSentences(sample, languages)
-    tokenizer = train_bpe_tokenizer(sentences, args.vocab_size, args.model_max_length, show_progress=True)
+    # tokenizers' own bar: in a log it would leave blank lines
+    tokenizer = train_bpe_tokenizer(sentences, args.vocab_size, args.model_max_length, show_progress=watched())
     if not sentences.sentences:
         raise UsageError(f"the train split of {args.dataset_dir} holds no text to learn a vocabulary from.")
     print(

@@ -7,7 +7,7 @@ import json
 import sys
 
 import pytest
-from helpers import run_command
+from helpers import finish, start
 
 
 CHECK = """
@@ -32,17 +32,6 @@ ORDERS = {
 }
 
 
-def run(code):
-    """The last line `code` prints in a fresh process, where a warning the code does not catch fails it."""
-    result = run_command([sys.executable, "-W", "error::UserWarning", "-c", code], check=True)
-    return result.stdout.splitlines()[-1]
-
-
-@pytest.mark.parametrize("imports", ORDERS.values(), ids=ORDERS.keys())
-def test_the_auto_classes_pipeline_and_tokenizer_know_vaswani_whatever_the_import_order(imports):
-    assert run(imports + CHECK) == str(REGISTERED).replace("'", '"')
-
-
 ADDED_FINDERS = """
 import sys
 before = list(sys.meta_path)
@@ -51,9 +40,26 @@ print([type(finder).__module__ for finder in sys.meta_path if finder not in befo
 """
 
 
-def test_registering_leaves_the_import_system_alone():
+@pytest.fixture(scope="module")
+def printed():
+    """The last line each check prints, each in a fresh process (all started at once: seconds of imports each), where a
+    warning the code does not catch fails it: by import order, and "finders"."""
+    codes = {name: imports + CHECK for name, imports in ORDERS.items()} | {"finders": ADDED_FINDERS}
+    processes = [start([sys.executable, "-W", "error::UserWarning", "-c", code]) for code in codes.values()]
+    outputs = finish(*processes, timeout=300)
+    for process, (stdout, stderr) in zip(processes, outputs):
+        assert process.returncode == 0, f"{process.args[-1]}\n{stdout}\n{stderr}"
+    return {name: stdout.splitlines()[-1] for name, (stdout, _) in zip(codes, outputs)}
+
+
+@pytest.mark.parametrize("order", ORDERS)
+def test_the_auto_classes_pipeline_and_tokenizer_know_vaswani_whatever_the_import_order(printed, order):
+    assert printed[order] == str(REGISTERED).replace("'", '"')
+
+
+def test_registering_leaves_the_import_system_alone(printed):
     """The registration is made by transformers' public calls at import: of the finders `import vaswani` puts on
     sys.meta_path, none is the package's (transformers adds its own, and what it imports may add theirs: accelerate
     imports boto3 where it is installed, which adds six's)."""
-    added = json.loads(run(ADDED_FINDERS).replace("'", '"'))
+    added = json.loads(printed["finders"].replace("'", '"'))
     assert "transformers.utils.import_utils" in added and not [module for module in added if "vaswani" in module]
