@@ -1,10 +1,11 @@
 """Shared fixtures: tiny models for fast CPU tests."""
 
 import copy
+import os
 
 import pytest
 import torch
-from helpers import PAIRS, VOCAB_SIZE, make_translation_pairs, tiny_model_config, trained_on
+from helpers import PAIRS, REPO_ROOT, VOCAB_SIZE, make_translation_pairs, run_command, tiny_model_config, trained_on
 
 from vaswani import VaswaniConfig, VaswaniForConditionalGeneration
 from vaswani.corpora.tokenizer import train_bpe_tokenizer
@@ -87,3 +88,13 @@ def trained_text_model(tmp_path_factory):
     model.eval().save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return model, tokenizer, folder
+
+
+@pytest.fixture(scope="session")
+def fairseq_python():
+    """A Python with fairseq: VASWANI_FAIRSEQ_PYTHON, else .fairseq-venv's, built by scripts/install_fairseq.sh the
+    first time (it prints the environment's Python; a second run finds it built)."""
+    if os.environ.get("VASWANI_FAIRSEQ_PYTHON"):
+        return os.environ["VASWANI_FAIRSEQ_PYTHON"]
+    done = run_command(["bash", REPO_ROOT / "scripts" / "install_fairseq.sh"], timeout=3600, check=True)
+    return done.stdout.strip().splitlines()[-1]

@@ -8,6 +8,7 @@ count behind MFU, the training measurement taking the recipe's own step, the GPU
 import json
 import sys
 
+import datasets
 import pytest
 import torch
 from helpers import PAIRS, make_dataset, run_command, script_env, word_tokenizer
@@ -383,3 +384,26 @@ def test_demo_benchmark_times_the_explorers_start_and_answers(trained_text_model
     assert result["translation"] == PAIRS[0][1]  # the model learnt it by heart
     assert result["start_s"] > 0 and 0 < result["answer_median_s"] <= result["answer_slowest_s"]
     assert "| one request" in (tmp_path / "demo.md").read_text() and result["browser"] is None
+
+
+@pytest.mark.benchmark
+def test_preprocess_times_vaswani_and_fairseq_preprocess_on_the_same_tokens(fairseq_python, tmp_path):
+    """benchmarks/preprocess.py: the same pairs through fairseq-preprocess (after the BPE text) and vaswani's first
+    tokenization, with the same token counts, each step's figures and its page."""
+    from vaswani.corpora.tokenizer import train_bpe_tokenizer
+
+    corpus = make_dataset(tmp_path / "corpus", {"train": 300, "validation": 20, "test": 20})
+    texts = [text for row in datasets.load_from_disk(str(corpus))["train"]["translation"] for text in row.values()]
+    train_bpe_tokenizer(texts, vocab_size=300).save_pretrained(tmp_path / "tokenizer")
+    run_in_checkout(
+        "-m", "benchmarks.preprocess", "--corpus", corpus, "--tokenizer", tmp_path / "tokenizer",
+        "--workdir", tmp_path / "work", "--fairseq_python", fairseq_python, "--output", tmp_path / "preprocess",
+    )  # fmt: skip
+    result = json.loads((tmp_path / "preprocess.json").read_text())
+    assert result["train_source_tokens"]["fairseq"] == result["train_source_tokens"]["vaswani"] > 300
+    assert result["train_sentences"] == {"fairseq": 300, "vaswani": 300}
+    for step in ("bpe", "fairseq", "bpe + fairseq", "vaswani"):
+        row = result["rows"][step]
+        assert row["wall_seconds"] > 0 and row["peak_rss"] > 0 and row["pairs_per_second_per_worker"] > 0, step
+    assert result["rows"]["fairseq"]["bytes"] > 0 and result["rows"]["vaswani"]["bytes"] > 0
+    assert "| 3. vaswani's first tokenization (text to ids) |" in (tmp_path / "preprocess.md").read_text()

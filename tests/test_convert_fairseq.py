@@ -5,7 +5,6 @@ VASWANI_FAIRSEQ_PYTHON names), converted, and compared: tokenization, encoder ou
 within 1e-5 in float32, greedy and beam outputs identical; then the converted folder is used as users use one."""
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
@@ -94,16 +93,6 @@ MOSES_REFERENCE = textwrap.dedent(
         (root / name / "reference.json").write_text(json.dumps(reference))
     """
 )
-
-
-@pytest.fixture(scope="module")
-def fairseq_python():
-    """A Python with fairseq: VASWANI_FAIRSEQ_PYTHON, else .fairseq-venv's, built by scripts/install_fairseq.sh the
-    first time (it prints the environment's Python; a second run finds it built)."""
-    if os.environ.get("VASWANI_FAIRSEQ_PYTHON"):
-        return os.environ["VASWANI_FAIRSEQ_PYTHON"]
-    done = run_command(["bash", REPO_ROOT / "scripts" / "install_fairseq.sh"], timeout=3600, check=True)
-    return done.stdout.strip().splitlines()[-1]
 
 
 @pytest.fixture(scope="module")

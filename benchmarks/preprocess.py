@@ -1,0 +1,276 @@
+"""vaswani's tokenization of a corpus beside fairseq-preprocess: the same pairs and the same BPE, each tool in
+processes of its own, one after the other.
+
+    python -m benchmarks.preprocess --corpus CORPUS --tokenizer TOK --workdir WORK [--workers 2]
+                                    [--fairseq_python PY] [--output docs/benchmarks/preprocess]
+
+Run from the root of a checkout with the `test` extra installed (benchmarks/README.md); fairseq runs in its own
+environment (scripts/install_fairseq.sh prints its Python, the one --fairseq_python names). CORPUS is a DatasetDict
+(scripts/prepare_data.py, or `python -m benchmarks.data_scale prepare`'s corpus_N), TOK its shared BPE
+(scripts/train_tokenizer.py). Three steps, each a process of its own:
+
+1. bpe: the train, validation and test pairs written as fairseq reads them, one sentence a line, its BPE tokens
+   separated by spaces (TOK's own tokens, which hold no whitespace; no </s>, which fairseq adds): what a fairseq
+   user runs before fairseq-preprocess (subword-nmt or sentencepiece), here TOK's encoder, batched, on --workers
+   threads.
+2. fairseq: `fairseq-preprocess --joined-dictionary --dataset-impl mmap --workers W` over those files: the shared
+   dictionary, then the binarised splits.
+3. vaswani: the first tokenization `vaswani-train` makes (`vaswani.training.data.tokenize_split` of the three splits,
+   `num_proc` W, the command's default limits of 256 tokens), from the text straight to ids in the Arrow cache next
+   to each split; the cache is deleted first.
+
+For each: wall seconds; CPU seconds of all its processes (getrusage of the waited children); pairs per second per
+worker (train pairs / wall seconds / W); the peak of the summed resident memory (RSS) and of the summed anonymous
+memory (RSS - shared) of its processes, sampled with psutil every 0.2 s; the bytes it wrote. fairseq's speed is
+given for step 2 alone and for steps 1 + 2; vaswani's step 3 does both. The train split's token count (</s>
+included) of fairseq's log and of vaswani's ids must be the same: the same BPE.
+
+Writes OUTPUT.json and OUTPUT.md.
+"""
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import re
+import resource
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+
+SPLITS = {"train": "train", "validation": "valid", "test": "test"}  # the DatasetDict's names -> fairseq's
+SAMPLE_SECONDS = 0.2
+
+
+def run_measured(command, *, env=None, log=None):
+    """Run `command`; its wall and CPU seconds and the peaks of its processes' summed RSS and anonymous memory."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    started = time.perf_counter()
+    with open(log, "w") if log else subprocess.DEVNULL as output:
+        process = psutil.Popen(command, env={**os.environ, **(env or {})}, stdout=output, stderr=subprocess.STDOUT)
+        peak_rss = peak_anon = 0
+        while process.poll() is None:
+            rss = anon = 0
+            try:
+                members = [process, *process.children(recursive=True)]
+            except psutil.NoSuchProcess:
+                members = []
+            for member in members:
+                try:
+                    info = member.memory_info()
+                except psutil.Error:  # gone, or a zombie
+                    continue
+                rss, anon = rss + info.rss, anon + info.rss - info.shared
+            peak_rss, peak_anon = max(peak_rss, rss), max(peak_anon, anon)
+            time.sleep(SAMPLE_SECONDS)
+    wall = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if process.returncode:
+        raise SystemExit(f"{' '.join(map(str, command))} failed with status {process.returncode}; its log: {log}")
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return {"wall_seconds": wall, "cpu_seconds": cpu, "peak_rss": peak_rss, "peak_anon": peak_anon}
+
+
+def folder_bytes(paths):
+    return sum(path.stat().st_size for root in paths for path in Path(root).rglob("*") if path.is_file())
+
+
+# --- The steps' own processes: `python -m benchmarks.preprocess bpe|vaswani ...`. ---
+
+
+def write_bpe(corpus, tokenizer_dir, output, workers):
+    """Step 1: each split's sentences as space-separated BPE tokens, in fairseq's file names (train.en, ...)."""
+    from datasets import load_from_disk
+    from transformers import AutoTokenizer
+
+    os.environ["RAYON_NUM_THREADS"] = str(workers)  # before the tokenizer's first parallel call
+    encoder = AutoTokenizer.from_pretrained(tokenizer_dir).backend_tokenizer
+    output.mkdir(parents=True, exist_ok=True)
+    dataset = load_from_disk(str(corpus))
+    for split, name in SPLITS.items():
+        pairs = dataset[split].with_format("arrow")
+        languages = pairs.features["translation"].languages
+        files = {language: open(output / f"{name}.{language}", "w", encoding="utf-8") for language in languages}
+        for start in range(0, len(pairs), 20_000):
+            column = pairs[start : start + 20_000].column("translation").combine_chunks()
+            for language, file in files.items():
+                texts = [text or "" for text in column.field(language).to_pylist()]
+                for encoding in encoder.encode_batch(texts, add_special_tokens=False):
+                    file.write(" ".join(encoding.tokens) + "\n")
+        for file in files.values():
+            file.close()
+
+
+def tokenize_for_training(corpus, tokenizer_dir, workers, languages):
+    """Step 3: the first tokenization of vaswani-train, of each split; prints the train split's source tokens."""
+    from datasets import load_from_disk
+
+    from vaswani.corpora.tokenizer import load_tokenizer
+    from vaswani.training.data import tokenize_split
+
+    tokenizer = load_tokenizer(tokenizer_dir)
+    dataset = load_from_disk(str(corpus))
+    tokenized = {split: tokenize_split(dataset[split], tokenizer, *languages, num_proc=workers) for split in SPLITS}
+    lengths = tokenized["train"].source_lengths
+    print(json.dumps({"train_source_tokens": int(lengths.sum()), "train_pairs": len(lengths)}))
+
+
+# --- The comparison. ---
+
+
+def train_split_of(corpus):
+    """The corpus's train split: its number of pairs and its (source, target) languages."""
+    from datasets import load_from_disk
+
+    train = load_from_disk(str(corpus))["train"]
+    return train.num_rows, train.features["translation"].languages
+
+
+def fairseq_tokens(log_text, language):
+    """The token count fairseq-preprocess logs for the train split of `language`: "[en] .../train.en: N sents, T
+    tokens, ..."."""
+    match = re.search(rf"\[{language}\] \S*train\.{language}: (\d+) sents, (\d+) tokens", log_text)
+    if match is None:
+        raise SystemExit(f"fairseq-preprocess logged no token count for train.{language}")
+    return int(match.group(1)), int(match.group(2))
+
+
+def compare(args):
+    corpus, work = Path(args.corpus), Path(args.workdir)
+    train_pairs, (source, target) = train_split_of(corpus)
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    for cached in corpus.glob("*/vaswani-*"):  # vaswani's first tokenization, as a new corpus meets it
+        cached.unlink()
+    me = [sys.executable, "-m", "benchmarks.preprocess"]
+    common = ["--corpus", str(corpus), "--tokenizer", str(args.tokenizer), "--workers", str(args.workers)]
+    single_thread = {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "true"}
+
+    rows = {}
+    print("1. BPE text for fairseq", flush=True)
+    rows["bpe"] = run_measured(
+        [*me, "bpe", *common, "--workdir", str(work / "bpe")], env=single_thread, log=work / "bpe.log"
+    )
+    rows["bpe"]["bytes"] = folder_bytes([work / "bpe"])
+    print("2. fairseq-preprocess", flush=True)
+    prefixes = {name: str(work / "bpe" / name) for name in SPLITS.values()}
+    fairseq = [
+        args.fairseq_python, "-m", "fairseq_cli.preprocess", "--source-lang", source, "--target-lang", target,
+        "--trainpref", prefixes["train"], "--validpref", prefixes["valid"], "--testpref", prefixes["test"],
+        "--destdir", str(work / "fairseq"), "--joined-dictionary", "--dataset-impl", "mmap",
+        "--workers", str(args.workers),
+    ]  # fmt: skip
+    rows["fairseq"] = run_measured(fairseq, env=single_thread, log=work / "fairseq.log")
+    rows["fairseq"]["bytes"] = folder_bytes([work / "fairseq"])
+    log_text = (work / "fairseq.log").read_text()
+    sentences, fairseq_source_tokens = fairseq_tokens(log_text, source)
+    print("3. vaswani's first tokenization", flush=True)
+    rows["vaswani"] = run_measured(
+        [*me, "vaswani", *common, "--languages", source, target], env=single_thread, log=work / "vaswani.log"
+    )
+    rows["vaswani"]["bytes"] = sum(path.stat().st_size for path in corpus.glob("*/vaswani-*"))
+    counts = json.loads((work / "vaswani.log").read_text().strip().splitlines()[-1])
+
+    bpe, binarised = rows["bpe"], rows["fairseq"]
+    rows["bpe + fairseq"] = {
+        "wall_seconds": bpe["wall_seconds"] + binarised["wall_seconds"],
+        "cpu_seconds": bpe["cpu_seconds"] + binarised["cpu_seconds"],
+        "peak_rss": max(bpe["peak_rss"], binarised["peak_rss"]),
+        "peak_anon": max(bpe["peak_anon"], binarised["peak_anon"]),
+        "bytes": binarised["bytes"],  # what training reads; the BPE text is the step's input
+    }
+    for row in rows.values():
+        row["pairs_per_second_per_worker"] = train_pairs / row["wall_seconds"] / args.workers
+    result = {
+        "date": datetime.date.today().isoformat(),
+        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+        f"{psutil.virtual_memory().total / 2**30:.1f} GiB",
+        "corpus": str(corpus),
+        "tokenizer": str(args.tokenizer),
+        "train_pairs": train_pairs,
+        "workers": args.workers,
+        "fairseq_command": " ".join(fairseq[1:]),
+        "train_source_tokens": {"fairseq": fairseq_source_tokens, "vaswani": counts["train_source_tokens"]},
+        "train_sentences": {"fairseq": sentences, "vaswani": counts["train_pairs"]},
+        "rows": rows,
+    }
+    return result
+
+
+def render(result):
+    gb = 1e9
+    lines = [
+        "# vaswani's tokenization beside fairseq-preprocess",
+        "",
+        f"Written {result['date']} by `python -m benchmarks.preprocess` (its docstring says how each figure is "
+        f"measured) on {result['machine']}: {result['train_pairs']:,} train pairs of `{result['corpus']}` with the "
+        f"BPE of `{result['tokenizer']}`, {result['workers']} workers each.",
+        "",
+        "| step | wall | CPU | train pairs / s / worker | peak RSS, all processes | peak anonymous, all | on disk |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    names = {
+        "bpe": "1. BPE text for fairseq (the tokenizer's encoder)",
+        "fairseq": "2. fairseq-preprocess (dictionary, binarising)",
+        "bpe + fairseq": "1 + 2: fairseq's whole path",
+        "vaswani": "3. vaswani's first tokenization (text to ids)",
+    }
+    for key, name in names.items():
+        row = result["rows"][key]
+        lines.append(
+            f"| {name} | {row['wall_seconds']:.0f} s | {row['cpu_seconds']:.0f} s | "
+            f"{row['pairs_per_second_per_worker']:,.0f} | {row['peak_rss'] / gb:.2f} GB | {row['peak_anon'] / gb:.2f} GB "
+            f"| {row['bytes'] / gb:.2f} GB |"
+        )
+    tokens = result["train_source_tokens"]
+    lines += [
+        "",
+        f"The same BPE: the train split's source side is {tokens['fairseq']:,} tokens in fairseq's log and "
+        f"{tokens['vaswani']:,} in vaswani's ids (</s> included; sentences: {result['train_sentences']['fairseq']:,} "
+        f"and {result['train_sentences']['vaswani']:,}, vaswani leaving out pairs longer than 256 tokens).",
+        "",
+        f"fairseq: `fairseq-preprocess {result['fairseq_command'].split('preprocess ', 1)[1]}`. On disk: fairseq's "
+        "binarised splits and dictionary; vaswani's Arrow cache next to each split (its input, the DatasetDict, is "
+        "what both read).",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("step", nargs="?", choices=["compare", "bpe", "vaswani"], default="compare")
+    parser.add_argument("--corpus", required=True, help="a DatasetDict folder (scripts/prepare_data.py)")
+    parser.add_argument("--tokenizer", required=True, help="its shared BPE (scripts/train_tokenizer.py)")
+    parser.add_argument("--workdir", help="where the BPE text and fairseq's output go (replaced)")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--fairseq_python", default=".fairseq-venv/bin/python", help="a Python with fairseq")
+    parser.add_argument("--languages", nargs=2, help="(step vaswani) source and target")
+    parser.add_argument("--output", default="docs/benchmarks/preprocess", help="OUTPUT.json and OUTPUT.md")
+    return parser.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.step == "bpe":
+        return write_bpe(Path(args.corpus), args.tokenizer, Path(args.workdir), args.workers)
+    if args.step == "vaswani":
+        return tokenize_for_training(Path(args.corpus), args.tokenizer, args.workers, args.languages)
+    if args.workdir is None:
+        raise SystemExit("--workdir is needed: the BPE text and fairseq's output go there")
+    result = compare(args)
+    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+    Path(f"{args.output}.json").write_text(json.dumps(result, indent=1))
+    page = render(result)
+    Path(f"{args.output}.md").write_text(page)
+    print(page)
+    return result
+
+
+if __name__ == "__main__":
+    main()
