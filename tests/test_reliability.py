@@ -682,6 +682,7 @@ def test_a_checkpoint_written_under_the_old_flag_names_resumes_exactly(corpus, s
     assert_ends_like(straight, output_dir)
 
 
+@pytest.mark.slow  # a training run to resume from
 def test_resume_refuses_a_pickle_that_would_run_code(corpus, straight, tmp_path):
     """accelerate reads optimizer.bin with torch.load(weights_only=True): a pickle that calls a function is refused."""
     marker = tmp_path / "code_ran"
