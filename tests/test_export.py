@@ -37,6 +37,7 @@ def test_greedy_translations_are_identical(trained_text_model, tmp_path):
     assert [tokenizer.decode(ids) for ids in theirs] == [target for _, target in PAIRS]  # it did learn them
 
 
+@pytest.mark.slow  # two exports in fresh processes, each checked against the model
 def test_script_exports_int8_and_checks(trained_text_model, tmp_path):
     _, _, folder = trained_text_model
     done = subprocess.run(

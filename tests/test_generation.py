@@ -446,6 +446,7 @@ def test_cross_attention_keys_are_computed_once(model, padded_batch):
     assert len(calls) == 1
 
 
+@pytest.mark.slow  # torch.compile of each decoding: half a minute (.ci/run runs it in float32 and bfloat16)
 @pytest.mark.parametrize("decoding", ["greedy", "paper beam"])
 def test_static_cache_generation_compiles_to_one_graph(model, padded_batch, dtype, decoding):
     """The static-cache path that generate() compiles on GPUs, for greedy search and for the default decoding (the

@@ -118,6 +118,7 @@ print(json.dumps([type(translate).__module__, translate(json.loads(sys.argv[2]),
 """
 
 
+@pytest.mark.slow  # a fresh process without the package (tests/test_save_load.py's remote-code run is in the default suite)
 def test_without_the_package_the_folder_brings_its_pipeline_as_remote_code(tmp_path):
     """A Python without vaswani (the remote-code test's isolation: -S and no site-packages of this package), batching
     its texts."""

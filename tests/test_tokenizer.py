@@ -164,6 +164,7 @@ def test_script_trains_on_both_sides_of_the_train_split(tmp_path, capsys):
     assert reloaded.decode(reloaded(spanish[0]).input_ids, skip_special_tokens=True) == spanish[0]
 
 
+@pytest.mark.slow  # two fresh processes of the command, run by its path
 def test_the_script_runs_by_path_and_checks_its_flags(tmp_path):
     def run(*arguments):
         return run_command(
