@@ -1,7 +1,7 @@
 """vaswani's tokenization of a corpus beside fairseq-preprocess: the same pairs and the same BPE, each tool in
 processes of its own, one after the other.
 
-    python -m benchmarks.preprocess --corpus CORPUS --tokenizer TOK --workdir WORK [--workers 2]
+    python -m benchmarks.preprocess --corpus CORPUS --tokenizer TOK --workdir WORK [--workers 2] [--languages en es]
                                     [--fairseq_python PY] [--output docs/benchmarks/preprocess]
 
 Run from the root of a checkout with the `test` extra installed (benchmarks/README.md); fairseq runs in its own
@@ -84,7 +84,7 @@ def folder_bytes(paths):
 # --- The steps' own processes: `python -m benchmarks.preprocess bpe|vaswani ...`. ---
 
 
-def write_bpe(corpus, tokenizer_dir, output, workers):
+def write_bpe(corpus, tokenizer_dir, output, workers, languages):
     """Step 1: each split's sentences as space-separated BPE tokens, in fairseq's file names (train.en, ...)."""
     from datasets import load_from_disk
     from transformers import AutoTokenizer
@@ -95,7 +95,6 @@ def write_bpe(corpus, tokenizer_dir, output, workers):
     dataset = load_from_disk(str(corpus))
     for split, name in SPLITS.items():
         pairs = dataset[split].with_format("arrow")
-        languages = pairs.features["translation"].languages
         files = {language: open(output / f"{name}.{language}", "w", encoding="utf-8") for language in languages}
         for start in range(0, len(pairs), 20_000):
             column = pairs[start : start + 20_000].column("translation").combine_chunks()
@@ -124,12 +123,10 @@ def tokenize_for_training(corpus, tokenizer_dir, workers, languages):
 # --- The comparison. ---
 
 
-def train_split_of(corpus):
-    """The corpus's train split: its number of pairs and its (source, target) languages."""
+def train_pairs_of(corpus):
     from datasets import load_from_disk
 
-    train = load_from_disk(str(corpus))["train"]
-    return train.num_rows, train.features["translation"].languages
+    return load_from_disk(str(corpus))["train"].num_rows
 
 
 def fairseq_tokens(log_text, language):
@@ -143,13 +140,14 @@ def fairseq_tokens(log_text, language):
 
 def compare(args):
     corpus, work = Path(args.corpus), Path(args.workdir)
-    train_pairs, (source, target) = train_split_of(corpus)
+    train_pairs, (source, target) = train_pairs_of(corpus), args.languages
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     for cached in corpus.glob("*/vaswani-*"):  # vaswani's first tokenization, as a new corpus meets it
         cached.unlink()
     me = [sys.executable, "-m", "benchmarks.preprocess"]
     common = ["--corpus", str(corpus), "--tokenizer", str(args.tokenizer), "--workers", str(args.workers)]
+    common += ["--languages", source, target]
     single_thread = {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "true"}
 
     rows = {}
@@ -171,9 +169,7 @@ def compare(args):
     log_text = (work / "fairseq.log").read_text()
     sentences, fairseq_source_tokens = fairseq_tokens(log_text, source)
     print("3. vaswani's first tokenization", flush=True)
-    rows["vaswani"] = run_measured(
-        [*me, "vaswani", *common, "--languages", source, target], env=single_thread, log=work / "vaswani.log"
-    )
+    rows["vaswani"] = run_measured([*me, "vaswani", *common], env=single_thread, log=work / "vaswani.log")
     rows["vaswani"]["bytes"] = sum(path.stat().st_size for path in corpus.glob("*/vaswani-*"))
     counts = json.loads((work / "vaswani.log").read_text().strip().splitlines()[-1])
 
@@ -250,7 +246,7 @@ def parse_args(argv=None):
     parser.add_argument("--workdir", help="where the BPE text and fairseq's output go (replaced)")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--fairseq_python", default=".fairseq-venv/bin/python", help="a Python with fairseq")
-    parser.add_argument("--languages", nargs=2, help="(step vaswani) source and target")
+    parser.add_argument("--languages", nargs=2, default=["en", "es"], help="source and target (default: en es)")
     parser.add_argument("--output", default="docs/benchmarks/preprocess", help="OUTPUT.json and OUTPUT.md")
     return parser.parse_args(argv)
 
@@ -258,7 +254,7 @@ def parse_args(argv=None):
 def main(argv=None):
     args = parse_args(argv)
     if args.step == "bpe":
-        return write_bpe(Path(args.corpus), args.tokenizer, Path(args.workdir), args.workers)
+        return write_bpe(Path(args.corpus), args.tokenizer, Path(args.workdir), args.workers, args.languages)
     if args.step == "vaswani":
         return tokenize_for_training(Path(args.corpus), args.tokenizer, args.workers, args.languages)
     if args.workdir is None:
