@@ -191,7 +191,7 @@ def compare(args):
         "tokenizer": str(args.tokenizer),
         "train_pairs": train_pairs,
         "workers": args.workers,
-        "fairseq_command": " ".join(fairseq[1:]),
+        "fairseq_arguments": " ".join(fairseq[3:]),  # after `PYTHON -m fairseq_cli.preprocess`
         "train_source_tokens": {"fairseq": fairseq_source_tokens, "vaswani": counts["train_source_tokens"]},
         "train_sentences": {"fairseq": sentences, "vaswani": counts["train_pairs"]},
         "rows": rows,
@@ -231,7 +231,7 @@ def render(result):
         f"{tokens['vaswani']:,} in vaswani's ids (</s> included; sentences: {result['train_sentences']['fairseq']:,} "
         f"and {result['train_sentences']['vaswani']:,}, vaswani leaving out pairs longer than 256 tokens).",
         "",
-        f"fairseq: `fairseq-preprocess {result['fairseq_command'].split('preprocess ', 1)[1]}`. On disk: fairseq's "
+        f"fairseq: `fairseq-preprocess {result['fairseq_arguments']}`. On disk: fairseq's "
         "binarised splits and dictionary; vaswani's Arrow cache next to each split (its input, the DatasetDict, is "
         "what both read).",
     ]

@@ -151,8 +151,9 @@ def measured_bleu(evaluation: dict | None) -> dict[str, dict]:
 def results_table(evaluation: dict | None, training: dict | None) -> str:
     """The scores of the evaluated splits (sacreBLEU's BLEU, the paper's tokenized BLEU and chrF where measured), then
     the validation score of the end of training."""
-    fields = ("bleu", "tokenized_bleu", "chrf", "sentences", "num_beams", "length_penalty", "paper_decoding")
-    fields += ("signature",)
+    fields = (
+        "bleu", "tokenized_bleu", "chrf", "sentences", "num_beams", "length_penalty", "paper_decoding", "signature"
+    )  # fmt: skip
     rows = [[split, *map(result.get, fields)] for split, result in measured_bleu(evaluation).items()]
     if training is not None:
         args = training.get("args") or {}
