@@ -4,6 +4,7 @@
     python -m benchmarks.data_scale memory     --dataset_dir BIBLE --workdir WORK
                                                [--sizes default,100k,1M,4.5M] [--codes old,new] [--processes 1,2]
     python -m benchmarks.data_scale throughput --dataset_dir BIBLE --workdir WORK [--rounds 3]
+    python -m benchmarks.data_scale pipeline   --dataset_dir BIBLE --workdir WORK [--sizes 36M] [--timeout 14400]
     python -m benchmarks.data_scale report
 
 Run from the root of a git checkout, with the package installed editable and its `test` extra (psutil samples the
@@ -49,6 +50,15 @@ The old code is not run above --old_max_rows pairs: its row gives a linear extra
 first step from the two largest old-code rows measured with the same number of processes (or, until there are two,
 from reference figures of the old code: 100k pairs 1.33 GB / 51 s, 1M pairs 4.75 GB / 275 s).
 
+`pipeline` follows a user of a WMT-sized corpus from the Hub's layout to the first training step, per size: corpus_N
+written as Parquet shards in a configuration folder (hub_N/en-es/train-00000-of-000NN.parquet, rows {"translation"}
+alone, as wmt14 is served), `prepare_data.py --dataset hub_N --dataset_config en-es` (datasets' Arrow copy of the
+Parquet goes to WORK/hf_cache, deleted after), `train_tokenizer.py --max_sentences 1000000` on what it prepared, then
+train.py with 2 processes on the prepared corpus and that tokenizer: a first start (no cache) and a cached start,
+each measured as above. The two scripts are measured as benchmarks.preprocess measures its steps (wall and CPU
+seconds, the peak of their processes' summed anonymous memory, the bytes they wrote); the first tokenization's time
+is the first start less the cached one.
+
 Results merge into docs/benchmarks/data_scale.json, keyed by (mode, code, corpus, processes, cache), so that a run
 over some sizes adds to earlier ones; docs/benchmarks/data_scale.md is rewritten from all of them. Each launch's
 output is kept in WORK/logs.
@@ -87,6 +97,7 @@ THROUGHPUT_PRESET, THROUGHPUT_VOCAB, THROUGHPUT_PROCESSES, THROUGHPUT_STEPS, THR
     40,
     10,
 )
+PIPELINE_CONFIG, PIPELINE_SAMPLE = "en-es", 1_000_000  # the Hub layout's configuration; train_tokenizer's sample
 SAMPLE_SECONDS, POLL_SECONDS = 0.2, 0.05  # memory samples; reads of train_log.jsonl
 # Reference figures of the old code (tiny preset): train pairs -> (peak RSS, seconds to the first steps).
 OLD_REFERENCE_FIGURES = {100_000: (1.33e9, 51.0), 1_000_000: (4.75e9, 275.0)}
@@ -252,12 +263,31 @@ def build_corpus(args, rows, target):
 
 def prepare(args, sizes, vocab_sizes):
     args.workdir.mkdir(parents=True, exist_ok=True)
-    timed(f"old code ({args.old_commit})", old_code_path(args), add_old_worktree, args)
+    if vocab_sizes:  # trained with the old code's script
+        timed(f"old code ({args.old_commit})", old_code_path(args), add_old_worktree, args)
     for vocab_size in vocab_sizes:
         timed(f"tokenizer, {vocab_size} tokens", args.workdir / f"tok{vocab_size}", train_tokenizer, args, vocab_size)
     for size in sizes:
         if size != "default":
             timed(f"corpus of {size:,} pairs", corpus_path(args, size), build_corpus, args, size)
+
+
+def write_hub_layout(args, size, target):
+    """corpus_N's splits as the Hub serves a translation dataset (wmt14: fr-en/train-00000-of-00030.parquet, ...):
+    Parquet shards of 1M rows in a configuration folder, each row {"translation": {...}} alone."""
+    from datasets import load_from_disk
+
+    partial = target.with_name(target.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    folder = partial / PIPELINE_CONFIG
+    folder.mkdir(parents=True)
+    for split, dataset in load_from_disk(str(corpus_path(args, size))).items():
+        dataset = dataset.select_columns(["translation"])
+        shards = -(-len(dataset) // 1_000_000)
+        for index in range(shards):
+            shard = dataset.shard(shards, index, contiguous=True)
+            shard.to_parquet(str(folder / f"{split}-{index:05d}-of-{shards:05d}.parquet"))
+    partial.rename(target)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -526,7 +556,7 @@ def measure(args, *, code, corpus, processes, cache, preset, tokenizer, max_step
         "cwd": str(code_dir),
         "code_version": code_version(code_dir),
         "log": str(log_path),
-        "date": datetime.datetime.now().isoformat(timespec="seconds"),
+        "date": now(),
         "machine": machine_description(),
         "versions": versions(),
     }
@@ -631,6 +661,83 @@ def run_throughput(args):
                     entry.update(date=run["date"], machine=run["machine"], versions=run["versions"])
                     save_result(args, entry)
                     print(f"  {run['status']}, {fmt_number(run['tokens_per_sec'])} tokens/s", flush=True)
+
+
+def run_pipeline(args):
+    """A user's path per corpus size: prepare_data.py from the Hub's layout, train_tokenizer.py on a sample, then
+    vaswani-train's first start (which tokenizes) and its cached start, with 2 processes."""
+    from benchmarks.preprocess import run_measured
+
+    prepare(args, args.sizes, [])
+    for size in args.sizes:
+        hub = timed(f"Hub layout of {size:,} pairs", args.workdir / f"hub_{size}", write_hub_layout, args, size)
+        prepared, tokenizer = args.workdir / f"prepared_{size}", args.workdir / f"tok_prepared_{size}"
+        key = {"mode": "pipeline", "code": "new", "corpus": corpus_name(size), "processes": 2}
+        logs = args.workdir / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        steps = {
+            "prepare_data": (
+                ["scripts/prepare_data.py", "--dataset", str(hub), "--dataset_config", PIPELINE_CONFIG],
+                ["--output_dir", str(prepared)],
+                prepared,
+                {"HF_DATASETS_CACHE": str(args.workdir / "hf_cache")},  # load_dataset's Arrow copy of the Parquet
+            ),
+            "train_tokenizer": (
+                ["scripts/train_tokenizer.py", "--dataset_dir", str(prepared), "--vocab_size", str(MEMORY_VOCAB)],
+                ["--max_sentences", str(PIPELINE_SAMPLE), "--output_dir", str(tokenizer)],
+                tokenizer,
+                {},
+            ),
+        }
+        for step, (command, outputs, output, environment) in steps.items():
+            print(f"pipeline: {step}, {size:,} pairs", flush=True)
+            shutil.rmtree(output, ignore_errors=True)
+            shutil.rmtree(args.workdir / "hf_cache", ignore_errors=True)
+            measured = run_measured(
+                [sys.executable, *command, *outputs], env=environment, log=logs / f"pipeline_{step}_{size}.log"
+            )
+            entry = {
+                **key,
+                "cache": step,
+                **measured,
+                "bytes": folder_bytes(output),
+                "command": shlex.join(["python3", *command, *outputs]),
+                "cwd": str(REPO),
+                "code_version": code_version(REPO),
+            }
+            save_result(args, {**entry, "date": now(), "machine": machine_description(), "versions": versions()})
+        rows = train_rows(prepared)
+        for cache in ("first run", "cached"):
+            print(f"pipeline: vaswani-train, {cache}, {rows:,} pairs", flush=True)
+            entry = {
+                **key,
+                "rows": rows,
+                "cache": cache,
+                **measure(
+                    args,
+                    code="new",
+                    corpus=prepared,
+                    processes=2,
+                    cache=cache,
+                    preset=MEMORY_PRESET,
+                    tokenizer=tokenizer,
+                    max_steps=MEMORY_STEPS,
+                    log_every=1,
+                    steady_after=MEMORY_STEADY_AFTER,
+                    label=f"pipeline_{corpus_name(size)}_{cache.replace(' ', '_')}",
+                ),
+                "bytes": sum(path.stat().st_size for path in cache_files(prepared)),
+            }
+            save_result(args, entry)
+        shutil.rmtree(args.workdir / "hf_cache", ignore_errors=True)
+
+
+def folder_bytes(folder):
+    return sum(path.stat().st_size for path in Path(folder).rglob("*") if path.is_file())
+
+
+def now():
+    return datetime.datetime.now().isoformat(timespec="seconds")
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -835,6 +942,7 @@ def render_markdown(data):
             throughput_rows(throughput),
         ),
         "",
+        *pipeline_sections([entry for entry in results if entry["mode"] == "pipeline"]),
         "## Commands",
         "",
         "The benchmark:",
@@ -851,6 +959,57 @@ def render_markdown(data):
         "",
     ]
     return "\n".join(lines)
+
+
+def pipeline_sections(pipeline):
+    """Per corpus: a user's path, each step with its time, memory and bytes, and the first tokenization's rate."""
+    lines = []
+    for corpus in sorted({entry["corpus"] for entry in pipeline}, key=lambda name: int(name.split("_")[1])):
+        steps = {entry["cache"]: entry for entry in pipeline if entry["corpus"] == corpus}
+        size = int(corpus.split("_")[1])
+        lines += [
+            f"## A user's path at {size:,} pairs: the Hub's layout to the first training step, 2 processes",
+            "",
+            (
+                f"corpus_{size} written as the Hub serves a translation dataset (Parquet shards, configuration "
+                f"{PIPELINE_CONFIG}), then: prepare_data.py (its --num_proc default), train_tokenizer.py on a sample of "
+                f"{PIPELINE_SAMPLE:,} pairs ({MEMORY_VOCAB} tokens), and vaswani-train ({MEMORY_PRESET} preset, "
+                "2 processes) started on the prepared corpus twice: the first start tokenizes it, the second maps the "
+                "cache. Time: wall seconds (training: to the record of step 1). Memory: peaks of RssAnon, per process "
+                "(training processes) and summed over every process of the step. On disk: what the step wrote (the "
+                "training rows: the tokenized cache)."
+            ),
+            "",
+        ]
+        rows = []
+        for name in ("prepare_data", "train_tokenizer", "first run", "cached"):
+            entry = steps.get(name)
+            if entry is None:
+                continue
+            training = name in ("first run", "cached")
+            rows.append(
+                [
+                    f"vaswani-train, {name}" if training else f"{name}.py",
+                    fmt_seconds(entry["seconds_to_first_record"] if training else entry["wall_seconds"]),
+                    fmt_bytes(entry["peak_rss_anon_per_process"]) if training else "—",
+                    fmt_bytes(entry["peak_rss_anon_all"] if training else entry["peak_anon"]),
+                    fmt_bytes(entry["bytes"]),
+                    "; ".join(memory_notes(entry)) if training else f"CPU {fmt_seconds(entry['cpu_seconds'])}",
+                ]
+            )
+        lines += [table(["step", "time", "peak RssAnon / process", "peak RssAnon, all", "on disk", "notes"], rows), ""]
+        first, cached = steps.get("first run"), steps.get("cached")
+        if first and cached and first["status"] == cached["status"] == "ok":
+            seconds = first["seconds_to_first_record"] - cached["seconds_to_first_record"]
+            lines += [
+                (
+                    f"The first tokenization: {seconds:,.0f} s for {first['rows']:,} pairs (the first start less the "
+                    f"cached one), with 2 tokenizing processes: {first['rows'] / seconds / 2:,.0f} pairs per second "
+                    "per core."
+                ),
+                "",
+            ]
+    return lines
 
 
 def throughput_rows(throughput):
@@ -879,7 +1038,8 @@ def example_commands(measured):
     examples = {}
     for entry in sorted(measured, key=lambda entry: entry["date"]):
         for run in entry.get("runs", [entry]):
-            examples[entry["mode"], entry["code"], entry["processes"]] = f"(cd {run['cwd']} && {run['command']})"
+            step = entry["cache"] if entry["mode"] == "pipeline" else ""
+            examples[entry["mode"], entry["code"], entry["processes"], step] = f"(cd {run['cwd']} && {run['command']})"
     return [examples[key] for key in sorted(examples)]
 
 
@@ -971,6 +1131,12 @@ def parse_args(argv=None):
         default=[THROUGHPUT_PROCESSES],
         help=f"training processes, comma-separated (default: {THROUGHPUT_PROCESSES})",
     )
+    subcommand(
+        "pipeline",
+        [common, sizes, launches],
+        "a user's path: prepare_data.py from the Hub's layout, train_tokenizer.py on a sample, and the first and "
+        "cached start of vaswani-train with 2 processes",
+    )
     subcommand("report", [results], "rewrite RESULTS.md from RESULTS.json")
     args = parser.parse_args(argv)
     for name in ("dataset_dir", "workdir"):  # train.py runs in other folders
@@ -990,6 +1156,8 @@ def main(argv=None):
         run_memory(args)
     elif args.command == "throughput":
         run_throughput(args)
+    elif args.command == "pipeline":
+        run_pipeline(args)
     if args.command != "prepare":
         print(write_results(args.results, load_results(args.results)))
         print(f"Written {args.results.with_suffix('.json')} and .md")

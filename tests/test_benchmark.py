@@ -407,3 +407,28 @@ def test_preprocess_times_vaswani_and_fairseq_preprocess_on_the_same_tokens(fair
         assert row["wall_seconds"] > 0 and row["peak_rss"] > 0 and row["pairs_per_second_per_worker"] > 0, step
     assert result["rows"]["fairseq"]["bytes"] > 0 and result["rows"]["vaswani"]["bytes"] > 0
     assert "| 3. vaswani's first tokenization (text to ids) |" in (tmp_path / "preprocess.md").read_text()
+
+
+@pytest.mark.benchmark
+def test_data_scale_follows_a_user_from_the_hubs_layout_to_the_first_step(tmp_path):
+    """benchmarks/data_scale.py pipeline: corpus_N as Parquet shards in a configuration folder, prepare_data.py,
+    train_tokenizer.py on a sample, and a first and a cached start of two training processes, with their page."""
+    bible = make_dataset(tmp_path / "bible", {"train": 300, "validation": 20, "test": 20})
+    run_in_checkout(
+        "-m", "benchmarks.data_scale", "pipeline", "--dataset_dir", bible, "--workdir", tmp_path / "work",
+        "--sizes", "2000", "--results", tmp_path / "data_scale", timeout=1200,
+    )  # fmt: skip
+    assert sorted(path.name for path in (tmp_path / "work" / "hub_2000" / "en-es").iterdir()) == [
+        "test-00000-of-00001.parquet",
+        "train-00000-of-00001.parquet",
+        "validation-00000-of-00001.parquet",
+    ]
+    steps = {entry["cache"]: entry for entry in json.loads((tmp_path / "data_scale.json").read_text())["results"]}
+    assert sorted(steps) == ["cached", "first run", "prepare_data", "train_tokenizer"]
+    assert all(entry["bytes"] > 0 for entry in steps.values())
+    assert steps["first run"]["status"] == steps["cached"]["status"] == "ok"
+    assert steps["first run"]["cache_files_before"] == 0 < steps["cached"]["cache_files_before"]
+    assert len(steps["first run"]["training_processes"]) == 2
+    page = (tmp_path / "data_scale.md").read_text()
+    assert "## A user's path at 2,000 pairs" in page and "The first tokenization:" in page
+    assert not (tmp_path / "work" / "old_code").exists()  # the old code is not needed

@@ -17,7 +17,7 @@ from helpers import ENGLISH, word_pair, word_tokenizer, write_wmt14_folder
 from vaswani.checks import UsageError
 from vaswani.modeling.modeling_vaswani import shift_tokens_right
 from vaswani.training import data
-from vaswani.training.batching import StepBatches, TokenBucketSampler
+from vaswani.training.batching import LengthPairs, StepBatches, TokenBucketSampler
 from vaswani.training.checkpoints import TrainState
 from vaswani.training.data import PairCollator, pair_loader, tokenize_split
 
@@ -52,6 +52,14 @@ def test_batches_are_those_of_the_batching_they_replaced(seed, epoch, shuffle, d
     for batch in every_batch(sampler, epoch):
         found.update(np.asarray(batch, dtype=np.int64).tobytes() + b"|")
     assert found.hexdigest()[:16] == digest
+
+
+def test_batches_are_the_same_when_the_lengths_are_sorted_a_chunk_at_a_time(monkeypatch):
+    """At WMT scale the sort by length reads a million pairs at a time; with chunks of 97 pairs, the batches of the
+    digests above."""
+    monkeypatch.setattr(LengthPairs, "CHUNK", 97)
+    test_batches_are_those_of_the_batching_they_replaced(5, 3, True, "4c8f5d97abf47eed")
+    test_batches_are_those_of_the_batching_they_replaced(0, 0, False, "0a2b0f4501c78862")
 
 
 def test_batches_stay_within_the_token_limit_cover_every_pair_once_and_are_full():
@@ -121,10 +129,12 @@ def test_step_batches_continue_where_the_run_state_stands_and_roll_over_epochs()
 
 def test_defaults_edges_and_storage():
     """Defaults: seed 0, epoch 0 from its first batch, every batch used by one process; one pair, or a pair of exactly
-    max_tokens, is a batch; pairs too big to share a batch each make one; lengths take 4 bytes a pair."""
+    max_tokens, is a batch; pairs too big to share a batch each make one; lengths take the narrowest type that holds
+    them (1 byte a pair here, 2 under the usual limits)."""
     source, target = lengths(500)
     sampler = TokenBucketSampler(source.astype(np.int64), target, 600)
-    assert sampler.source_lengths.dtype == sampler.target_lengths.dtype == np.int32
+    assert sampler.source_lengths.dtype == sampler.target_lengths.dtype == np.uint8
+    assert TokenBucketSampler(source * 10, target, 6000).source_lengths.dtype == np.uint16
     batches = [list(batch) for batch in sampler]
     assert batches == every_batch(TokenBucketSampler(source, target, 600, seed=0), 0)
     assert len(batches) == len(sampler.epoch_batches(0)[2])  # nothing left out with one process
@@ -246,7 +256,8 @@ def test_pairs_are_tokenized_with_lengths_and_long_or_textless_pairs_counted(sav
     first = split.pairs.with_format("arrow")[[3]]
     assert first.column("input_ids").to_pylist() == [tokenizer(train[3]["translation"]["en"]).input_ids]
     assert first.column("labels").to_pylist() == [tokenizer(text_target=train[3]["translation"]["es"]).input_ids]
-    assert split.pairs.features["input_ids"].feature.dtype == "int32"
+    assert split.pairs.features["input_ids"].feature.dtype == split.pairs.features["labels"].feature.dtype == "uint16"
+    assert split.source_lengths.dtype == np.uint8  # the narrowest type that holds them
     assert (split.source_lengths == [len(tokenizer(t["en"]).input_ids) for t in train[:40]["translation"]]).all()
     cut = tokenize_split(train, tokenizer, "en", "es", 8, 8, long_pairs="truncate")
     assert (len(cut), cut.truncated, cut.too_long, cut.without_text) == (41, 1, 0, 2)
@@ -256,7 +267,8 @@ def test_pairs_are_tokenized_with_lengths_and_long_or_textless_pairs_counted(sav
 
 
 class TokenizerThatCannotTokenize:
-    """`tokenizer` to the cache's key (its pipeline, `tokenizer_fingerprint`), failing the test if asked for ids."""
+    """`tokenizer` to the cache's key (its pipeline, `tokenizer_fingerprint`) and its size (the ids' type), failing
+    the test if asked for ids."""
 
     is_fast = True
 
@@ -264,11 +276,20 @@ class TokenizerThatCannotTokenize:
         self.backend_tokenizer = SimpleNamespace(
             to_str=tokenizer.backend_tokenizer.to_str, truncation=None, padding=None, encode_batch_fast=self.tokenize
         )
+        self.size = len(tokenizer)
+
+    def __len__(self):
+        return self.size
 
     def tokenize(self, *args, **kwargs):
         raise AssertionError("tokenized again")
 
     __call__ = tokenize
+
+
+def test_ids_take_two_bytes_where_the_vocabulary_fits():
+    assert data.token_type(range(2**16)) == "uint16"
+    assert data.token_type(range(2**16 + 1)) == "int32"
 
 
 def test_the_second_tokenization_maps_the_cache_and_runs_no_tokenizer(saved_corpus):

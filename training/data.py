@@ -1,8 +1,9 @@
 """Section 5.1, the training data: translation pairs tokenized once into Arrow, and padded into batches.
 
 At WMT scale (4.5M pairs for English-German, 36M for English-French) nothing here holds the corpus in Python objects:
-- `tokenize_split` tokenizes a split once with `datasets.map(batched=True, num_proc=...)` into int32 Arrow columns
-  (source and target ids, their lengths) of the pairs that train, cached next to the dataset under a key made of the
+- `tokenize_split` tokenizes a split once with `datasets.map(batched=True, num_proc=...)` into Arrow list columns
+  (source and target ids, 2 bytes a token where the vocabulary fits; a list's offsets give its length) of the pairs
+  that train, cached next to the dataset under a key made of the
   dataset's fingerprint, the tokenizer, the languages and the length limits, so that every later run, every resumed
   run and every other process maps the same files;
 - `vaswani.training.batching.TokenBucketSampler` groups pairs of similar length from the two length columns alone;
@@ -55,18 +56,25 @@ from .padding import pair_batch
 # Whether a pair that trains was kept whole or cut to the length limits.
 KEPT, TRUNCATED = 0, 1
 # Bumped whenever the layout of the tokenized files changes, so that an older cache is never read as a newer one.
-CACHE_FORMAT = 2
+CACHE_FORMAT = 3
 CACHE_PREFIX = "vaswani-tokens"
-TOKENIZED_FEATURES = Features(
-    {
-        "input_ids": List(Value("int32")),
-        "labels": List(Value("int32")),
-        "source_length": Value("int32"),
-        "target_length": Value("int32"),
-        "row": Value("int64"),
-        "status": Value("int8"),
-    }
-)
+
+
+def token_type(tokenizer):
+    """The Arrow type of the cached ids: 2 bytes a token where the vocabulary fits (as fairseq's binarised files),
+    which halves the cache of a WMT corpus; a pair's lengths are its lists' own offsets, stored once."""
+    return "uint16" if len(tokenizer) <= 2**16 else "int32"
+
+
+def tokenized_features(id_type):
+    return Features(
+        {
+            "input_ids": List(Value(id_type)),
+            "labels": List(Value(id_type)),
+            "row": Value("int64"),
+            "status": Value("int8"),
+        }
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -267,7 +275,7 @@ def text_pairs(translations, source_lang, target_lang):
 
 
 def encode_pairs(
-    batch, indices, tokenizer, source_lang, target_lang, max_source_length, max_target_length, long_pairs
+    batch, indices, tokenizer, source_lang, target_lang, max_source_length, max_target_length, long_pairs, id_type
 ):
     """`datasets.map` function over Arrow batches: the pairs that train, with their token ids (ending in </s>).
 
@@ -294,10 +302,8 @@ def encode_pairs(
         target_lengths = np.minimum(target_lengths, max_target_length)
     return pa.table(
         {
-            "input_ids": ragged([source_ids[i] for i in keep], source_lengths[keep]),
-            "labels": ragged([target_ids[i] for i in keep], target_lengths[keep]),
-            "source_length": source_lengths[keep],
-            "target_length": target_lengths[keep],
+            "input_ids": ragged([source_ids[i] for i in keep], source_lengths[keep], id_type),
+            "labels": ragged([target_ids[i] for i in keep], target_lengths[keep], id_type),
             "row": rows[keep],
             "status": np.where(too_long[keep], TRUNCATED, KEPT).astype(np.int8),
         }
@@ -309,9 +315,9 @@ def cut(ids, limit, eos):
     return ids if len(ids) <= limit else ids[: limit - 1] + [eos]
 
 
-def ragged(sequences, lengths):
-    """A list<int32> Arrow column whose rows hold `sequences`, of `lengths` ids each."""
-    values = np.fromiter(itertools.chain.from_iterable(sequences), dtype=np.int32, count=int(lengths.sum()))
+def ragged(sequences, lengths, id_type):
+    """A list<id_type> Arrow column whose rows hold `sequences`, of `lengths` ids each."""
+    values = np.fromiter(itertools.chain.from_iterable(sequences), dtype=id_type, count=int(lengths.sum()))
     offsets = np.zeros(len(lengths) + 1, dtype=np.int32)
     np.cumsum(lengths, out=offsets[1:])
     return pa.ListArray.from_arrays(pa.array(offsets), pa.array(values))
@@ -329,7 +335,7 @@ def count_without_text(split, source_lang, target_lang):
 class TokenizedSplit:
     """The pairs of one split that train, tokenized into memory-mapped Arrow files, and what was left out.
 
-    `pairs` has the columns input_ids, labels (int32 ids ending in </s>), source_length, target_length, row (the
+    `pairs` has the columns input_ids, labels (ids ending in </s>, `token_type`), row (the
     pair's row in the original split, e.g. for its texts) and status (KEPT or TRUNCATED). It has no indices mapping:
     a batch is one Arrow `take`, and a whole column is read without Python objects.
     """
@@ -346,11 +352,24 @@ class TokenizedSplit:
 
     @property
     def source_lengths(self):
-        return self.column("source_length")
+        return self.lengths("input_ids")
 
     @property
     def target_lengths(self):
-        return self.column("target_length")
+        return self.lengths("labels")
+
+    def lengths(self, name):
+        """The lengths of an ids column's lists in numpy's narrowest unsigned type that holds them (what
+        `TokenBucketSampler` keeps), read from the memory-mapped chunks one at a time: no int32 array of the whole
+        column on the way (144 MB at 36M pairs)."""
+        chunks = self.pairs.data.column(name).chunks
+        longest = max((pc.max(pc.list_value_length(chunk)).as_py() or 0 for chunk in chunks), default=0)
+        lengths = np.empty(len(self.pairs), dtype=np.min_scalar_type(longest))
+        start = 0
+        for chunk in chunks:
+            lengths[start : start + len(chunk)] = pc.list_value_length(chunk).to_numpy()
+            start += len(chunk)
+        return lengths
 
     def column(self, name):
         return self.pairs.data.column(name).to_numpy()
@@ -407,7 +426,7 @@ def tokenize_split(
             with_indices=True,
             num_proc=None if from_cache else num_proc,
             remove_columns=split.column_names,
-            features=TOKENIZED_FEATURES,
+            features=tokenized_features(token_type(tokenizer)),
             cache_file_name=str(cache_file) if cache_file else None,
             new_fingerprint=key,
             desc=f"tokenizing {len(split):,} pairs",
@@ -418,6 +437,7 @@ def tokenize_split(
                 "max_source_length": max_source_length,
                 "max_target_length": max_target_length,
                 "long_pairs": long_pairs,
+                "id_type": token_type(tokenizer),
             },
         )
         .with_format(None)
@@ -441,7 +461,7 @@ def tokenize_split(
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-COLLATED = ("input_ids", "labels", "source_length", "target_length")  # the columns a batch is made of
+COLLATED = ("input_ids", "labels")  # the columns a batch is made of
 
 
 class PairCollator:
@@ -452,11 +472,12 @@ class PairCollator:
         self.pad_token_id, self.decoder_start_token_id = pad_token_id, decoder_start_token_id
 
     def __call__(self, table: pa.Table):
+        sources, targets = (table.column(name).combine_chunks() for name in COLLATED)
         return pair_batch(
-            table.column("input_ids").combine_chunks().flatten().to_numpy(),
-            table.column("source_length").to_numpy(),
-            table.column("labels").combine_chunks().flatten().to_numpy(),
-            table.column("target_length").to_numpy(),
+            sources.flatten().to_numpy(),
+            pc.list_value_length(sources).to_numpy(),
+            targets.flatten().to_numpy(),
+            pc.list_value_length(targets).to_numpy(),
             self.pad_token_id,
             self.decoder_start_token_id,
         )
