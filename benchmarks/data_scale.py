@@ -354,11 +354,12 @@ class MemorySampler:
         for process in self.launch():
             try:
                 with process.oneshot():
-                    commands[process.pid], parents[process.pid] = process.cmdline(), process.ppid()
-                    info = process.memory_info()
-                    memory[process.pid] = (info.rss - info.shared, max(info.rss, peak_rss(process)))
-            except psutil.Error:  # gone, or a zombie
+                    command, parent, info = process.cmdline(), process.ppid(), process.memory_info()
+                    rss = max(info.rss, peak_rss(process))
+            except psutil.Error:  # gone, or a zombie (a process that ends between two reads is left out whole)
                 continue
+            commands[process.pid], parents[process.pid] = command, parent
+            memory[process.pid] = (info.rss - info.shared, rss)
         anon_all = 0
         for pid, role in process_roles(commands, parents).items():
             rss_anon, rss = memory[pid]
