@@ -339,6 +339,16 @@ def test_a_local_folder_in_the_wmt14_layout_goes_through_load_dataset_like_a_hub
         prepare_data.main([*from_json, "--target_lang", "fr"])
 
 
+def test_distinct_sources_are_counted_across_the_batches_they_are_hashed_in(monkeypatch):
+    """The summary's "from N distinct sources": a source repeated in other batches counts once."""
+    monkeypatch.setattr(corpus, "HASHED_AT_ONCE", 7)
+    sources = [f"sentence {i % 20}" for i in range(50)] + ["sentence 0 ", "Sentence 0"]
+    split = datasets.Dataset.from_dict({"translation": [{"en": text, "es": "frase"} for text in sources]})
+    assert corpus.distinct_sources(split, "en") == 22
+    assert corpus.distinct_sources(split, "es") == 1
+    assert corpus.distinct_sources(split.select([]), "en") == 0
+
+
 def test_to_dataset_dict_uses_the_translation_layout():
     examples = [
         {"id": f"line.{i}", "group": es, "translation": {"es": es, "en": en}}
