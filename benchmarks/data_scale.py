@@ -568,6 +568,23 @@ def measure(args, *, code, corpus, processes, cache, preset, tokenizer, max_step
 # ---------------------------------------------------------------------------------------------------------------------
 
 
+def measure_memory(args, code, corpus, processes, cache, tokenizer, label):
+    """One launch as the memory rows are measured: the tiny preset, a record at every step."""
+    return measure(
+        args,
+        code=code,
+        corpus=corpus,
+        processes=processes,
+        cache=cache,
+        preset=MEMORY_PRESET,
+        tokenizer=tokenizer,
+        max_steps=MEMORY_STEPS,
+        log_every=1,
+        steady_after=MEMORY_STEADY_AFTER,
+        label=label,
+    )
+
+
 def run_memory(args):
     """Per size, code and process count: one run of the old code, a first and a cached run of the new."""
 
@@ -598,19 +615,7 @@ def run_memory(args):
                     entry = {
                         **key,
                         "cache": cache,
-                        **measure(
-                            args,
-                            code=code,
-                            corpus=corpus,
-                            processes=processes,
-                            cache=cache,
-                            preset=MEMORY_PRESET,
-                            tokenizer=tokenizer,
-                            max_steps=MEMORY_STEPS,
-                            log_every=1,
-                            steady_after=MEMORY_STEADY_AFTER,
-                            label=label,
-                        ),
+                        **measure_memory(args, code, corpus, processes, cache, tokenizer, label),
                     }
                     save_result(args, entry)
                     print("  " + " | ".join(memory_cells(entry, [])), flush=True)
@@ -714,18 +719,14 @@ def run_pipeline(args):
                 **key,
                 "rows": rows,
                 "cache": cache,
-                **measure(
+                **measure_memory(
                     args,
-                    code="new",
-                    corpus=prepared,
-                    processes=2,
-                    cache=cache,
-                    preset=MEMORY_PRESET,
-                    tokenizer=tokenizer,
-                    max_steps=MEMORY_STEPS,
-                    log_every=1,
-                    steady_after=MEMORY_STEADY_AFTER,
-                    label=f"pipeline_{corpus_name(size)}_{cache.replace(' ', '_')}",
+                    "new",
+                    prepared,
+                    2,
+                    cache,
+                    tokenizer,
+                    f"pipeline_{corpus_name(size)}_{cache.replace(' ', '_')}",
                 ),
                 "bytes": sum(path.stat().st_size for path in cache_files(prepared)),
             }
