@@ -34,7 +34,7 @@ class TokenBucketSampler(torch.utils.data.Sampler):
     process waiting for a gradient exchange that never comes would hang DDP); without it (validation), every batch is
     used. Only the two length arrays are read, kept in the narrowest unsigned type that holds them; a batch is a list
     of row indices. An epoch's order is the one thing held per pair (4 bytes): at WMT14 English-French's 36M pairs,
-    the sampler holds 2 x 72 MB of lengths and 144 MB of order.
+    the sampler holds 2 x 72 MB of lengths and 144 MB of order (twice that while an epoch is sorted).
 
     `set_epoch(epoch, position)` starts the iteration over an epoch at the position-th batch of this process, which
     is how a resumed run continues with exactly the batches an uninterrupted run would have used; the sampler keeps no
@@ -160,10 +160,14 @@ class StepBatches:
         return batches
 
 
+def length_type(longest):
+    """numpy's narrowest unsigned integer type for lengths up to `longest`: uint16 under the usual limits."""
+    return np.min_scalar_type(int(longest))
+
+
 def narrowest(lengths):
-    """Lengths as numpy's narrowest unsigned integer type that holds them (uint16 under the usual limits), without a
-    copy where they already are."""
-    return lengths.astype(np.min_scalar_type(int(lengths.max())), copy=False)
+    """Lengths in `length_type`, without a copy where they already are."""
+    return lengths.astype(length_type(lengths.max()), copy=False)
 
 
 class LengthPairs:

@@ -49,7 +49,7 @@ from datasets.fingerprint import Hasher, generate_fingerprint
 from huggingface_hub import constants as hf_constants
 
 from ..checks import UsageError, check_dataset_exists
-from .batching import TokenBucketSampler
+from .batching import TokenBucketSampler, length_type
 from .padding import pair_batch
 
 
@@ -364,7 +364,7 @@ class TokenizedSplit:
         column on the way (144 MB at 36M pairs)."""
         chunks = self.pairs.data.column(name).chunks
         longest = max((pc.max(pc.list_value_length(chunk)).as_py() or 0 for chunk in chunks), default=0)
-        lengths = np.empty(len(self.pairs), dtype=np.min_scalar_type(longest))
+        lengths = np.empty(len(self.pairs), dtype=length_type(longest))
         start = 0
         for chunk in chunks:
             lengths[start : start + len(chunk)] = pc.list_value_length(chunk).to_numpy()
