@@ -672,7 +672,7 @@ def run_throughput(args):
 def run_pipeline(args):
     """A user's path per corpus size: prepare_data.py from the Hub's layout, train_tokenizer.py on a sample, then
     vaswani-train's first start (which tokenizes) and its cached start, with 2 processes."""
-    from benchmarks.preprocess import run_measured
+    from benchmarks.preprocess import folder_bytes, run_measured
 
     prepare(args, args.sizes, [])
     for size in args.sizes:
@@ -706,7 +706,7 @@ def run_pipeline(args):
                 **key,
                 "cache": step,
                 **measured,
-                "bytes": folder_bytes(output),
+                "bytes": folder_bytes([output]),
                 "command": shlex.join(["python3", *command, *outputs]),
                 "cwd": str(REPO),
                 "code_version": code_version(REPO),
@@ -732,10 +732,6 @@ def run_pipeline(args):
             }
             save_result(args, entry)
         shutil.rmtree(args.workdir / "hf_cache", ignore_errors=True)
-
-
-def folder_bytes(folder):
-    return sum(path.stat().st_size for path in Path(folder).rglob("*") if path.is_file())
 
 
 def now():
