@@ -223,6 +223,19 @@ def bible_examples(records, max_chars=1000, max_ratio=2.0):
     return examples, dropped
 
 
+def bible_pairs(cache_dir, max_chars=1000, max_ratio=2.0):
+    """Every verse pair of the two SWORD modules (fetched into `cache_dir`) that the filters keep, in the Bible's
+    order -> (examples as `bible_examples` gives them, dropped counts by reason)."""
+    sword_dir = fetch_sword_modules(cache_dir)
+    verses = {}
+    for lang, (_, module) in SWORD_SOURCES.items():
+        print(f"reading {module} ({lang}) from {sword_dir}")
+        verses[lang] = read_sword_module(sword_dir, module)
+    records = list(bible_records(verses["en"], verses["es"]))
+    print(f"{len(records)} verse slots in the books both translations contain")
+    return bible_examples(records, max_chars=max_chars, max_ratio=max_ratio)
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # 4. The corpus, split by chapter.
 # ---------------------------------------------------------------------------------------------------------------------
@@ -246,14 +259,7 @@ def bible_dataset(
             f"the Bible corpus has languages {sorted(SWORD_SOURCES)}, not {sorted(unknown)}; "
             "use --files or --dataset for other languages"
         )
-    sword_dir = fetch_sword_modules(cache_dir)
-    verses = {}
-    for lang, (_, module) in SWORD_SOURCES.items():
-        print(f"reading {module} ({lang}) from {sword_dir}")
-        verses[lang] = read_sword_module(sword_dir, module)
-    records = list(bible_records(verses["en"], verses["es"]))
-    print(f"{len(records)} verse slots in the books both translations contain")
-    examples, dropped = bible_examples(records, max_chars=max_chars, max_ratio=max_ratio)
+    examples, dropped = bible_pairs(cache_dir, max_chars=max_chars, max_ratio=max_ratio)
     splits = split_examples(examples, seed=seed, valid_fraction=valid_fraction, test_fraction=test_fraction)
     chapters = {split: len({e["group"] for e in rows}) for split, rows in splits.items()}
     return to_dataset_dict(splits, source_lang, target_lang), dropped, chapters

@@ -38,21 +38,29 @@ SPECIAL_TOKENS = ("<pad>", "<s>", "</s>", "<unk>")
 PAD_ID, BOS_ID, EOS_ID, UNK_ID = range(len(SPECIAL_TOKENS))
 
 
-def train_bpe_tokenizer(texts, vocab_size, model_max_length=1024, min_frequency=2, show_progress=False):
+def train_bpe_tokenizer(
+    texts, vocab_size, model_max_length=1024, min_frequency=2, show_progress=False, add_prefix_space=False
+):
     """Learn a byte-level BPE vocabulary of at most `vocab_size` tokens from `texts` (an iterable of strings, or of
     lists of strings, read once).
 
     Returns a transformers PreTrainedTokenizerFast with the special tokens above. A small corpus may run out of merges
     before reaching `vocab_size`.
+
+    `add_prefix_space=True` encodes a text's first word as if a space preceded it, as GPT-2's and RoBERTa's byte-level
+    BPEs can: "The" then has one token wherever it stands. Decoding drops that space again, so the round trip holds
+    for every text that does not itself start with a space (all of `vaswani.corpora.dataset`'s output).
     """
     tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
     tokenizer.normalizer = normalizers.NFC()
     # Byte-level pre-tokenization maps every UTF-8 byte to a printable symbol and keeps spaces as part of the
     # following word, so nothing is lost: decoding concatenates the bytes back, which reproduces the input exactly
-    # (accents, "¿", "¡", repeated spaces). No prefix space is added, because that would add a space the input did
-    # not have. The initial alphabet puts all 256 bytes in the vocabulary, so no text ever needs <unk>.
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    # (accents, "¿", "¡", repeated spaces). No prefix space is added by default, because that would add a space the
+    # input did not have. The initial alphabet puts all 256 bytes in the vocabulary, so no text ever needs <unk>.
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=add_prefix_space)
     tokenizer.decoder = decoders.ByteLevel()
+    if add_prefix_space:  # the space the pre-tokenizer added is not the text's
+        tokenizer.decoder = decoders.Sequence([decoders.ByteLevel(), decoders.Strip(" ", left=1, right=0)])
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
         min_frequency=min_frequency,
