@@ -27,7 +27,7 @@ from vaswani.training import (
     tokenize_split,
     train_step,
 )
-from vaswani.training.distributed import launch_accelerator
+from vaswani.training.distributed import launch_accelerator, main_process_first
 from vaswani.training.step import recipe_adam
 
 
@@ -47,7 +47,7 @@ def main():
     # Data (section 5.1): pairs tokenized once into Arrow, batches of about --batch_tokens tokens of similar length.
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
     dataset = load_translation_dataset(args.dataset_dir, "en", "es")
-    with accelerator.main_process_first():  # the main process tokenizes, the others read its cache
+    with main_process_first(accelerator):  # the main process tokenizes, the others then read its cache
         train, valid = (tokenize_split(dataset[split], tokenizer, "en", "es") for split in ("train", "validation"))
     config = VaswaniConfig.from_preset(args.preset, **tokenizer_ids(tokenizer))
     collator = PairCollator(config.pad_token_id, config.decoder_start_token_id)

@@ -105,6 +105,29 @@ def test_ddp_validates_with_unequal_shares_and_says_which_strategy_ran(ddp_run):
     assert [r["step"] for r in read_log(ddp_run) if "val_loss" in r] == [4, 8, 8]  # periodic, then the final model
 
 
+WAITS_FOR_THE_MAIN_PROCESS = """
+import sys, time
+from vaswani.training.distributed import launch_accelerator, main_process_first
+accelerator = launch_accelerator(sys.argv[1], ddp_timeout=5)
+with main_process_first(accelerator):
+    if accelerator.is_main_process:
+        time.sleep(15)  # tokenizing a large corpus: longer than --ddp_timeout
+    print(f"rank {accelerator.process_index} went through at {time.time()}", flush=True)
+accelerator.wait_for_everyone()
+"""
+
+
+def test_the_others_wait_for_the_main_process_longer_than_ddp_timeout(tmp_path):
+    """The first start of a large corpus: the main process tokenizes for longer than --ddp_timeout while the others
+    wait, and nobody times out; the others go through after it."""
+    script = tmp_path / "waits.py"
+    script.write_text(WAITS_FOR_THE_MAIN_PROCESS)
+    result = launch(None, script, tmp_path / "project", timeout=120)
+    went = dict(line.split(" went through at ") for line in result.stdout.splitlines() if "went through" in line)
+    assert sorted(went) == ["rank 0", "rank 1"]
+    assert float(went["rank 1"]) >= float(went["rank 0"])
+
+
 def test_a_launch_that_asks_for_fsdp_on_a_cpu_stops_at_once_saying_why(corpus, tmp_path):
     result = launch("fsdp.yaml", SCRIPTS / "train.py", *arguments(corpus, tmp_path / "out"), check=False)
     assert result.returncode != 0

@@ -108,8 +108,9 @@ class TrainArguments:
     ddp_timeout: int = field(
         default=1800,
         metadata={
-            "help": "seconds a process waits for the others, e.g. while the main process tokenizes the corpus the first "
-            "time (as transformers' TrainingArguments.ddp_timeout)"
+            "help": "seconds a process waits for the others in a collective operation (as transformers' "
+            "TrainingArguments.ddp_timeout); the wait while the main process tokenizes the corpus the first time "
+            "is not bound by it"
         },
     )
     # Checkpoints and output (section 6.1).

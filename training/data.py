@@ -50,6 +50,7 @@ from huggingface_hub import constants as hf_constants
 
 from ..checks import UsageError, check_dataset_exists
 from .batching import TokenBucketSampler, length_type
+from .distributed import main_process_first
 from .padding import pair_batch
 
 
@@ -521,7 +522,7 @@ class TrainingData:
         """The splits of `dataset` for the TrainArguments `args`. The main process tokenizes first; then the first
         process of every other machine, which finds the files on a shared file system or else builds its machine's
         own copy; then all the others, which map the files."""
-        with accelerator.main_process_first(), accelerator.local_main_process_first():
+        with main_process_first(accelerator):
             train, valid = (
                 tokenize_split(
                     dataset[split],

@@ -7,6 +7,7 @@ plain data parallelism without a word. A run here either gets the strategy that 
 saying why (`LaunchedStrategy.check`).
 """
 
+import contextlib
 import os
 from dataclasses import dataclass
 from datetime import timedelta
@@ -23,6 +24,11 @@ from accelerate.utils import (
 
 from ..checks import UsageError
 
+
+# How long the other processes wait while the main process tokenizes a corpus the first time: as long as that takes
+# on its cores (more than half an hour for 36M pairs on 2 cores), which --ddp_timeout, the limit of a training step's
+# collectives, need not cover. A main process that fails ends the launch at once (the launcher stops every process).
+FIRST_TOKENIZATION_WAIT = timedelta(hours=24)
 
 # The oldest torch tested whose FSDP2 trains this model through a run: with torch 2.11 the training step after the
 # first validation fails in the embedding ("got mixed torch.Tensor and DTensor"), the shared embedding's unit sharded.
@@ -122,6 +128,32 @@ def launch_accelerator(
     strategy.check(accelerator)
     accelerator.print(f"strategy: {describe(accelerator)}")
     return accelerator
+
+
+@contextlib.contextmanager
+def main_process_first(accelerator: Accelerator):
+    """accelerate's `main_process_first()` inside `local_main_process_first()`: the main process runs the block
+    first, then the first process of every other machine, then all the others. They wait in a gloo group of their
+    own, for up to FIRST_TOKENIZATION_WAIT whatever --ddp_timeout says."""
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        yield
+        return
+    group = torch.distributed.new_group(backend="gloo", timeout=FIRST_TOKENIZATION_WAIT)
+    with contextlib.ExitStack() as stack:
+        for first in (accelerator.is_main_process, accelerator.is_local_main_process):
+            stack.enter_context(goes_first(first, group))
+        yield
+    torch.distributed.destroy_process_group(group)
+
+
+@contextlib.contextmanager
+def goes_first(first: bool, group):
+    """The block in this process before the processes of `group` that are not `first`, or after those that are."""
+    if not first:
+        torch.distributed.barrier(group=group)
+    yield
+    if first:
+        torch.distributed.barrier(group=group)
 
 
 def describe(accelerator: Accelerator) -> str:
