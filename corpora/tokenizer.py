@@ -58,9 +58,9 @@ def train_bpe_tokenizer(
     # (accents, "¿", "¡", repeated spaces). No prefix space is added by default, because that would add a space the
     # input did not have. The initial alphabet puts all 256 bytes in the vocabulary, so no text ever needs <unk>.
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=add_prefix_space)
-    tokenizer.decoder = decoders.ByteLevel()
-    if add_prefix_space:  # the space the pre-tokenizer added is not the text's
-        tokenizer.decoder = decoders.Sequence([decoders.ByteLevel(), decoders.Strip(" ", left=1, right=0)])
+    # With a prefix space, decoding strips it: that space is not the text's.
+    strip_prefix = [decoders.Strip(" ", left=1, right=0)] if add_prefix_space else []
+    tokenizer.decoder = decoders.Sequence([decoders.ByteLevel(), *strip_prefix])
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
         min_frequency=min_frequency,

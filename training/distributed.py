@@ -139,9 +139,7 @@ def main_process_first(accelerator: Accelerator):
         yield
         return
     group = torch.distributed.new_group(backend="gloo", timeout=FIRST_TOKENIZATION_WAIT)
-    with contextlib.ExitStack() as stack:
-        for first in (accelerator.is_main_process, accelerator.is_local_main_process):
-            stack.enter_context(goes_first(first, group))
+    with goes_first(accelerator.is_main_process, group), goes_first(accelerator.is_local_main_process, group):
         yield
     torch.distributed.destroy_process_group(group)
 
