@@ -94,7 +94,7 @@ class TokenBucketSampler(torch.utils.data.Sampler):
         if self.shuffle:
             rng.shuffle(order)
         order = self.length_pairs.sort(order, self.source_lengths, self.target_lengths)
-        bounds = greedy_bounds(*self.length_pairs.sorted_lengths(), self.max_tokens)
+        bounds = self.length_pairs.greedy_bounds(self.max_tokens)
         batch_order = np.arange(len(bounds) - 1)
         if self.shuffle:
             rng.shuffle(batch_order)
@@ -103,6 +103,7 @@ class TokenBucketSampler(torch.utils.data.Sampler):
     def _replica_batches(self, epoch):
         """This process's batches of an epoch (cached: the epoch under way is asked for at every iteration)."""
         if self._cached[0] != epoch:
+            self._cached = (None, None)  # the last epoch's order goes before the next one's is built
             order, bounds, batch_order = self.epoch_batches(epoch)
             usable = len(batch_order)
             if self.drop_remainder:
@@ -216,24 +217,37 @@ class LengthPairs:
             next_slot += np.bincount(key_index, minlength=len(self.keys))
         return result
 
-    def sorted_lengths(self):
-        """The source and the target lengths in the sorted order (the same in every epoch), from the counts alone."""
-        return np.repeat(narrowest(self.sources), self.counts), np.repeat(narrowest(self.targets), self.counts)
+    def greedy_bounds(self, max_tokens):
+        """Cut the pairs, sorted by (source length, target length), into runs, each as long as its padded size allows:
+        the bounds of the runs, computed from the counts of each length pair alone.
 
-
-def greedy_bounds(source_lengths, target_lengths, max_tokens):
-    """Cut pairs sorted by source length into runs, each as long as its padded size allows: the bounds of the runs.
-
-    A run of k pairs from position s costs k x (longest source + longest target); with sources sorted, its longest
-    source is its last, and the cost only grows with k, so the longest run that fits is found by a binary search
-    over the window of pairs that could possibly fit. The loop is over batches, not pairs.
-    """
-    bounds, start, count = [0], 0, len(source_lengths)
-    while start < count:
-        width = max(1, max_tokens // (int(source_lengths[start]) + int(target_lengths[start])))
-        window = slice(start, start + width)
-        longest = source_lengths[window].astype(np.int64) + np.maximum.accumulate(target_lengths[window])
-        cost = np.arange(1, len(longest) + 1) * longest
-        start += max(1, int(np.searchsorted(cost, max_tokens, side="right")))
-        bounds.append(start)
-    return np.array(bounds)
+        A run of k pairs costs k x (longest source + longest target); with sources sorted, its longest source is its
+        last. Within one length pair, runs of max_tokens // (its source + its target) pairs are cut all at once; a
+        run that starts with what is left of one length pair takes pairs of the next ones while its cost allows.
+        The loop is over distinct length pairs and the runs that cross them, not over pairs or batches.
+        """
+        sources, targets, counts = self.sources.tolist(), self.targets.tolist(), self.counts.tolist()
+        cuts, position, group, used = [np.zeros(1, np.int64)], 0, 0, 0  # `used`: the group's pairs already cut
+        while group < len(counts):
+            width = max_tokens // (sources[group] + targets[group])
+            left = counts[group] - used
+            if left >= width:  # whole runs of this length pair alone
+                runs = left // width
+                cuts.append(position + width * np.arange(1, runs + 1, dtype=np.int64))
+                position, used = position + runs * width, used + runs * width
+                if used == counts[group]:
+                    group, used = group + 1, 0
+                continue
+            size, longest_target, group, used = left, targets[group], group + 1, 0
+            while group < len(counts):
+                longest_target = max(longest_target, targets[group])
+                fit = max_tokens // (sources[group] + longest_target) - size  # this length pair's pairs that fit
+                if fit <= 0:
+                    break
+                if fit < counts[group]:
+                    size, used = size + fit, fit
+                    break
+                size, group = size + counts[group], group + 1
+            position += size
+            cuts.append(np.array([position], np.int64))
+        return np.concatenate(cuts)
