@@ -19,7 +19,9 @@ recipe is identical and only the models differ. Variants:
 The seed also draws the initial weights (`torch.manual_seed` before the model is built) and the dropout masks.
 
 Every --eval_steps steps: the training loss per target token of the steps since the last evaluation, and the
-validation split's cross-entropy per target token (no label smoothing, dropout off). At the end: test BLEU (sacreBLEU)
+validation split's cross-entropy per target token (no label smoothing, dropout off), and the same with every
+target beside another pair's source (`other_sources`): the gap between the two is what the model reads from its
+source, which the plot's second panel draws. At the end: test BLEU (sacreBLEU)
 of beam 4 with length penalty 0.6 on the first --bleu_samples test pairs. A run is written to
 OUTPUT_DIR/runs/VARIANT-seedN.json when done; while it runs, a resume state (weights, Adam's moments, schedule, random
 state, and the run's `TrainState`: steps taken and where in the batches) is saved every --eval_steps steps next to
@@ -118,8 +120,16 @@ class StudyData:
     tokenizer: object
     train_split: object
     valid_loader: object
+    other_source_batches: list
     bleu_pairs: tuple
     accelerator: Accelerator
+
+
+def other_sources(batch: dict) -> dict:
+    """The batch with each target beside the source of the pair before it (the first beside the last's): the
+    validation NLL of such batches is what the model predicts without its own source, and its gap to the true NLL is
+    how much the model reads the source, in nats per target token."""
+    return batch | {name: batch[name].roll(1, dims=0) for name in ("input_ids", "attention_mask")}
 
 
 def load_study_data(args: RecipeArguments, bleu_split: str) -> StudyData:
@@ -142,7 +152,10 @@ def load_study_data(args: RecipeArguments, bleu_split: str) -> StudyData:
     sources, references, _ = load_pairs(
         args.dataset_dir, bleu_split, args.source_lang, args.target_lang, max_samples=args.bleu_samples or 1
     )
-    return StudyData(tokenizer, splits["train"], valid_loader, (sources, references), Accelerator(cpu=True))
+    other_source_batches = [other_sources(batch) for batch in valid_loader]
+    return StudyData(
+        tokenizer, splits["train"], valid_loader, other_source_batches, (sources, references), Accelerator(cpu=True)
+    )
 
 
 def train_curve(model, seed: int, args: RecipeArguments, data: StudyData, state_path: Path, label_smoothing: float):
@@ -174,8 +187,19 @@ def train_curve(model, seed: int, args: RecipeArguments, data: StudyData, state_
         if state.step % args.eval_steps == 0 or state.step == args.max_steps:
             train_loss = state.take_log_record(step.learning_rate)["loss"]
             val_nll = validate(accelerator, model, data.valid_loader)["val_loss"]
-            curve.append({"step": state.step, "train_loss": train_loss, "val_nll": val_nll})
-            progress.write(f"{state_path.stem}: step {state.step}, validation NLL {val_nll:.3f}")
+            other_source = validate(accelerator, model, data.other_source_batches)["val_loss"]
+            curve.append(
+                {
+                    "step": state.step,
+                    "train_loss": train_loss,
+                    "val_nll": val_nll,
+                    "val_nll_other_source": other_source,
+                }
+            )
+            progress.write(
+                f"{state_path.stem}: step {state.step}, validation NLL {val_nll:.3f} ({other_source:.3f} beside "
+                "other sources)"
+            )
             saved = {
                 "model": model.state_dict(),
                 "optimizer": optimizer.state_dict(),
@@ -246,7 +270,7 @@ def write_report(args, output_dir: Path):
         "| variant | seeds | " + " | ".join(f"val NLL @ {s}" for s in args.report_steps) + " | test BLEU (beam 4) |",
         "|---|---|" + "---|" * (len(args.report_steps) + 1),
     ]
-    figure, axis = plt.subplots(figsize=(8, 5))
+    figure, (axis, source_axis) = plt.subplots(1, 2, figsize=(13, 5))
     for color, variant in enumerate(variants):
         mine = [run for run in runs if run["variant"] == variant]
         cells = []
@@ -264,9 +288,19 @@ def write_report(args, output_dir: Path):
             nll = [point["val_nll"] for point in run["curve"]]
             style = ("-", "--", ":", "-.")[index % 4]
             axis.plot(steps, nll, style, color=f"C{color}", alpha=0.9, label=f"{variant}, seed {run['seed']}")
-    axis.set(xlabel="optimizer step", ylabel="validation NLL per target token", ylim=(None, None))
+            read = [
+                (p["step"], p["val_nll_other_source"] - p["val_nll"])
+                for p in run["curve"]
+                if "val_nll_other_source" in p
+            ]
+            if read:  # runs measured before the other-source NLL was recorded have none
+                source_axis.plot(*zip(*read), style, color=f"C{color}", alpha=0.9)
+    axis.set(xlabel="optimizer step", ylabel="validation NLL per target token")
     axis.set_title(f"{args.preset} preset, {args.batch_tokens} tokens/step, peak lr {args.peak_lr:g}")
-    axis.grid(alpha=0.3)
+    source_axis.set(xlabel="optimizer step", ylabel="nats per target token")
+    source_axis.set_title("what the source is worth: NLL beside other sources minus NLL")
+    for each in (axis, source_axis):
+        each.grid(alpha=0.3)
     axis.legend()
     figure.tight_layout()
     figure.savefig(output_dir / "learning_curves.png", dpi=120)

@@ -366,12 +366,30 @@ def test_learning_curves_train_each_variant_and_marian_and_report_them(carried_c
     for run in runs.values():
         assert [point["step"] for point in run["curve"]] == [3, 6]
         assert run["curve"][1]["val_nll"] < run["curve"][0]["val_nll"] and 0 <= run["test_bleu"] <= 100
+        assert all(point["val_nll_other_source"] != point["val_nll"] for point in run["curve"])
     table = (tmp_path / "learning_curves.md").read_text()
     assert "| vaswani:fairseq | 1 |" in table and "| marian | 1 |" in table and "val NLL @ 6" in table
     assert "| vaswani:bart+bias | 1 |" in table
     # The biases of the query, key, value and output projections: 4 x d_model each, in 6 attention blocks of the tiny preset.
     assert runs["vaswani-bart+bias-seed1"]["parameters"] - runs["vaswani-fairseq-seed1"]["parameters"] == 6 * 4 * 64
     assert (tmp_path / "learning_curves.png").stat().st_size > 0
+
+
+def test_other_sources_pair_each_target_with_the_source_before_it():
+    """benchmarks.learning_curves.other_sources: what the model predicts without its own source is measured on the
+    same targets, each beside the previous pair's source and that source's padding."""
+    from benchmarks.learning_curves import other_sources
+
+    batch = {
+        "input_ids": torch.tensor([[5, 6, 2], [7, 2, 0], [8, 9, 2]]),
+        "attention_mask": torch.tensor([[1, 1, 1], [1, 1, 0], [1, 1, 1]]),
+        "decoder_input_ids": torch.tensor([[1, 10], [1, 11], [1, 12]]),
+        "labels": torch.tensor([[10, 2], [11, 2], [12, 2]]),
+    }
+    moved = other_sources(batch)
+    assert moved["input_ids"].tolist() == [[8, 9, 2], [5, 6, 2], [7, 2, 0]]
+    assert moved["attention_mask"].tolist() == [[1, 1, 1], [1, 1, 1], [1, 1, 0]]
+    assert moved["labels"] is batch["labels"] and moved["decoder_input_ids"] is batch["decoder_input_ids"]
 
 
 @pytest.mark.benchmark
