@@ -19,14 +19,14 @@ recipe is identical and only the models differ. Variants:
 The seed also draws the initial weights (`torch.manual_seed` before the model is built) and the dropout masks.
 
 Every --eval_steps steps: the training loss per target token of the steps since the last evaluation, and the
-validation split's cross-entropy per target token (no label smoothing, dropout off), and the same with every
-target beside another pair's source (`other_sources`): the gap between the two is what the model reads from its
-source, which the plot's second panel draws. At the end: test BLEU (sacreBLEU)
-of beam 4 with length penalty 0.6 on the first --bleu_samples test pairs. A run is written to
-OUTPUT_DIR/runs/VARIANT-seedN.json when done; while it runs, a resume state (weights, Adam's moments, schedule, random
-state, and the run's `TrainState`: steps taken and where in the batches) is saved every --eval_steps steps next to
-it, so a stopped run continues where it stopped (bit-identical) and finished runs are skipped. Each time a run ends,
-OUTPUT_DIR/learning_curves.{md,png} are rewritten from all finished runs.
+validation split's cross-entropy per target token (no label smoothing, dropout off), and the same with every target
+beside another pair's source (`other_sources`): the gap between the two is what the model reads from its source, which
+the plot's second panel draws. At the end: test BLEU (sacreBLEU) of beam 4 with length penalty 0.6 on the first
+--bleu_samples test pairs. A run is written to OUTPUT_DIR/runs/VARIANT-seedN.json when done; while it runs, a resume
+state (weights, Adam's moments, schedule, random state, and the run's `TrainState`: steps taken and where in the
+batches) is saved every --eval_steps steps next to it, so a stopped run continues where it stopped (bit-identical) and
+finished runs are skipped. Each time a run ends, OUTPUT_DIR/learning_curves.{md,png} are rewritten from all finished
+runs.
 """
 
 import json
@@ -188,14 +188,8 @@ def train_curve(model, seed: int, args: RecipeArguments, data: StudyData, state_
             train_loss = state.take_log_record(step.learning_rate)["loss"]
             val_nll = validate(accelerator, model, data.valid_loader)["val_loss"]
             other_source = validate(accelerator, model, data.other_source_batches)["val_loss"]
-            curve.append(
-                {
-                    "step": state.step,
-                    "train_loss": train_loss,
-                    "val_nll": val_nll,
-                    "val_nll_other_source": other_source,
-                }
-            )
+            point = {"step": state.step, "train_loss": train_loss, "val_nll": val_nll}
+            curve.append(point | {"val_nll_other_source": other_source})
             progress.write(
                 f"{state_path.stem}: step {state.step}, validation NLL {val_nll:.3f} ({other_source:.3f} beside "
                 "other sources)"
