@@ -202,8 +202,7 @@ def train_curve(model, seed: int, args: RecipeArguments, data: StudyData, state_
                 "state": asdict(state),
                 "curve": curve,
             }
-            torch.save(saved, state_path.with_suffix(".tmp"))
-            os.replace(state_path.with_suffix(".tmp"), state_path)
+            write_whole(state_path, lambda temporary: torch.save(saved, temporary))
     progress.close()
     return model, curve
 
@@ -216,9 +215,18 @@ def bleu_of(model, data: StudyData, **decoding) -> dict:
     return {"bleu": score.score, "bleu_signature": signature, "bleu_pairs": len(sources)}
 
 
+def write_whole(path: Path, write) -> None:
+    """`write(temporary)`, then the temporary renamed to `path`: the study's other processes, which share its runs/
+    folder, never read a half-written file, and a run stopped while it writes keeps what `path` held before (a
+    result half written would count as finished, and its resume state would be gone)."""
+    temporary = path.with_name(path.name + ".tmp")
+    write(temporary)
+    os.replace(temporary, path)
+
+
 def finish_run(run_path: Path, result: dict, data: StudyData) -> None:
     """Write a finished run's result, then drop its resume state and free its model and optimizer."""
-    run_path.write_text(json.dumps(result, indent=1))
+    write_whole(run_path, lambda temporary: temporary.write_text(json.dumps(result, indent=1)))
     run_path.with_suffix(".pt").unlink()
     data.accelerator.free_memory()
 

@@ -392,6 +392,40 @@ def test_other_sources_pair_each_target_with_the_source_before_it():
     assert moved["labels"] is batch["labels"] and moved["decoder_input_ids"] is batch["decoder_input_ids"]
 
 
+def test_a_study_stopped_while_it_writes_a_result_resumes_that_run(tmp_path, monkeypatch):
+    """benchmarks.learning_curves.finish_run, killed half-way through writing a run's result (as a stopped job is, or
+    read by another process of the study sharing runs/): no half-written result counts as finished, and the run's
+    resume state is still there for the next start."""
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from accelerate import Accelerator
+
+    from benchmarks.learning_curves import finish_run
+
+    run_path = tmp_path / "vaswani-fairseq-seed1.json"
+    run_path.with_suffix(".pt").write_bytes(b"resume state")
+    write_text = Path.write_text
+
+    def stopped_half_way(path, text, *args, **kwargs):
+        write_text(path, text[: len(text) // 2], *args, **kwargs)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Path, "write_text", stopped_half_way)
+    with pytest.raises(KeyboardInterrupt):
+        finish_run(
+            run_path,
+            {"variant": "vaswani:fairseq", "curve": [1.0] * 100},
+            SimpleNamespace(accelerator=Accelerator(cpu=True)),
+        )
+    monkeypatch.undo()
+    assert not run_path.exists() and run_path.with_suffix(".pt").read_bytes() == b"resume state"
+    finish_run(run_path, {"variant": "vaswani:fairseq"}, SimpleNamespace(accelerator=Accelerator(cpu=True)))
+    assert (
+        json.loads(run_path.read_text()) == {"variant": "vaswani:fairseq"} and not run_path.with_suffix(".pt").exists()
+    )
+
+
 @pytest.mark.benchmark
 def test_demo_benchmark_times_the_explorers_start_and_answers(trained_text_model, tmp_path):
     _, _, folder = trained_text_model
