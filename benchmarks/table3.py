@@ -8,7 +8,8 @@ model with the row's change (vaswani.configuration.table3), every width (d_model
 --width_divisor and every layer count by --layer_divisor: with the defaults the base row has d_model 128, d_ff 512,
 8 heads of 16 dimensions and 3+3 layers. Every row trains on the same corpus (the main job's, scripts/main_job.sh)
 with the same recipe, batches, steps and seed (benchmarks.learning_curves' loop: Adam (0.9, 0.98, 1e-9), warmup then
-inverse square root peaking at --peak_lr, the row's dropout and label smoothing, float32, one CPU process), then is
+inverse square root peaking at --peak_lr, the row's dropout and label smoothing, float32, one CPU process; a row of
+another d_model peaks where equation 3 puts it, --peak_lr * (base d_model / d_model)^0.5), then is
 scored as the paper scores Table 3 on its development set: perplexity per target token of the validation split (the
 exponential of its cross-entropy, no label smoothing) and BLEU (sacreBLEU) of the paper's beam search (beam 4,
 length penalty 0.6, up to the source length + 50) on the first --bleu_samples validation pairs. --quick is a
@@ -22,7 +23,7 @@ which of the paper's findings the miniature reproduces, from each seed.
 import json
 import math
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -32,6 +33,7 @@ from vaswani import VaswaniForConditionalGeneration
 from vaswani.checks import UsageError, tokenizer_ids
 from vaswani.cli import command, parse_arguments
 from vaswani.configuration.table3 import TABLE3
+from vaswani.training.schedule import paper_peak_lr
 
 
 ROWS = {row.name: row for row in TABLE3}
@@ -79,17 +81,28 @@ def slug(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9=._]+", "_", name).strip("_")
 
 
+def row_peak_lr(config, args: Table3Arguments) -> float:
+    """The row's peak learning rate: --peak_lr for the base row's d_model, and for a row of another width what
+    equation 3 gives it, d_model^-0.5 (section 5.3: the paper's rows of other widths trained at their own rates)."""
+    base = ROWS["base"].config(args.width_divisor, args.layer_divisor)
+    ratio = paper_peak_lr(config.d_model, args.warmup_steps) / paper_peak_lr(base.d_model, args.warmup_steps)
+    return args.peak_lr * ratio
+
+
 def train_row(row, seed: int, args: Table3Arguments, data, run_path: Path) -> dict:
     """One row from one seed: train, then dev perplexity, dev BLEU of the paper's decoding, and parameters."""
     config = row.config(args.width_divisor, args.layer_divisor, **tokenizer_ids(data.tokenizer))
+    peak_lr = row_peak_lr(config, args)
     torch.manual_seed(seed)
     model = VaswaniForConditionalGeneration(config)
-    model, curve = train_curve(model, seed, args, data, run_path.with_suffix(".pt"), row.label_smoothing)
+    row_recipe = replace(args, peak_lr=peak_lr)
+    model, curve = train_curve(model, seed, row_recipe, data, run_path.with_suffix(".pt"), row.label_smoothing)
     result = {
         "row": row.name,
         "seed": seed,
         "settings": asdict(args),
         "config": config.to_diff_dict(),
+        "peak_lr": peak_lr,
         "label_smoothing": row.label_smoothing,
         "parameters": model.num_parameters(),
         "curve": curve,

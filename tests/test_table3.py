@@ -140,6 +140,18 @@ def test_vaswani_visualize_draws_the_learned_table_to_its_end(rows_b_and_e):
     assert torch.equal(table, rows_b_and_e.model.encoder.embed_positions.weight)
 
 
+def test_rows_of_another_width_train_at_the_rate_equation_3_gives_them():
+    """benchmarks/table3.py: the base row peaks at --peak_lr; the rows of another d_model (256, 1,024, big) at what
+    the paper's d_model^-0.5 makes of it, sqrt(2) and 1/sqrt(2) times; a row of the base width at the base's."""
+    from benchmarks.table3 import Table3Arguments, row_peak_lr
+
+    args = Table3Arguments(peak_lr=1e-3)
+    peaks = {row.name: row_peak_lr(row.config(args.width_divisor, args.layer_divisor), args) for row in TABLE3}
+    assert {name for name, peak in peaks.items() if peak != 1e-3} == {"(C) d_model=256", "(C) d_model=1024", "big"}
+    assert peaks["(C) d_model=256"] == pytest.approx(1e-3 * 2**0.5)
+    assert peaks["(C) d_model=1024"] == pytest.approx(1e-3 / 2**0.5) == peaks["big"]
+
+
 @pytest.mark.slow
 def test_table3_in_miniature_trains_and_scores_every_row_beside_the_papers(tmp_path):
     """benchmarks/table3.py --quick end to end: every row trained and scored, the table, the findings, the plot."""
@@ -157,6 +169,8 @@ def test_table3_in_miniature_trains_and_scores_every_row_beside_the_papers(tmp_p
         assert entry["paper"] == {"params": row.params or 65, "dev_perplexity": row.perplexity, "dev_bleu": row.bleu}
     run = json.loads((output / "runs" / "B_d_k=16-seed1.json").read_text())
     assert (run["config"]["d_k"], run["config"]["d_v"], run["settings"]["max_steps"]) == (1, 4, 4)
+    wide = json.loads((output / "runs" / "C_d_model=1024-seed1.json").read_text())
+    assert wide["peak_lr"] == pytest.approx(wide["settings"]["peak_lr"] / 2**0.5) and run["peak_lr"] == 1.3e-3
     assert json.loads((output / "runs" / "D_eps_ls=0.2-seed1.json").read_text())["label_smoothing"] == 0.2
     assert len(report["findings"]) == 12 and all(finding["seeds"] == 1 for finding in report["findings"])
     table = (output / "table3.md").read_text()
