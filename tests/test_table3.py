@@ -152,6 +152,29 @@ def test_rows_of_another_width_train_at_the_rate_equation_3_gives_them():
     assert peaks["(C) d_model=1024"] == pytest.approx(1e-3 / 2**0.5) == peaks["big"]
 
 
+def test_the_findings_count_the_seeds_whose_rows_agree_with_the_paper():
+    """benchmarks/table3.py's findings: label smoothing hurts dev perplexity and helps dev BLEU (section 5.4), each
+    counted per seed; learned positions on par within 2%."""
+    from benchmarks.table3 import findings
+
+    def run(perplexity, bleu):
+        return {"dev_perplexity": perplexity, "bleu": bleu}
+
+    runs = {
+        "base": {1: run(10.0, 20.0), 2: run(10.0, 20.0)},
+        "(D) eps_ls=0.0": {1: run(9.0, 19.0), 2: run(11.0, 21.0)},
+        "(E) positional embedding": {1: run(10.1, 20.0), 2: run(10.5, 20.0)},
+    }
+    checks = {check["claim"]: (check["rows"], check["agree"], check["seeds"]) for check in findings(runs)}
+    assert checks == {
+        "label smoothing hurts perplexity": ("base > (D) eps_ls=0.0", 1, 2),
+        "label smoothing improves BLEU": ("BLEU: (D) eps_ls=0.0 < base", 1, 2),
+        "learned positions are on par with the sinusoids (within 2%)": ("(E) ~ base", 1, 2),
+    }
+    runs["(D) eps_ls=0.0"][2] = run(9.0, 19.0)
+    assert [check["agree"] for check in findings(runs)] == [2, 2, 1]
+
+
 @pytest.mark.slow
 def test_table3_in_miniature_trains_and_scores_every_row_beside_the_papers(tmp_path):
     """benchmarks/table3.py --quick end to end: every row trained and scored, the table, the findings, the plot."""
@@ -172,7 +195,8 @@ def test_table3_in_miniature_trains_and_scores_every_row_beside_the_papers(tmp_p
     wide = json.loads((output / "runs" / "C_d_model=1024-seed1.json").read_text())
     assert wide["peak_lr"] == pytest.approx(wide["settings"]["peak_lr"] / 2**0.5) and run["peak_lr"] == 1.3e-3
     assert json.loads((output / "runs" / "D_eps_ls=0.2-seed1.json").read_text())["label_smoothing"] == 0.2
-    assert len(report["findings"]) == 12 and all(finding["seeds"] == 1 for finding in report["findings"])
+    assert len(report["findings"]) == 13 and all(finding["seeds"] == 1 for finding in report["findings"])
     table = (output / "table3.md").read_text()
     assert "| (E) positional embedding |" in table and "| single-head attention is worse than 8 heads |" in table
+    assert "| label smoothing improves BLEU | BLEU: (D) eps_ls=0.0 < base |" in table
     assert (output / "table3.png").stat().st_size > 0
