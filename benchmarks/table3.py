@@ -17,7 +17,8 @@ rehearsal: widths divided by 16, 4 steps, 4 BLEU pairs.
 
 A run is written to OUTPUT_DIR/runs/ROW-seedN.json when done (resumable, as learning_curves' runs are); each time one
 ends, OUTPUT_DIR/table3.{md,json,png} are rewritten from the finished runs: each row beside the paper's figures, and
-which of the paper's findings the miniature reproduces, from each seed.
+which of the paper's findings the miniature reproduces, from each seed; the PNG draws each row's change of dev
+perplexity against the base row, the paper's against the miniature's.
 """
 
 import json
@@ -182,14 +183,33 @@ def write_report(args: Table3Arguments, output_dir: Path) -> str:
     lines += ["", "| the paper's finding | rows (dev PPL unless marked) | seeds that agree |", "|---|---|---|"]
     lines += [f"| {c['claim']} | {c['rows']} | {c['agree']} of {c['seeds']} |" for c in checks]
 
-    figure, axis = plt.subplots(figsize=(7, 6))
+    # Each row's change of dev perplexity against the base row, the paper's beside the miniature's (each seed against
+    # the base row of its own seed): a point in the shaded quadrants moves the way the paper's row moved.
+    figure, axis = plt.subplots(figsize=(8, 6.5))
+    base = runs_by_row.get("base", {})
     for index, entry in enumerate(rows):
-        x, y = entry["paper"]["dev_perplexity"], mean(entry["dev_perplexity"])
-        axis.scatter(x, y, color=f"C{index % 10}")
-        axis.annotate(entry["row"], (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
-    axis.set(xlabel="the paper's dev perplexity (newstest2013, base size)", ylabel="dev perplexity in miniature")
+        name = entry["row"]
+        changes = [
+            100 * (run["dev_perplexity"] / base[seed]["dev_perplexity"] - 1)
+            for seed, run in runs_by_row[name].items()
+            if seed in base
+        ]
+        if name == "base" or not changes:
+            continue
+        x = 100 * (entry["paper"]["dev_perplexity"] / ROWS["base"].perplexity - 1)
+        axis.scatter([x] * len(changes), changes, color=f"C{index % 10}", s=12, alpha=0.5)
+        axis.scatter(x, mean(changes), color=f"C{index % 10}")
+        axis.annotate(name, (x, mean(changes)), fontsize=7, xytext=(3, 3), textcoords="offset points")
+    low, high = axis.get_xlim(), axis.get_ylim()
+    axis.fill_between([0, 1e3], 0, 1e3, color="green", alpha=0.06)
+    axis.fill_between([-1e3, 0], -1e3, 0, color="green", alpha=0.06)
+    axis.axhline(0, color="grey", lw=0.8)
+    axis.axvline(0, color="grey", lw=0.8)
+    axis.set(xlim=(min(low[0], -1), max(low[1], 1)), ylim=(min(high[0], -1), max(high[1], 1)))
+    axis.set(xlabel="the paper: dev perplexity against its base row (%)",
+             ylabel="in miniature: dev perplexity against the base row (%)")  # fmt: skip
     axis.set_title(f"Table 3 in miniature: widths / {args.width_divisor}, layers / {args.layer_divisor}, "
-                   f"{args.max_steps} steps")  # fmt: skip
+                   f"{args.max_steps} steps (large dots: mean over seeds)")  # fmt: skip
     axis.grid(alpha=0.3)
     figure.tight_layout()
     figure.savefig(output_dir / "table3.png", dpi=120)
