@@ -200,12 +200,12 @@ def write_report(args: Table3Arguments, output_dir: Path) -> str:
         axis.scatter([x] * len(changes), changes, color=f"C{index % 10}", s=12, alpha=0.5)
         axis.scatter(x, mean(changes), color=f"C{index % 10}")
         axis.annotate(name, (x, mean(changes)), fontsize=7, xytext=(3, 3), textcoords="offset points")
-    low, high = axis.get_xlim(), axis.get_ylim()
+    xlim, ylim = axis.get_xlim(), axis.get_ylim()  # the points' extent, before the quadrants' wide fills
     axis.fill_between([0, 1e3], 0, 1e3, color="green", alpha=0.06)
     axis.fill_between([-1e3, 0], -1e3, 0, color="green", alpha=0.06)
     axis.axhline(0, color="grey", lw=0.8)
     axis.axvline(0, color="grey", lw=0.8)
-    axis.set(xlim=(min(low[0], -1), max(low[1], 1)), ylim=(min(high[0], -1), max(high[1], 1)))
+    axis.set(xlim=(min(xlim[0], -1), max(xlim[1], 1)), ylim=(min(ylim[0], -1), max(ylim[1], 1)))
     axis.set(xlabel="the paper: dev perplexity against its base row (%)",
              ylabel="in miniature: dev perplexity against the base row (%)")  # fmt: skip
     axis.set_title(f"Table 3 in miniature: widths / {args.width_divisor}, layers / {args.layer_divisor}, "
