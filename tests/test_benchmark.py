@@ -369,7 +369,7 @@ def test_learning_curves_train_each_variant_and_marian_and_report_them(carried_c
         assert all(point["val_nll_other_source"] != point["val_nll"] for point in run["curve"])
     table = (tmp_path / "learning_curves.md").read_text()
     assert "| vaswani:fairseq | 1 |" in table and "| marian | 1 |" in table and "val NLL @ 6" in table
-    assert "| vaswani:bart+bias | 1 |" in table
+    assert "| vaswani:bart+bias | 1 |" in table and "reads its source from step" in table
     # The biases of the query, key, value and output projections: 4 x d_model each, in 6 attention blocks of the tiny preset.
     assert runs["vaswani-bart+bias-seed1"]["parameters"] - runs["vaswani-fairseq-seed1"]["parameters"] == 6 * 4 * 64
     assert (tmp_path / "learning_curves.png").stat().st_size > 0
@@ -390,6 +390,23 @@ def test_other_sources_pair_each_target_with_the_source_before_it():
     assert moved["input_ids"].tolist() == [[8, 9, 2], [5, 6, 2], [7, 2, 0]]
     assert moved["attention_mask"].tolist() == [[1, 1, 1], [1, 1, 1], [1, 1, 0]]
     assert moved["labels"] is batch["labels"] and moved["decoder_input_ids"] is batch["decoder_input_ids"]
+
+
+def test_the_step_a_run_starts_to_read_its_source_is_the_first_its_source_is_worth_a_tenth_of_a_nat():
+    """benchmarks.learning_curves.reads_source_from: the first evaluation at which the NLL beside other sources exceeds
+    the true NLL by 0.1 nats or more; a run that never reads it, and one measured before the measure existed, say so."""
+    from benchmarks.learning_curves import reads_source_from
+
+    def run(*worth):
+        return {
+            "curve": [
+                {"step": 50 * (i + 1), "val_nll": 5.0, "val_nll_other_source": 5.0 + w} for i, w in enumerate(worth)
+            ]
+        }
+
+    assert reads_source_from(run(0.0, 0.04, 0.099, 0.15, 0.6, 0.05)) == "200"
+    assert reads_source_from(run(0.0, 0.09)) == ">100"
+    assert reads_source_from({"curve": [{"step": 50, "val_nll": 5.0}]}) == "n/a"
 
 
 def test_a_study_stopped_while_it_writes_a_result_resumes_that_run(tmp_path, monkeypatch):
