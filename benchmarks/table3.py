@@ -144,6 +144,20 @@ def findings(runs_by_row: dict) -> list[dict]:
     return checks
 
 
+def separate(labels: list, figure) -> None:
+    """Move each label that would cover one placed before it down beside its point until it covers none (rows of
+    nearly the same coordinates, such as (E) and (C) d_ff=1024, would otherwise print over each other)."""
+    renderer = figure.canvas.get_renderer()
+    placed = []
+    for label in sorted(labels, key=lambda label: -label.xy[1]):
+        for _ in range(20):
+            box = label.get_window_extent(renderer)
+            if not any(box.overlaps(other) for other in placed):
+                break
+            label.xyann = (label.xyann[0], label.xyann[1] - 8)
+        placed.append(label.get_window_extent(renderer))
+
+
 def write_report(args: Table3Arguments, output_dir: Path) -> str:
     """table3.md (each row beside the paper's, then the findings), table3.json and table3.png from finished runs."""
     import matplotlib
@@ -186,7 +200,7 @@ def write_report(args: Table3Arguments, output_dir: Path) -> str:
     # Each row's change of dev perplexity against the base row, the paper's beside the miniature's (each seed against
     # the base row of its own seed): a point in the shaded quadrants moves the way the paper's row moved.
     figure, axis = plt.subplots(figsize=(8, 6.5))
-    base = runs_by_row.get("base", {})
+    base, labels = runs_by_row.get("base", {}), []
     for index, entry in enumerate(rows):
         name = entry["row"]
         changes = [
@@ -199,7 +213,7 @@ def write_report(args: Table3Arguments, output_dir: Path) -> str:
         x = 100 * (entry["paper"]["dev_perplexity"] / ROWS["base"].perplexity - 1)
         axis.scatter([x] * len(changes), changes, color=f"C{index % 10}", s=12, alpha=0.5)
         axis.scatter(x, mean(changes), color=f"C{index % 10}")
-        axis.annotate(name, (x, mean(changes)), fontsize=7, xytext=(3, 3), textcoords="offset points")
+        labels.append(axis.annotate(name, (x, mean(changes)), fontsize=7, xytext=(3, 3), textcoords="offset points"))
     xlim, ylim = axis.get_xlim(), axis.get_ylim()  # the points' extent, before the quadrants' wide fills
     axis.fill_between([0, 1e3], 0, 1e3, color="green", alpha=0.06)
     axis.fill_between([-1e3, 0], -1e3, 0, color="green", alpha=0.06)
@@ -212,6 +226,7 @@ def write_report(args: Table3Arguments, output_dir: Path) -> str:
                    f"{args.max_steps} steps (large dots: mean over seeds)")  # fmt: skip
     axis.grid(alpha=0.3)
     figure.tight_layout()
+    separate(labels, figure)
     figure.savefig(output_dir / "table3.png", dpi=120)
     plt.close(figure)
     table = "\n".join(lines)

@@ -175,6 +175,27 @@ def test_the_findings_count_the_seeds_whose_rows_agree_with_the_paper():
     assert [check["agree"] for check in findings(runs)] == [2, 2, 1]
 
 
+def test_the_pictures_labels_of_rows_at_nearly_the_same_point_do_not_cover_each_other():
+    """benchmarks.table3.separate: three labels at one point, and one far away that stays where it was put."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from benchmarks.table3 import separate
+
+    figure, axis = plt.subplots()
+    labels = [axis.annotate(name, (1.0, 1.0), xytext=(3, 3), textcoords="offset points") for name in ("a", "b", "c")]
+    labels.append(axis.annotate("far", (0.1, 0.1), xytext=(3, 3), textcoords="offset points"))
+    axis.set(xlim=(0, 2), ylim=(0, 2))
+    separate(labels, figure)
+    renderer = figure.canvas.get_renderer()
+    boxes = [label.get_window_extent(renderer) for label in labels]
+    assert not any(boxes[i].overlaps(boxes[j]) for i in range(4) for j in range(i + 1, 4))
+    assert labels[3].xyann == (3, 3)
+    plt.close(figure)
+
+
 @pytest.mark.slow
 def test_table3_in_miniature_trains_and_scores_every_row_beside_the_papers(tmp_path):
     """benchmarks/table3.py --quick end to end: every row trained and scored, the table, the findings, the plot."""
