@@ -320,7 +320,9 @@ def write_report(args, output_dir: Path):
             if read:  # runs measured before the other-source NLL was recorded have none
                 source_axis.plot(*zip(*read), style, color=f"C{color}", alpha=0.9)
     axis.set(xlabel="optimizer step", ylabel="validation NLL per target token")
-    axis.set_title(f"{args.preset} preset, {args.batch_tokens} tokens/step, peak lr {args.peak_lr:g}")
+    # The runs' own recipe, not this command's arguments: --report_only redraws a study run with other flags.
+    recipe = runs[0]["settings"]
+    axis.set_title(f"{recipe['preset']} preset, {recipe['batch_tokens']} tokens/step, peak lr {recipe['peak_lr']:g}")
     source_axis.set(xlabel="optimizer step", ylabel="nats per target token")
     source_axis.set_title("what the source is worth: NLL beside other sources minus NLL")
     for each in (axis, source_axis):

@@ -409,6 +409,31 @@ def test_the_step_a_run_starts_to_read_its_source_is_the_first_its_source_is_wor
     assert reads_source_from({"curve": [{"step": 50, "val_nll": 5.0}]}) == "n/a"
 
 
+def test_a_redrawn_report_names_the_recipe_its_runs_trained_with(tmp_path, monkeypatch):
+    """benchmarks.learning_curves.write_report under --report_only: the plot's title is the runs' batch and peak, not
+    the defaults of the command that redraws it."""
+    from types import SimpleNamespace
+
+    import matplotlib.figure
+
+    from benchmarks.learning_curves import write_report
+
+    (tmp_path / "runs").mkdir()
+    curve = [{"step": 50, "val_nll": 5.0, "val_nll_other_source": 5.2, "train_loss": 5.5}]
+    settings = {"preset": "small", "batch_tokens": 4096, "peak_lr": 1.28e-3}
+    run = {"variant": "marian", "seed": 1, "settings": settings, "curve": curve}
+    (tmp_path / "runs" / "marian-seed1.json").write_text(json.dumps(run))
+    titles = []
+    monkeypatch.setattr(
+        matplotlib.figure.Figure, "savefig", lambda figure, *a, **k: titles.append(figure.axes[0].get_title())
+    )
+    table = write_report(
+        SimpleNamespace(report_steps=[50], preset="tiny", batch_tokens=4000, peak_lr=1.3e-3), tmp_path
+    )
+    assert titles == ["small preset, 4096 tokens/step, peak lr 0.00128"]
+    assert "| marian | 1 | 5.000 (5.000) | n/a | 50 |" in table
+
+
 def test_a_study_stopped_while_it_writes_a_result_resumes_that_run(tmp_path, monkeypatch):
     """benchmarks.learning_curves.finish_run, killed half-way through writing a run's result (as a stopped job is, or
     read by another process of the study sharing runs/): no half-written result counts as finished, and the run's
