@@ -262,6 +262,12 @@ def train_run(variant, seed, args, data: StudyData, run_path: Path) -> dict:
 READS_SOURCE_NATS = 0.1
 
 
+def source_worth(point: dict) -> float:
+    """What the source is worth at an evaluation: the NLL beside other sources minus the true NLL (zero for a model
+    that ignores it)."""
+    return point["val_nll_other_source"] - point["val_nll"]
+
+
 def reads_source_from(run: dict) -> str:
     """The first evaluated step at which the source is worth READS_SOURCE_NATS to `run`'s model (the step it left the
     plateau of the target language alone), ">LAST" if it never was, "n/a" for runs measured before the other-source
@@ -270,7 +276,7 @@ def reads_source_from(run: dict) -> str:
     if "val_nll_other_source" not in curve[0]:
         return "n/a"
     for point in curve:
-        if point["val_nll_other_source"] - point["val_nll"] >= READS_SOURCE_NATS:
+        if source_worth(point) >= READS_SOURCE_NATS:
             return str(point["step"])
     return f">{curve[-1]['step']}"
 
@@ -312,11 +318,7 @@ def write_report(args, output_dir: Path):
             nll = [point["val_nll"] for point in run["curve"]]
             style = ("-", "--", ":", "-.")[index % 4]
             axis.plot(steps, nll, style, color=f"C{color}", alpha=0.9, label=f"{variant}, seed {run['seed']}")
-            read = [
-                (p["step"], p["val_nll_other_source"] - p["val_nll"])
-                for p in run["curve"]
-                if "val_nll_other_source" in p
-            ]
+            read = [(p["step"], source_worth(p)) for p in run["curve"] if "val_nll_other_source" in p]
             if read:  # runs measured before the other-source NLL was recorded have none
                 source_axis.plot(*zip(*read), style, color=f"C{color}", alpha=0.9)
     axis.set(xlabel="optimizer step", ylabel="validation NLL per target token")
