@@ -126,8 +126,8 @@ class VaswaniConfig(PreTrainedConfig):
             dimensions, cosines in the odd) or "concatenated" (tensor2tensor and fairseq: sines in the first half,
             cosines in the second, frequencies log-spaced over d_model / 2 - 1). `position_offset`: the position of
             the first token (fairseq counts from its padding id + 1). `attention_bias`: biases in the query, key, value
-            and output projections; under the default init_scheme they learn no faster (within 0.02 nats of
-            validation NLL at 1,500 steps, every seed measured: docs/quality.md, "Attention biases"). `share_encoder_decoder_embeddings`: one embedding matrix for both stacks
+            and output projections; under the default init_scheme they learn no faster (validation NLL at 1,500
+            steps level or up to 0.04 nats behind, every seed measured: docs/quality.md, "Attention biases"). `share_encoder_decoder_embeddings`: one embedding matrix for both stacks
             (fairseq's share_all_embeddings); `tie_word_embeddings` ties the output projection to the decoder's.
         pad_token_id, bos_token_id, eos_token_id, decoder_start_token_id: special ids of the tokenizer;
             the decoder input is the target shifted right behind `decoder_start_token_id`.
