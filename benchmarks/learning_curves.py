@@ -12,7 +12,9 @@ step is the recipe's own, `vaswani.training.step.train_step`, for both models: t
 recipe is identical and only the models differ. Variants:
 - vaswani:SCHEME: VaswaniForConditionalGeneration with `init_scheme=SCHEME` (configuration_vaswani.INIT_SCHEMES);
 - vaswani:SCHEME+bias: the same with biases in the attention projections (`attention_bias=True`), as Marian and
-  fairseq have them and the paper's equations do not;
+  fairseq have them and the paper's equations do not; building them draws every other weight anew from the seed;
+- vaswani:SCHEME+bias-paired: the same biases, added at zero to the run of vaswani:SCHEME from the same seed: every
+  other initial weight and every dropout mask are that run's, so the two differ by the biases alone;
 - marian: transformers' MarianMTModel of the same sizes (ReLU, post-norm, sinusoidal positions, scaled and tied
   embeddings: benchmarks.benchmark.marian_config), with its own initialisation (N(0, 0.02)), attention biases
   and final-logits bias.
@@ -32,7 +34,7 @@ runs.
 import json
 import os
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -92,11 +94,11 @@ class CurveArguments(RecipeArguments):
             scheme, plus, bias = scheme.partition("+")
             if not (
                 variant == "marian"
-                or (kind == "vaswani" and scheme in INIT_SCHEMES and (bias == "bias") == bool(plus))
+                or (kind == "vaswani" and scheme in INIT_SCHEMES and (bias in ("bias", "bias-paired")) == bool(plus))
             ):
                 raise UsageError(
-                    f"unknown variant {variant!r}: use marian, vaswani:SCHEME or vaswani:SCHEME+bias "
-                    f"({', '.join(INIT_SCHEMES)})"
+                    f"unknown variant {variant!r}: use marian, vaswani:SCHEME, vaswani:SCHEME+bias or "
+                    f"vaswani:SCHEME+bias-paired ({', '.join(INIT_SCHEMES)})"
                 )
 
 
@@ -109,7 +111,17 @@ def build_model(variant: str, config: VaswaniConfig):
         return MarianMTModel(marian_config(config))
     scheme, _, bias = variant.partition(":")[2].partition("+")
     config.init_scheme, config.attention_bias = scheme, bias == "bias"
-    return VaswaniForConditionalGeneration(config)
+    if bias != "bias-paired":
+        return VaswaniForConditionalGeneration(config)
+    # The run without biases as the seed draws it, and the random state it leaves for the dropout masks; the biases
+    # start at zero in every scheme, so the model computes what the run without them computes until it trains.
+    without = VaswaniForConditionalGeneration(config)
+    random_state = torch.get_rng_state()
+    model = VaswaniForConditionalGeneration(replace(config, attention_bias=True))
+    missing, unexpected = model.load_state_dict(without.state_dict(), strict=False)
+    assert not unexpected and all(name.endswith("proj.bias") for name in missing), (missing, unexpected)
+    torch.set_rng_state(random_state)
+    return model
 
 
 @dataclass

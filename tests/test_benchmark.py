@@ -375,6 +375,40 @@ def test_learning_curves_train_each_variant_and_marian_and_report_them(carried_c
     assert (tmp_path / "learning_curves.png").stat().st_size > 0
 
 
+def test_a_paired_bias_run_differs_from_the_run_without_biases_by_the_biases_alone():
+    """benchmarks.learning_curves' vaswani:SCHEME+bias-paired: from one seed, the same initial weights as vaswani:SCHEME
+    (where vaswani:SCHEME+bias draws them anew) with the attention projections' biases at zero, and the same random
+    state after it is built, so that its dropout masks are the other run's: the two compute the same training loss
+    until the biases learn."""
+    from benchmarks.learning_curves import build_model
+    from vaswani import VaswaniConfig
+
+    def built(variant):
+        torch.manual_seed(3)
+        model = build_model(variant, VaswaniConfig.from_preset("tiny", vocab_size=64))
+        return model, torch.get_rng_state()
+
+    (without, state), (paired, paired_state), (seeded, _) = map(built, ["vaswani:bart", "vaswani:bart+bias-paired",
+                                                                      "vaswani:bart+bias"])  # fmt: skip
+    weights, paired_weights = without.state_dict(), paired.state_dict()
+    biases = sorted(set(paired_weights) - set(weights))
+    assert len(biases) == 6 * 4 and all(name.endswith("proj.bias") for name in biases)
+    assert all(torch.equal(paired_weights[name], weights[name]) for name in weights)
+    assert all(not paired_weights[name].any() for name in biases) and torch.equal(paired_state, state)
+    assert not torch.equal(seeded.state_dict()["model.shared.weight"], weights["model.shared.weight"])
+
+    batch = {"input_ids": torch.randint(3, 64, (4, 9)), "decoder_input_ids": torch.randint(3, 64, (4, 7))}
+    batch["labels"] = batch["decoder_input_ids"]
+    losses = []
+    for model in (without, paired):
+        torch.manual_seed(0)  # the same dropout masks, as both runs' shared random state gives them
+        model.train()
+        losses.append(model(**batch).loss)
+    assert torch.equal(losses[0], losses[1])
+    losses[1].backward()
+    assert all(paired.get_parameter(name).grad.abs().sum() > 0 for name in biases[:3])
+
+
 def test_other_sources_pair_each_target_with_the_source_before_it():
     """benchmarks.learning_curves.other_sources: what the model predicts without its own source is measured on the
     same targets, each beside the previous pair's source and that source's padding."""
