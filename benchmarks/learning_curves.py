@@ -81,7 +81,7 @@ class CurveArguments(RecipeArguments):
     output_dir: str = "docs/benchmarks/learning_curves"
     variants: list[str] = field(
         default_factory=lambda: ["vaswani:tensor2tensor", "vaswani:fairseq", "vaswani:bart", "marian"],
-        metadata={"help": "vaswani:INIT_SCHEME or marian"},
+        metadata={"help": "marian, vaswani:INIT_SCHEME, vaswani:INIT_SCHEME+bias or vaswani:INIT_SCHEME+bias-paired"},
     )
     seeds: list[int] = field(default_factory=lambda: [1])
     preset: str = "small"
