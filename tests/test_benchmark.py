@@ -388,8 +388,9 @@ def test_a_paired_bias_run_differs_from_the_run_without_biases_by_the_biases_alo
         model = build_model(variant, VaswaniConfig.from_preset("tiny", vocab_size=64))
         return model, torch.get_rng_state()
 
-    (without, state), (paired, paired_state), (seeded, _) = map(built, ["vaswani:bart", "vaswani:bart+bias-paired",
-                                                                      "vaswani:bart+bias"])  # fmt: skip
+    without, state = built("vaswani:bart")
+    paired, paired_state = built("vaswani:bart+bias-paired")
+    seeded, _ = built("vaswani:bart+bias")
     weights, paired_weights = without.state_dict(), paired.state_dict()
     biases = sorted(set(paired_weights) - set(weights))
     assert len(biases) == 6 * 4 and all(name.endswith("proj.bias") for name in biases)
