@@ -14,7 +14,6 @@ Every test here launches processes, so the module is marked slow, to keep the de
 import json
 import os
 import signal
-import subprocess
 import sys
 from pathlib import Path
 
@@ -36,7 +35,6 @@ from helpers import (
     word_tokenizer,
 )
 from safetensors.torch import load_file
-from torch.utils.cpp_extension import get_default_build_root
 
 from vaswani import VaswaniForConditionalGeneration
 from vaswani.training.batching import TokenBucketSampler
@@ -211,7 +209,9 @@ def test_a_killed_process_restarts_the_job_from_the_last_checkpoint(corpus, ddp_
 
 CHECKPOINT_4 = "checkpoints/step_0000004/model.safetensors"
 # DeepSpeed compiles its shared-memory op and its Adam (configs/deepspeed_zero2.json) with g++ the first time a run
-# needs them (minutes), into ~/.cache/torch_extensions: once here, before two processes would both wait for it.
+# needs them (about a minute): once here, before two processes would both wait for it, into a folder of this test run's.
+# Not ~/.cache/torch_extensions: torch waits for as long as an op's `lock` file stands there, and a build killed in an
+# earlier run leaves its file behind.
 BUILD_DEEPSPEED_CPU_OPS = """
 from deepspeed.comm.torch import build_shm_op
 from deepspeed.ops.op_builder import FusedAdamBuilder
@@ -221,28 +221,21 @@ FusedAdamBuilder().load()
 
 
 @pytest.fixture(scope="module")
-def deepspeed_cpu_ops():
-    try:
-        run_command(
-            [sys.executable, "-c", BUILD_DEEPSPEED_CPU_OPS],
-            env=script_env(DS_ACCELERATOR="cpu"),
-            timeout=600,
-            check=True,
-        )
-    except subprocess.TimeoutExpired:
-        # torch waits for as long as an op's `lock` file stands, and a build that was killed leaves its file behind.
-        locks = sorted(map(str, Path(get_default_build_root()).glob("*/*/lock")))
-        pytest.fail(f"DeepSpeed's CPU ops did not build in 10 minutes; a killed build's lock files stop it: {locks}")
+def deepspeed_env(tmp_path_factory):
+    """The environment variables of a DeepSpeed run on the CPU, its ops built."""
+    env = {"DS_ACCELERATOR": "cpu", "TORCH_EXTENSIONS_DIR": str(tmp_path_factory.mktemp("torch_extensions"))}
+    run_command([sys.executable, "-c", BUILD_DEEPSPEED_CPU_OPS], env=script_env(**env), timeout=600, check=True)
+    return env
 
 
-def test_deepspeed_zero2_trains_as_ddp_does_and_resumes(corpus, ddp_run, deepspeed_cpu_ops, tmp_path):
+def test_deepspeed_zero2_trains_as_ddp_does_and_resumes(corpus, ddp_run, deepspeed_env, tmp_path):
     """configs/deepspeed_zero2.yaml on a machine without a GPU: ZeRO-2 for real (DeepSpeed's CPU accelerator, gloo)
     with DeepSpeed's own Adam (the config's optimizer block), no clipping as --max_grad_norm 0 says (DeepSpeed's
     default would clip at 1.0), DDP's weights; a resumed run ends as an uninterrupted one, to float32 rounding (1.2e-7
     measured: DeepSpeed's Adam does not resume bit-exactly, where torch's Adam wrapped by DeepSpeed did)."""
     train_py = SCRIPTS / "train.py"
     straight, stopped = tmp_path / "straight", tmp_path / "stopped"
-    result = launch("deepspeed_zero2.yaml", train_py, *arguments(corpus, straight))
+    result = launch("deepspeed_zero2.yaml", train_py, *arguments(corpus, straight), env=deepspeed_env)
     assert (
         "strategy: DeepSpeed ZeRO stage 2, 2 processes on cpu, mixed precision no, torch.compile off" in result.stdout
     )
@@ -253,8 +246,10 @@ def test_deepspeed_zero2_trains_as_ddp_does_and_resumes(corpus, ddp_run, deepspe
     ours, theirs = ([r for r in read_log(run) if "val_loss" in r] for run in (straight, ddp_run))
     assert [r["val_loss"] for r in ours] == pytest.approx([r["val_loss"] for r in theirs], abs=1e-5)
 
-    launch("deepspeed_zero2.yaml", train_py, *arguments(corpus, stopped, "--stop_after", 4))
-    launch("deepspeed_zero2.yaml", train_py, *arguments(corpus, stopped, "--resume_from_checkpoint"))
+    launch("deepspeed_zero2.yaml", train_py, *arguments(corpus, stopped, "--stop_after", 4), env=deepspeed_env)
+    launch(
+        "deepspeed_zero2.yaml", train_py, *arguments(corpus, stopped, "--resume_from_checkpoint"), env=deepspeed_env
+    )
     assert max_difference(final_weights(straight, CHECKPOINT_4), final_weights(stopped, CHECKPOINT_4)) == 0
     for name in ("checkpoints/step_0000008/model.safetensors", "model.safetensors"):
         assert max_difference(final_weights(straight, name), final_weights(stopped, name)) < 1e-6, name
