@@ -20,6 +20,7 @@ from transformers import CompileConfig, LogitsProcessor, LogitsProcessorList
 from transformers.cache_utils import DynamicCache, DynamicLayer, EncoderDecoderCache
 from transformers.generation import GenerateBeamEncoderDecoderOutput, GenerateEncoderDecoderOutput
 from transformers.modeling_outputs import BaseModelOutput
+from transformers.utils.generic import is_flash_attention_requested
 
 
 # Section 6.1: "maximum output length [of] input length + 50".
@@ -229,6 +230,16 @@ def sentences_can_leave(model_kwargs, logits_processor, compile_steps, synced_gp
     )
 
 
+def returned_cache(cache):
+    """The decoder's cache as transformers' decoding methods return it: the self-attention cache a plain
+    `DynamicCache` of the keys and values held, so that every method of the cache API (crop, batch selection and
+    repetition, reset, offloading) works on it as on any other."""
+    if cache is None or not isinstance(cache.self_attention_cache, BeamSearchCache):
+        return cache
+    held = [(layer.keys, layer.values) for layer in cache.self_attention_cache.layers]
+    return EncoderDecoderCache(DynamicCache(held), cache.cross_attention_cache)
+
+
 def share_encoder_output(model_kwargs: dict, num_beams: int) -> None:
     """Give the decoder each sentence's encoder output once, and the beam search's own self-attention cache.
 
@@ -430,13 +441,20 @@ def beam_search_output(results, prompt_length, generation_config, step_scores, e
         beam_indices=beam_indices,
         encoder_attentions=encoder_outputs.get("attentions") if generation_config.output_attentions else None,
         encoder_hidden_states=encoder_outputs.get("hidden_states") if generation_config.output_hidden_states else None,
-        cache=cache,
+        cache=returned_cache(cache),
         **recorded,
     )
 
 
 def gnmt_beam_search(
-    model, input_ids, logits_processor, stopping_criteria, generation_config, beam_steps=None, **model_kwargs
+    model,
+    input_ids,
+    logits_processor,
+    stopping_criteria,
+    generation_config,
+    synced_gpus=False,
+    beam_steps=None,
+    **model_kwargs,
 ):
     """Beam search as tensor2tensor runs it for the paper: `generate(custom_generate=gnmt_beam_search)`.
 
@@ -450,8 +468,8 @@ def gnmt_beam_search(
     (`sequences_scores`), the processed log-probabilities of every step (`scores`) and the beams each token came from
     (`beam_indices`); with `output_logits`, `output_attentions` or `output_hidden_states`, those of every step.
     `beam_steps`, a list (a `generate()` argument): a `BeamStep` is appended to it at every step, the search at work.
+    With `synced_gpus` every process makes the same forward passes until all of them are done (`any_peer_unfinished`).
     """
-    synced_gpus = model_kwargs.pop("synced_gpus", False)
     num_beams = generation_config.num_beams
     num_return = generation_config.num_return_sequences or 1
     alpha = generation_config.length_penalty
@@ -470,7 +488,10 @@ def gnmt_beam_search(
         if compile_steps
         else model.__call__
     )
+    # Where sentences leave, their hypotheses share one encoder output (`share_encoder_output`); FlashAttention would
+    # take a sentence's hypotheses, one sequence of queries, for a sequence to mask with the source's padding mask.
     can_drop = sentences_can_leave(model_kwargs, logits_processor, compile_steps, synced_gpus, recorded)
+    can_drop &= not is_flash_attention_requested(model.config)
     encoder_outputs = model_kwargs.get("encoder_outputs")
     if can_drop:
         share_encoder_output(model_kwargs, num_beams)
@@ -491,7 +512,8 @@ def gnmt_beam_search(
     while any_peer_unfinished(this_peer_finished, synced_gpus, device):
         searched, _, cur_len = state.live.shape
         flat_live = state.live.reshape(searched * num_beams, -1)
-        next_length = 1 if model_kwargs.get("use_cache") and cur_len > prompt_length else None
+        # A process done before the others (synced_gpus) feeds its last tokens again: a step that counts nothing.
+        next_length = 1 if model_kwargs.get("use_cache") and (cur_len > prompt_length or this_peer_finished) else None
         model_inputs = model.prepare_inputs_for_generation(flat_live, next_sequence_length=next_length, **model_kwargs)
         outputs = (compiled_step if cur_len > prompt_length else model)(**model_inputs, return_dict=True)
         model_kwargs = next_step_kwargs(outputs, model_kwargs)
@@ -549,7 +571,9 @@ def gnmt_beam_search(
     )
 
 
-def greedy_search(model, input_ids, logits_processor, stopping_criteria, generation_config, **model_kwargs):
+def greedy_search(
+    model, input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus=False, **model_kwargs
+):
     """Greedy decoding as CTranslate2 runs it: `generate(custom_generate=greedy_search)`, what the model's `generate()`
     decodes `num_beams=1` without sampling with (`paper_decoding=True`, neither attentions nor hidden states asked for).
 
@@ -561,9 +585,8 @@ def greedy_search(model, input_ids, logits_processor, stopping_criteria, generat
     the sequences padded to the longest and, with `return_dict_in_generate=True`, the processed scores and raw logits
     of every step (`output_scores`, `output_logits`: every row is then decoded to the end) and the decoder's cache,
     which holds the sentences decoded at the last step (all of them where none ended early: then a later call
-    continues from it).
+    continues from it). With `synced_gpus`, as the paper's beam search.
     """
-    synced_gpus = model_kwargs.pop("synced_gpus", False)
     recorded = step_records(generation_config)
     return_scores = generation_config.return_dict_in_generate and generation_config.output_scores
     rows, prompt_length = input_ids.shape
@@ -582,9 +605,10 @@ def greedy_search(model, input_ids, logits_processor, stopping_criteria, generat
     while any_peer_unfinished(this_peer_finished, synced_gpus, device):
         cur_len = sequences.shape[1]
         # The tokens the cache does not hold yet: the prompt at first (its end where the cache continues an earlier
-        # decoding), then the last token.
+        # decoding), then the last token; a process done before the others (synced_gpus) feeds its last token again,
+        # a step that counts nothing.
         held = model_kwargs["cache"].get_seq_length() if model_kwargs.get("cache") is not None else 0
-        next_length = cur_len - held if model_kwargs.get("use_cache") and held else None
+        next_length = (1 if this_peer_finished else cur_len - held) if model_kwargs.get("use_cache") and held else None
         model_inputs = model.prepare_inputs_for_generation(sequences, next_sequence_length=next_length, **model_kwargs)
         outputs = model(**model_inputs, return_dict=True)
         model_kwargs = next_step_kwargs(outputs, model_kwargs)
@@ -624,5 +648,5 @@ def greedy_search(model, input_ids, logits_processor, stopping_criteria, generat
         sequences=results,
         scores=step_scores if return_scores else None,
         logits=recorded["logits"],
-        cache=model_kwargs.get("cache"),
+        cache=returned_cache(model_kwargs.get("cache")),
     )

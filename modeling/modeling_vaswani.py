@@ -5,15 +5,19 @@ multi-head attention (3.2), the position-wise feed-forward network (3.3), "Add &
 the encoder and decoder stacks (3.1), the label-smoothed loss (5.4), and the two models users load.
 """
 
+import copy
+import functools
 import math
 from collections.abc import Callable
 
 import torch
-from torch import nn
+from torch import distributed, nn
 from transformers import GenerationConfig, GenerationMixin, LogitsProcessorList, PreTrainedModel
 from transformers import initialization as init
 from transformers.activations import ACT2FN
 from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
+from transformers.generation import GenerationMode
+from transformers.integrations import is_deepspeed_zero3_enabled, is_fsdp_managed_module
 from transformers.masking_utils import create_bidirectional_mask, create_causal_mask
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import (
@@ -412,7 +416,7 @@ class VaswaniPreTrainedModel(PreTrainedModel):
         elif isinstance(module, nn.Embedding):  # tokens, and learned positions as fairseq and Marian draw them
             init.normal_(module.weight, mean=0.0, std=0.02 if scheme == "bart" else self.config.d_model**-0.5)
             # A row is a view without the flag that marks loaded weights, hence the explicit check.
-            padding_row = isinstance(module, VaswaniScaledEmbedding)
+            padding_row = isinstance(module, VaswaniScaledEmbedding) and self.config.pad_token_id is not None
             if padding_row and scheme != "tensor2tensor" and not getattr(module.weight, "_is_hf_initialized", False):
                 init.zeros_(module.weight[self.config.pad_token_id])
         elif isinstance(module, nn.LayerNorm):
@@ -821,12 +825,19 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
         existed) decodes as transformers does, as it did when it was saved. A config's max_length that is transformers'
         default filled in with all the others (as Seq2SeqTrainer's `predict_with_generate` does to the model's, and
         `save_model` saves) is no limit: `holds_library_defaults`.
+
+        The decoding method follows from the settings as generate() merges them: a given config, the model's where it
+        leaves a setting unset, then the arguments (`_decoding_method`).
         """
-        config = generation_config if generation_config is not None else self.generation_config
-        paper_decoding = kwargs.pop("paper_decoding", getattr(config, "paper_decoding", False))
-        filled_in = config.max_length is not None and holds_library_defaults(config)
-        config_max_length = None if filled_in else config.max_length
-        limits = (kwargs.get("max_length"), kwargs.get("max_new_tokens"), config_max_length, config.max_new_tokens)
+        base = copy.deepcopy(generation_config if generation_config is not None else self.generation_config)
+        if generation_config is not None:  # as generate() fills a given config: the model's settings where it has none
+            base.update(**self.generation_config.to_dict(), defaults_only=True, allow_custom_entries=True)
+        merged = copy.deepcopy(base)
+        paper_decoding = kwargs.pop("paper_decoding", getattr(base, "paper_decoding", False))
+        merged.update(**kwargs)
+        filled_in = base.max_length is not None and holds_library_defaults(base)
+        base_max_length = None if filled_in else base.max_length
+        limits = (kwargs.get("max_length"), kwargs.get("max_new_tokens"), base_max_length, base.max_new_tokens)
         source = inputs if inputs is not None else kwargs.get("input_ids", kwargs.get("inputs_embeds"))
         if all(limit is None for limit in limits) and source is not None:
             longest_source = source.shape[1]
@@ -850,8 +861,8 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
             kwargs.setdefault("max_length", None)  # else transformers warns that both limits were set
         # The decoder refuses a position past max_position_embeddings at the step that reaches it; a compiled
         # decoding step cannot raise a clean error, so a limit it could never honour is refused here, before any work.
-        new_tokens = kwargs.get("max_new_tokens", config.max_new_tokens)
-        longest = 1 + new_tokens if new_tokens is not None else kwargs.get("max_length", config.max_length)
+        new_tokens = kwargs.get("max_new_tokens", base.max_new_tokens)
+        longest = 1 + new_tokens if new_tokens is not None else kwargs.get("max_length", base_max_length)
         if longest is not None and longest > self.config.max_position_embeddings:
             raise ValueError(
                 f"Generating up to {longest} decoder positions (the start token and the new tokens), more than "
@@ -860,43 +871,50 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
             )
         cache, decoder_input_ids = kwargs.get("cache"), kwargs.get("decoder_input_ids")
         if cache is not None and cache.get_seq_length():
-            self._check_cache_continues(cache, decoder_input_ids, kwargs.get("num_beams", config.num_beams))
+            self._check_cache_continues(cache, decoder_input_ids, merged.num_beams or 1)
             if kwargs.get("decoder_attention_mask") is None:
                 # generate() tells the tokens a cache holds from the new ones by the decoder mask's length, and
                 # without a mask would feed them to the decoder again.
                 kwargs["decoder_attention_mask"] = torch.ones_like(decoder_input_ids)
         if paper_decoding and kwargs.get("custom_generate") is None:
-            kwargs["custom_generate"] = self._decoding_method(config, kwargs)
+            method = self._decoding_method(merged, kwargs)
+            if method is not None:
+                # generate() hands a callable custom_generate none of its own arguments, synced_gpus among them.
+                synced_gpus = kwargs.get("synced_gpus")
+                if synced_gpus is None:  # as generate() works it out for its own methods
+                    sharded = is_deepspeed_zero3_enabled() or is_fsdp_managed_module(self)
+                    synced_gpus = sharded and distributed.is_initialized() and distributed.get_world_size() > 1
+                kwargs["custom_generate"] = functools.partial(method, synced_gpus=synced_gpus)
         return super().generate(inputs, generation_config=generation_config, **kwargs)
 
     @staticmethod
     def _decoding_method(config: GenerationConfig, kwargs: dict):
-        """The decoding method of `paper_decoding=True`: the paper's beam search (section 6.1), or for `num_beams=1`
-        greedy decoding in which a finished sentence leaves the batch; None (transformers' own method) for sampling,
-        and for greedy decoding asked for what only transformers' greedy search gives (per-step attentions or hidden
-        states, a static cache, a streamer, assisted decoding)."""
-
-        def setting(name):  # a generate() argument, else the generation config's
-            return kwargs.get(name, getattr(config, name, None))
-
-        if setting("do_sample"):
-            if setting("num_beams") > 1:
-                logger.warning_once(
-                    "The paper's decoding is beam search without sampling (section 6.1): do_sample=True with "
-                    "num_beams > 1 runs transformers' beam sampling."
+        """The decoding method of `paper_decoding=True` for the mode `config` (merged as generate() merges it) asks
+        for: for beam search the paper's (section 6.1), for greedy search a greedy decoding in which a finished sentence
+        leaves the batch. None, transformers' own method, for every other mode (sampling, beam sampling, assisted,
+        constrained, group beam and contrastive search, DoLa), and for greedy search asked for what only transformers'
+        gives (per-step attentions or hidden states, a static cache, a streamer)."""
+        mode = config.get_generation_mode(kwargs.get("assistant_model"))
+        if mode == GenerationMode.BEAM_SAMPLE:
+            logger.warning_once(
+                "The paper's decoding is beam search without sampling (section 6.1): do_sample=True with "
+                "num_beams > 1 runs transformers' beam sampling."
+            )
+        if mode == GenerationMode.BEAM_SEARCH:
+            if kwargs.get("streamer") is not None:
+                raise ValueError(
+                    "A streamer shows one sequence as it grows, and beam search keeps several: pass num_beams=1."
                 )
-            return None
-        if setting("num_beams") > 1:
             return gnmt_beam_search
+        if mode != GenerationMode.GREEDY_SEARCH:
+            return None
         cache = kwargs.get("cache")
         greedy_only = (
-            setting("output_attentions")
-            or setting("output_hidden_states")
-            or setting("cache_implementation") not in (None, "dynamic")
+            config.output_attentions
+            or config.output_hidden_states
+            or config.cache_implementation not in (None, "dynamic")
             or (cache is not None and cache.is_compileable)
             or kwargs.get("streamer") is not None
-            or kwargs.get("assistant_model") is not None
-            or setting("prompt_lookup_num_tokens") is not None
         )
         return None if greedy_only else greedy_search
 

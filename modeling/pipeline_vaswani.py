@@ -177,9 +177,13 @@ def sequence_scores(model, output, wanted: bool) -> list[float] | None:
         return None
     if getattr(output, "sequences_scores", None) is not None:
         return output.sequences_scores.tolist()
-    # Greedy decoding: the summed log-probability of the tokens.
+    # Greedy decoding: the summed log-probability of the tokens up to the first </s>; the padding written after it,
+    # while longer sentences of the batch were decoded, counts nothing.
     transition = model.compute_transition_scores(output.sequences, output.scores, normalize_logits=True)
-    return transition.masked_fill(transition == -float("inf"), 0.0).sum(dim=1).tolist()
+    generated = output.sequences[:, -transition.shape[1] :]
+    ends = torch.isin(generated, torch.tensor(model.generation_config.eos_token_id, device=generated.device))
+    after_end = (ends.cumsum(dim=1) - ends.long()) > 0
+    return transition.masked_fill(after_end | (transition == -float("inf")), 0.0).sum(dim=1).tolist()
 
 
 class VaswaniTranslationPipeline(Pipeline):

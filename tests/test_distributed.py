@@ -185,6 +185,32 @@ def test_fsdp2_trains_as_ddp_does_and_resumes_exactly(corpus, ddp_run, tmp_path,
     assert model.model.encoder.embed_tokens.weight is shared and model.model.decoder.embed_tokens.weight is shared
 
 
+@pytest.mark.skipif(torch.__version__ < FSDP2_MIN_TORCH, reason="train.py refuses FSDP with this torch")
+@pytest.mark.parametrize("num_beams", [1, 4])
+def test_fsdp2_validates_bleu_in_step_and_as_one_process_does(corpus, tmp_path, num_beams):
+    """BLEU during FSDP2 training on seven sentences of different lengths, each process translating its own share of
+    the sharded model: the processes stay in step (synced_gpus) until both are done, greedy and with the paper's beam
+    search, and the final model's BLEU is the one a single process gives."""
+    from accelerate import Accelerator
+    from datasets import load_from_disk
+    from transformers import AutoTokenizer
+
+    from vaswani.evaluation.bleu import validate
+
+    output_dir = tmp_path / "out"
+    extra = ["--eval_bleu_samples", 7, "--generation_num_beams", num_beams]
+    launch("fsdp.yaml", FAULTY_TRAIN, "fsdp-on-cpu", *arguments(corpus, output_dir, *extra))
+    logged = [record for record in read_log(output_dir) if "bleu" in record]
+    assert [record["step"] for record in logged] == [4, 8, 8]
+
+    pairs = load_from_disk(str(corpus[0]))["validation"].select(range(7))["translation"]
+    bleu_pairs = ([pair["en"] for pair in pairs], [pair["es"] for pair in pairs])
+    model = VaswaniForConditionalGeneration.from_pretrained(output_dir)
+    tokenizer = AutoTokenizer.from_pretrained(output_dir)
+    alone = validate(Accelerator(cpu=True), model, [], tokenizer, bleu_pairs, num_beams=num_beams)
+    assert (logged[-1]["bleu"], logged[-1]["example"]) == (alone["bleu"], alone["example"])
+
+
 def test_a_killed_process_restarts_the_job_from_the_last_checkpoint(corpus, ddp_run, tmp_path):
     """`accelerate launch --max_restarts 1 ... --resume_from_checkpoint` as docs/training.md writes it: rank 1 is
     SIGKILLed after step 6 (mid-epoch, two steps past the last checkpoint); the launcher restarts both processes, which

@@ -243,6 +243,67 @@ def unequal_work_job(rank: int, work_dir: Path) -> dict:
     return result
 
 
+# Each rank decodes sentences of its own, of other lengths and another number, so that one is done before the other.
+DECODED_SOURCE_LENGTHS = ((9, 4, 7), (3,))
+
+
+def decoded_sources(rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rank `rank`'s sources, right-padded and ending in </s> (id 2): (input_ids, attention_mask)."""
+    lengths = DECODED_SOURCE_LENGTHS[rank]
+    generator = torch.Generator().manual_seed(rank)
+    input_ids = torch.zeros(len(lengths), max(lengths), dtype=torch.long)
+    for row, length in enumerate(lengths):
+        input_ids[row, : length - 1] = torch.randint(4, 100, (length - 1,), generator=generator)
+        input_ids[row, length - 1] = 2
+    return input_ids, (input_ids != 0).long()
+
+
+def decoding_job(rank: int, work_dir: Path) -> dict:
+    """Greedy decoding and the paper's beam search of each rank's own sentences, by the model alone and then sharded,
+    with generate() working out synced_gpus as transformers does; the decoder's forward passes counted."""
+    model = initial_model(work_dir).eval()
+    input_ids, attention_mask = decoded_sources(rank)
+    result = {"alone": {}, "sharded": {}, "forwards": {}}
+    for beams in (1, 4):
+        result["alone"][beams] = model.generate(input_ids, attention_mask=attention_mask, num_beams=beams)
+    shard_model(model, cpu_mesh())
+    with torch.no_grad():  # FSDP2 initialises at the root's first forward; generate() calls the encoder first
+        model(**rank_half(evaluation_batch(), rank))
+    forwards = []
+    model.model.decoder.register_forward_hook(lambda *_: forwards.append(1))
+    for beams in (1, 4):
+        forwards.clear()
+        result["sharded"][beams] = model.generate(input_ids, attention_mask=attention_mask, num_beams=beams)
+        result["forwards"][beams] = len(forwards)
+    return result
+
+
+def trainer_prediction_job(rank: int, work_dir: Path) -> dict:
+    """Seq2SeqTrainer's predict (predict_with_generate) of each rank's own sentences, one batch each, by the model
+    alone and sharded: the Trainer asks generate() for synced_gpus on a sharded model."""
+    from transformers import Seq2SeqTrainer, Seq2SeqTrainingArguments
+
+    input_ids, attention_mask = decoded_sources(rank)
+    features = [{"input_ids": ids[mask.bool()]} for ids, mask in zip(input_ids, attention_mask)]
+
+    def collate(batch):
+        padded = torch.nn.utils.rnn.pad_sequence([feature["input_ids"] for feature in batch], batch_first=True)
+        return {"input_ids": padded, "attention_mask": (padded != 0).long()}
+
+    arguments = Seq2SeqTrainingArguments(
+        work_dir / f"trainer_rank{rank}", predict_with_generate=True, per_device_eval_batch_size=4, report_to=[]
+    )
+    model = initial_model(work_dir).eval()
+    predictions = Seq2SeqTrainer(model, arguments, data_collator=collate).predict(features).predictions
+    result = {"alone": torch.from_numpy(predictions)}
+    shard_model(model, cpu_mesh())
+    with torch.no_grad():  # FSDP2 initialises at the root's first forward; generate() calls the encoder first
+        model(**rank_half(evaluation_batch(), rank))
+    predictions = Seq2SeqTrainer(model, arguments, data_collator=collate).predict(features).predictions
+    result["sharded"] = torch.from_numpy(predictions)
+    return result
+
+
 def _run_rank(rank: int, job, port: int, work_dir: Path) -> None:
     torch.set_num_threads(1)
     dist.init_process_group(
@@ -401,3 +462,23 @@ def test_unequal_forward_counts_block_until_the_collective_times_out(job_dir):
     assert "Timed out" in rank0["error_message"]
     timeout = UNEQUAL_WORK_TIMEOUT.total_seconds()
     assert timeout <= rank0["seconds"] < timeout + 20
+
+
+def test_sharded_decoding_keeps_the_processes_in_step_and_decodes_as_the_model_alone(job_dir):
+    """Under FSDP2 every forward pass gathers the weights from both ranks: a rank done before the other makes the
+    same forward passes until both are done (synced_gpus, which generate() works out), and each decodes what the
+    model alone decodes, greedy and with the paper's beam search."""
+    ranks = run_on_two_ranks(decoding_job, job_dir())
+    for beams in (1, 4):
+        lengths = [rank["alone"][beams].shape[1] for rank in ranks]
+        assert lengths[0] != lengths[1], "the ranks' work must differ for the test to mean anything"
+        assert ranks[0]["forwards"][beams] == ranks[1]["forwards"][beams] == max(lengths) - 1
+        for rank in ranks:
+            assert torch.equal(rank["sharded"][beams], rank["alone"][beams])
+
+
+def test_seq2seq_trainer_predicts_with_generate_on_a_sharded_model(job_dir):
+    """Seq2SeqTrainer(predict_with_generate=True) under FSDP2, each rank predicting sentences of its own: it finishes
+    with the model alone's predictions."""
+    for rank in run_on_two_ranks(trainer_prediction_job, job_dir()):
+        assert torch.equal(rank["sharded"], rank["alone"])

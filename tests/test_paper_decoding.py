@@ -113,10 +113,11 @@ def test_greedy_decoding_and_transformers_beam_search_are_unchanged(trained_tiny
     assert torch.equal(beam, plain(**limit))
     greedy = trained_tiny_model.generate(input_ids, attention_mask=attention_mask, num_beams=1)
     assert torch.equal(greedy, plain(num_beams=1, **limit))
-    # A generation config saved before paper_decoding existed decodes as it did then.
+    # A model whose generation config was saved before paper_decoding existed decodes as it did then.
     old_config = GenerationConfig(**trained_tiny_model.generation_config.to_diff_dict())
     del old_config.paper_decoding
-    old = trained_tiny_model.generate(input_ids, attention_mask=attention_mask, generation_config=old_config)
+    trained_tiny_model.generation_config = old_config
+    old = trained_tiny_model.generate(input_ids, attention_mask=attention_mask)
     assert torch.equal(old, beam)
 
 
