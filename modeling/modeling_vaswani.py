@@ -835,6 +835,11 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
         merged = copy.deepcopy(base)
         paper_decoding = kwargs.pop("paper_decoding", getattr(base, "paper_decoding", False))
         merged.update(**kwargs)
+        if merged.prefill_chunk_size is not None:  # transformers' chunks take the source's mask for the decoder's
+            raise ValueError(
+                "prefill_chunk_size splits a decoder-only model's long prompt; this model's decoder prompt is its start "
+                "token or a forced prefix, read in one pass: leave prefill_chunk_size unset."
+            )
         filled_in = base.max_length is not None and holds_library_defaults(base)
         base_max_length = None if filled_in else base.max_length
         limits = (kwargs.get("max_length"), kwargs.get("max_new_tokens"), base_max_length, base.max_new_tokens)

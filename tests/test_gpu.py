@@ -55,6 +55,19 @@ def test_half_precision_logits_on_the_gpu_match_float32_on_the_cpu(
     assert torch.equal(tokens.cpu(), expected_tokens)
 
 
+def test_flash_attention_beam_search_of_sources_of_different_lengths_gives_sdpas_translations(
+    trained_tiny_model, translation_pairs, tmp_path
+):
+    """The paper's beam search under FlashAttention-2, 4 beams, a padded batch of sources of 4 to 9 tokens: each
+    hypothesis keeps its own copy of its sentence's encoder output, and the translations are sdpa's."""
+    input_ids, attention_mask, _ = (t.cuda() for t in pad_pairs(translation_pairs))
+    translations = {}
+    for implementation in ("sdpa", "flash_attention_2"):
+        model = half_precision_model(trained_tiny_model, tmp_path / implementation, torch.bfloat16, implementation)
+        translations[implementation] = model.generate(input_ids, attention_mask=attention_mask, num_beams=4)
+    assert torch.equal(translations["flash_attention_2"], translations["sdpa"])
+
+
 @pytest.mark.parametrize("num_beams", [1, 4])
 @pytest.mark.parametrize("dtype", HALF, ids=str)
 def test_static_cache_compiled_generation_gives_eager_tokens(trained_tiny_model, translation_pairs, dtype, num_beams):
