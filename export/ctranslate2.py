@@ -16,6 +16,7 @@ import torch
 from ctranslate2.specs import common_spec, transformer_spec
 
 from ..checks import UsageError
+from ..modeling.generation_vaswani import EXTRA_OUTPUT_TOKENS
 
 
 def _array(tensor: torch.Tensor) -> numpy.ndarray:
@@ -150,7 +151,7 @@ def translate_ids(
     """Translate token-id sequences with CTranslate2; `length` forces an exact output length (benchmarks)."""
     lookup = {token: i for i, token in enumerate(tokens)}
     source = [[tokens[i] for i in ids] for ids in batch]
-    options = {"beam_size": beam_size, "max_decoding_length": length or max(map(len, batch)) + 50}
+    options = {"beam_size": beam_size, "max_decoding_length": length or max(map(len, batch)) + EXTRA_OUTPUT_TOKENS}
     if length is not None:
         options["min_decoding_length"] = length
     results = translator.translate_batch(source, **options)
@@ -169,7 +170,7 @@ def translate_sentences(
     for start in range(0, len(order), batch_size):
         chunk = order[start : start + batch_size]
         ids = tokenizer([sentences[i] for i in chunk]).input_ids
-        limit = max(map(len, ids)) + 50
+        limit = max(map(len, ids)) + EXTRA_OUTPUT_TOKENS
         results = translator.translate_batch(
             [tokenizer.convert_ids_to_tokens(row) for row in ids], max_decoding_length=limit, **options
         )

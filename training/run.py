@@ -23,6 +23,7 @@ from accelerate.utils import set_seed
 from ..checks import UsageError, check_tokenizer_matches_config, tokenizer_ids
 from ..configuration import VaswaniConfig
 from ..modeling import VaswaniForConditionalGeneration
+from ..modeling.generation_vaswani import EXTRA_OUTPUT_TOKENS
 from .batching import StepBatches
 from .checkpoints import (
     TRAIN_STATE_FILE,
@@ -118,7 +119,8 @@ def model_config(args, tokenizer):
     )
     values.update(tokenizer_ids(tokenizer))
     if values["positional_encoding"] == "sinusoidal":  # section 3.5: no weight depends on the limit
-        longest = max(args.max_source_length, args.max_target_length) + 51  # decoding runs to source length + 50
+        # Decoding runs to the source length + 50 (section 6.1), after the start token.
+        longest = max(args.max_source_length, args.max_target_length) + EXTRA_OUTPUT_TOKENS + 1
         values["max_position_embeddings"] = max(values["max_position_embeddings"], longest)
     elif values["max_position_embeddings"] < max(args.max_source_length, args.max_target_length):
         raise UsageError(
