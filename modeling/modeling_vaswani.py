@@ -415,10 +415,11 @@ class VaswaniPreTrainedModel(PreTrainedModel):
             self._init_projection(module, 2**-0.5 if fairseq_input else 1.0)
         elif isinstance(module, nn.Embedding):  # tokens, and learned positions as fairseq and Marian draw them
             init.normal_(module.weight, mean=0.0, std=0.02 if scheme == "bart" else self.config.d_model**-0.5)
-            # A row is a view without the flag that marks loaded weights, hence the explicit check.
             padding_row = isinstance(module, VaswaniScaledEmbedding) and self.config.pad_token_id is not None
-            if padding_row and scheme != "tensor2tensor" and not getattr(module.weight, "_is_hf_initialized", False):
-                init.zeros_(module.weight[self.config.pad_token_id])
+            if padding_row and scheme != "tensor2tensor":
+                # Through the whole matrix: init's functions leave loaded weights alone, which a row's view would not.
+                padding = torch.tensor([self.config.pad_token_id], device=module.weight.device)
+                init.copy_(module.weight, module.weight.detach().index_fill(0, padding, 0.0))
         elif isinstance(module, nn.LayerNorm):
             init.ones_(module.weight)
             init.zeros_(module.bias)

@@ -8,7 +8,8 @@ underscore, not a dunder) is touched when the package
 - imports it, or imports from a private module, of one of those libraries (`from transformers.x import _y`,
   `import torch._dynamo`);
 - reads or writes it on one of their modules (`torch._C`), on `super()`, or on any object when the package itself
-  does not define that name (`model._valid_auto_compile_criteria`: the object is a library's);
+  does not define that name (`model._valid_auto_compile_criteria`: the object is a library's), by attribute or by
+  string (`getattr(weight, "_is_hf_initialized")`, `hasattr(tokenizer, "_x")`);
 - defines it in a subclass of one of their classes where the library defines it too (an override of a private
   method or attribute).
 
@@ -65,6 +66,8 @@ ALLOWED = {
         ("modeling/generation_vaswani.py", name.split(".")[-1]): reason
         for name, reason in TRANSFORMERS_PRIVATE_NAMES.items()
     },
+    ("training/data.py", "_switch_to_target_mode"): "the one sign that a tokenizer encodes targets otherwise than "
+    "sources (Marian, NLLB), where the fast path of token_ids would give source ids for targets",
 }
 
 IMPORT_SYSTEM = {
@@ -79,6 +82,9 @@ IMPORT_SYSTEM = {
     "MetaPathFinder",
     "PathEntryFinder",
 }
+
+
+STRING_ACCESS = {"getattr", "hasattr", "setattr", "delattr"}
 
 
 def is_private(name):
@@ -210,6 +216,11 @@ def touches(path, tree, own, libraries):
                 found.append((node.lineno, node.attr, "on a library's object"))
         elif isinstance(node, ast.Name) and node.id in IMPORT_SYSTEM:
             found.append((node.lineno, node.id, "import system"))
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in STRING_ACCESS:
+            name = node.args[1] if len(node.args) > 1 else None
+            if isinstance(name, ast.Constant) and isinstance(name.value, str) and is_private(name.value):
+                if name.value not in own:
+                    found.append((node.lineno, name.value, f"by {node.func.id}()"))
         elif isinstance(node, ast.Subscript) and not isinstance(node.ctx, ast.Load):
             if dotted_origin(node.value, bound) == "sys.modules":
                 found.append((node.lineno, "sys.modules", "import system"))

@@ -266,6 +266,7 @@ def token_ids(tokenizer, texts, target=False):
         backend is not None
         and backend.truncation is None
         and backend.padding is None
+        # The one sign that a tokenizer encodes targets otherwise (Marian, NLLB): private, no public one exists.
         and not hasattr(tokenizer, "_switch_to_target_mode")
     ):
         return [encoding.ids for encoding in backend.encode_batch_fast(texts)]
