@@ -45,8 +45,9 @@ from vaswani.checks import UsageError, tokenizer_ids
 from vaswani.cli import command, parse_arguments
 from vaswani.configuration.configuration_vaswani import INIT_SCHEMES
 from vaswani.corpora.tokenizer import load_tokenizer
-from vaswani.evaluation.bleu import corpus_bleu, load_pairs, translate, validate
+from vaswani.evaluation.bleu import corpus_bleu, load_pairs, translate
 from vaswani.progress import progress_bar
+from vaswani.training import validate
 from vaswani.training.batching import StepBatches, TokenBucketSampler
 from vaswani.training.checkpoints import TrainState
 from vaswani.training.data import (

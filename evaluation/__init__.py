@@ -1,6 +1,7 @@
 """Evaluation (section 6.1): translate a test set with the paper's beam search and score it with sacreBLEU and
 Table 2's tokenized BLEU, and chrF beside them (`bleu`, also the `evaluate` metric `vaswani_bleu`), with the decoding flags the commands
-share (`arguments`). `vaswani-evaluate` and `vaswani-translate` run them; the validation of training calls `validate`.
+share (`arguments`). `vaswani-evaluate` and `vaswani-translate` run them, and training's validation
+(`vaswani.training.validate`) scores through them.
 """
 
 from ..lazy_imports import lazy_names
@@ -16,7 +17,6 @@ _EXPORTS = {
         "tokenized_bleu",
         "translate",
         "translations",
-        "validate",
     ],
     "arguments": ["DecodingArguments"],
 }

@@ -16,7 +16,6 @@ from transformers import AutoTokenizer
 
 from vaswani import VaswaniConfig, VaswaniForConditionalGeneration
 from vaswani.checks import tokenizer_ids
-from vaswani.evaluation import validate
 from vaswani.training import (
     PairCollator,
     TokenBucketSampler,
@@ -26,6 +25,7 @@ from vaswani.training import (
     pair_loader,
     tokenize_split,
     train_step,
+    validate,
 )
 from vaswani.training.distributed import launch_accelerator, main_process_first
 from vaswani.training.step import recipe_adam

@@ -42,7 +42,6 @@ def main(argv, callbacks=()):
 
     from vaswani import VaswaniForConditionalGeneration
     from vaswani.corpora.tokenizer import load_tokenizer
-    from vaswani.evaluation.bleu import validate
     from vaswani.training.batching import paper_batch_tokens
     from vaswani.training.data import TrainingData, load_translation_dataset
     from vaswani.training.distributed import configure_deepspeed, launch_accelerator, shard_shared_embedding
@@ -51,6 +50,7 @@ def main(argv, callbacks=()):
     from vaswani.training.run import TrainingRun, model_config, step_settings
     from vaswani.training.schedule import inverse_sqrt_schedule, peak_lr_of
     from vaswani.training.step import recipe_adam, train_step
+    from vaswani.training.validation import validate
 
     # --- Checks that would otherwise fail hours later, before any process group starts. ---
     output_dir = check_writable_dir(args.output_dir)

@@ -195,7 +195,7 @@ def test_fsdp2_validates_bleu_in_step_and_as_one_process_does(corpus, tmp_path, 
     from datasets import load_from_disk
     from transformers import AutoTokenizer
 
-    from vaswani.evaluation.bleu import validate
+    from vaswani.training import validate
 
     output_dir = tmp_path / "out"
     extra = ["--eval_bleu_samples", 7, "--generation_num_beams", num_beams]

@@ -10,6 +10,7 @@
                  checkpoint grid, why it stops early, the final average (6.1); the loop's callbacks
     faults       preemption signals, non-finite losses, disk space
     distributed  the processes `accelerate launch` started (DDP, FSDP2, DeepSpeed), and whether the model compiles
+    validation   the validation loss and BLEU during training, the processes in step
     records      the progress bar, the step log, the summary, the plots, the hardware
     arguments    vaswani-train's flags, which the recipe's parts read
 The label-smoothed loss (5.4) is the model's own: `vaswani.label_smoothed_cross_entropy`, also used by its `labels`
@@ -39,6 +40,7 @@ _EXPORTS = {
         "tokenize_split",
     ],
     "faults": ["StopSignal"],
+    "validation": ["validate"],
     "schedule": ["inverse_sqrt_lr", "inverse_sqrt_schedule", "paper_peak_lr"],
 }
 __getattr__, __dir__, __all__ = lazy_names(__name__, _EXPORTS)

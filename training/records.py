@@ -71,7 +71,7 @@ class TrainingReport:
             )
 
     def validation(self, state, result):
-        """A validation's figures (`vaswani.evaluation.bleu.validate`), logged and shown."""
+        """A validation's figures (`vaswani.training.validate`), logged and shown."""
         self.last_eval = result
         self.accelerator.log({f"valid/{k}": v for k, v in result.items() if isinstance(v, float)}, step=state.step)
         if self.accelerator.is_main_process:
