@@ -14,7 +14,6 @@ import re
 from pathlib import Path
 
 import evaluate
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import sacrebleu
@@ -24,7 +23,7 @@ from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, Pipeline, pipelin
 
 from ..checks import check_safetensors_weights, check_tokenizer_matches_config
 from ..modeling import VaswaniTranslationPipeline
-from ..modeling.pipeline_vaswani import BATCH_SIZE, translate_batch
+from ..modeling.pipeline_vaswani import BATCH_SIZE, longest_first, translate_batch
 from ..progress import progress_bar
 from ..training.data import load_translation_dataset, text_pairs
 
@@ -80,7 +79,7 @@ def translations(
         raise ValueError(f"{len(prefixes)} prefixes for {len(sentences)} sentences: give one per sentence.")
     was_training = model.training
     model.eval()
-    order = np.argsort(-pc.utf8_length(sentences).to_numpy(zero_copy_only=False), kind="stable")
+    order = longest_first(pc.utf8_length(sentences).to_pylist())
     generate_kwargs = {"num_beams": num_beams, "do_sample": False}
     if paper_decoding is not None:
         generate_kwargs["paper_decoding"] = paper_decoding

@@ -17,6 +17,7 @@ from ctranslate2.specs import common_spec, transformer_spec
 
 from ..checks import UsageError
 from ..modeling.generation_vaswani import EXTRA_OUTPUT_TOKENS
+from ..modeling.pipeline_vaswani import longest_first
 
 
 def _array(tensor: torch.Tensor) -> numpy.ndarray:
@@ -165,7 +166,7 @@ def translate_sentences(
     `vaswani.evaluation.bleu.translations` makes them), each limited to its longest source + 50 tokens (section 6.1),
     tokenized and detokenized by the model's own `tokenizer`. `options` go to `translate_batch` (beam_size,
     length_penalty, ...). A blank sentence gives a blank translation."""
-    order = sorted((i for i, text in enumerate(sentences) if text.strip()), key=lambda i: -len(sentences[i]))
+    order = [i for i in longest_first([len(text) for text in sentences]) if sentences[i].strip()]
     answers = [""] * len(sentences)
     for start in range(0, len(order), batch_size):
         chunk = order[start : start + batch_size]

@@ -63,6 +63,14 @@ def hard_alignments(model, input_ids, attention_mask, sequences, layer: int = -1
 
 
 BATCH_SIZE = 32
+
+
+def longest_first(lengths) -> list[int]:
+    """The indices of texts of these lengths, longest first (ties in their order): cut into batches, texts of similar
+    length share a batch and so its padding; each answer goes back to its text's index."""
+    return sorted(range(len(lengths)), key=lambda index: -lengths[index])
+
+
 """How many texts are decoded together by default: by the pipeline, and by `vaswani.evaluation.bleu.translate`."""
 
 
@@ -222,10 +230,10 @@ class VaswaniTranslationPipeline(Pipeline):
         prefixes = [prefix] * len(texts) if prefix is None or isinstance(prefix, str) else list(prefix)
         if len(prefixes) != len(texts):
             raise ValueError(f"{len(prefixes)} prefixes for {len(texts)} texts: give one per text.")
-        longest_first = sorted(range(len(texts)), key=lambda index: -len(texts[index]))
-        results = super().__call__([{"text": texts[i], "prefix": prefixes[i]} for i in longest_first], **kwargs)
+        order = longest_first([len(text) for text in texts])
+        results = super().__call__([{"text": texts[i], "prefix": prefixes[i]} for i in order], **kwargs)
         answers = [None] * len(texts)
-        for index, result in zip(longest_first, results):
+        for index, result in zip(order, results):
             answers[index] = result
         if all(len(hypotheses) == 1 for hypotheses in answers):
             return [hypotheses[0] for hypotheses in answers]
