@@ -13,8 +13,13 @@ scripts/prepare_data.py (--dataset_dir) or loaded with datasets.load_dataset (--
 a part of the training split is held out for it. OUTPUT_DIR ends with the model, its tokenizer, eval_results.json and
 trainer_state.json.
 
+With --lora_r, only low-rank adapters of the attention projections train (peft's LoRA, the `lora` extra): OUTPUT_DIR
+ends with the adapter (adapter_config.json, adapter_model.safetensors), which PeftModel.from_pretrained puts on the
+model it came from; --merge also writes the model with the adapter merged in, a plain model, to OUTPUT_DIR/merged.
+
 Usage (or python scripts/finetune.py):
   vaswani-finetune --model runs/base --dataset_dir data/new --output_dir runs/finetuned
+  vaswani-finetune ... --lora_r 8 --merge                  # LoRA: the adapter, and the merged model
   vaswani-finetune ... --per_device_train_batch_size 16 --gradient_accumulation_steps 4 --max_steps 2000
   vaswani-finetune ... --resume_from_checkpoint            # continue from OUTPUT_DIR's last checkpoint
   vaswani-finetune ... --push_to_hub --hub_model_id me/vaswani-en-es-finetuned
@@ -28,6 +33,7 @@ from pathlib import Path
 from vaswani.checks import (
     UsageError,
     check_dataset_exists,
+    check_extra,
     check_model_folder,
     check_tokenizer_folder,
     check_tokenizer_matches_config,
@@ -35,6 +41,11 @@ from vaswani.checks import (
     seq2seq_model_types,
 )
 from vaswani.cli import command, parse_arguments
+
+
+# The attention's input and output projections (section 3.2's W^Q, W^K, W^V, W^O) in every encoder and decoder layer.
+# peft knows the projections of the architectures it lists by model type, and offers a model no way to name its own.
+LORA_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "out_proj")
 
 
 @dataclass
@@ -65,19 +76,39 @@ class DataArguments:
             raise UsageError("give exactly one of --dataset_dir and --dataset.")
 
 
+@dataclass
+class AdapterArguments:
+    _argument_group_name = "LoRA (peft)"
+    lora_r: int | None = field(
+        default=None, metadata={"help": "train LoRA adapters of this rank; default: every weight"}
+    )
+    lora_alpha: int = field(default=16, metadata={"help": "LoRA's scale: the adapter's update times alpha / r"})
+    lora_dropout: float = field(default=0.1, metadata={"help": "dropout on the adapters' input (paper's P_drop)"})
+    lora_target_modules: list[str] = field(
+        default_factory=lambda: list(LORA_TARGET_MODULES), metadata={"help": "the layers that get adapters"}
+    )
+    merge: bool = field(default=False, metadata={"help": "also write the model with the adapter merged in"})
+
+    def __post_init__(self):
+        if self.lora_r is not None and self.lora_r < 1:
+            raise UsageError(f"--lora_r must be a positive rank, got {self.lora_r}.")
+        if self.merge and self.lora_r is None:
+            raise UsageError("--merge merges a LoRA adapter: give --lora_r too.")
+
+
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
     """The flags with their defaults; the description and the epilog (the Trainer's flags, the data, the usage) laid
     out as this module's docstring lays them out."""
 
 
 def parse_args(argv=None):
-    """(ModelArguments, DataArguments, FinetuningArguments) from the command line, as transformers' run_translation.py
-    reads its own: this command's flags, then every Seq2SeqTrainingArguments flag."""
+    """(ModelArguments, DataArguments, AdapterArguments, FinetuningArguments) from the command line, as transformers'
+    run_translation.py reads its own: this command's flags, then every Seq2SeqTrainingArguments flag."""
     from vaswani.finetuning.trainer import FinetuningArguments
 
     description, rest = __doc__.split("\n\n", 1)
     return parse_arguments(
-        (ModelArguments, DataArguments, FinetuningArguments),
+        (ModelArguments, DataArguments, AdapterArguments, FinetuningArguments),
         argv,
         description,
         epilog=rest,
@@ -180,6 +211,23 @@ def build_trainer(data_args, training_args, model, tokenizer, train_raw, eval_ra
     )
 
 
+def with_adapters(model, adapter_args):
+    """The model wrapped by peft with LoRA adapters (`get_peft_model`): only the adapters train."""
+    from peft import LoraConfig, get_peft_model
+
+    config = LoraConfig(
+        task_type="SEQ_2_SEQ_LM",
+        r=adapter_args.lora_r,
+        lora_alpha=adapter_args.lora_alpha,
+        lora_dropout=adapter_args.lora_dropout,
+        target_modules=list(adapter_args.lora_target_modules),
+    )
+    model = get_peft_model(model, config)
+    trainable, total = model.get_nb_trainable_parameters()
+    print(f"LoRA r={adapter_args.lora_r}: {trainable:,} of {total:,} parameters train ({trainable / total:.2%})")
+    return model
+
+
 def check_model_arguments(model_args):
     """--model and --tokenizer, before any time is spent: folders that exist and hold what they should, or Hub ids."""
     # A folder whose code runs (--trust_remote_code) may be of any type; otherwise one the library's classes load.
@@ -206,7 +254,7 @@ def load_model(model_args):
 
 @command(extra="train", needs=("accelerate", "datasets", "sacrebleu", "sacremoses", "evaluate"))
 def main(argv=None):
-    model_args, data_args, training_args = parse_args(argv)
+    model_args, data_args, adapter_args, training_args = parse_args(argv)
     check_writable_dir(training_args.output_dir)
     resume_from = checkpoint_to_resume(training_args.resume_from_checkpoint, training_args.output_dir)
     if data_args.dataset_dir is not None:
@@ -223,6 +271,9 @@ def main(argv=None):
         f"{model.config.vocab_size}"
     )
 
+    if adapter_args.lora_r is not None:
+        check_extra("vaswani-finetune --lora_r", "lora", ("peft",))
+        model = with_adapters(model, adapter_args)
     trainer = build_trainer(data_args, training_args, model, tokenizer, train_raw, eval_raw)
     train_result = trainer.train(resume_from_checkpoint=resume_from)
     trainer.log_metrics("train", train_result.metrics)
@@ -231,9 +282,16 @@ def main(argv=None):
     metrics = trainer.evaluate()
     trainer.log_metrics("eval", metrics)
     trainer.save_metrics("eval", metrics)  # OUTPUT_DIR/eval_results.json
-    trainer.save_model()  # the model (with its code) and the tokenizer, in OUTPUT_DIR
+    trainer.save_model()  # the model (with its code) or the adapter, and the tokenizer, in OUTPUT_DIR
     trainer.save_state()  # OUTPUT_DIR/trainer_state.json, the whole log
-    print(f"saved the fine-tuned model and tokenizer to {training_args.output_dir}")
+    print(
+        f"saved the fine-tuned {'adapter' if adapter_args.lora_r else 'model'} and tokenizer to {training_args.output_dir}"
+    )
+    if adapter_args.merge and trainer.is_world_process_zero():
+        merged_dir = Path(training_args.output_dir) / "merged"
+        trainer.model.merge_and_unload().save_pretrained(merged_dir)
+        tokenizer.save_pretrained(merged_dir)
+        print(f"saved the model with the adapter merged in to {merged_dir}")
 
     if training_args.push_to_hub:
         trainer.push_to_hub(

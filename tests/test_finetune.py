@@ -5,6 +5,7 @@ Everything runs on the CPU with a tiny model, a word-level tokenizer and a few d
 
 import json
 import shutil
+import subprocess
 import sys
 
 import datasets
@@ -528,3 +529,60 @@ def test_a_flag_the_script_does_not_name_reaches_the_trainer(workspace, tmp_path
         trainer.optimizer.step()
         trainer.lr_scheduler.step()
     assert trainer.lr_scheduler.get_last_lr()[0] == pytest.approx(1e-6)
+
+
+TRANSLATE_IN_A_FRESH_PROCESS = """
+import sys, json
+import vaswani  # registers the model with the Auto classes
+from peft import PeftModel
+from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+base, adapter, *sources = sys.argv[1:]
+tokenizer = AutoTokenizer.from_pretrained(adapter)
+model = PeftModel.from_pretrained(AutoModelForSeq2SeqLM.from_pretrained(base), adapter).eval()
+batch = tokenizer(sources, return_tensors="pt", padding=True)
+print(json.dumps(model.generate(**batch, num_beams=4).tolist()))
+"""
+
+
+def test_lora_trains_the_attention_adapters_saves_them_and_merges_to_a_plain_model(workspace, tmp_path):
+    """--lora_r: only the adapters of the attention projections train; the adapter saves the Hub way, loads onto the
+    model it came from in a fresh process, and merges (--merge) into a plain model, with the same translations at each
+    step."""
+    output_dir = tmp_path / "lora"
+    flags = "--max_steps 10 --learning_rate 5e-3 --per_device_train_batch_size 8 --lora_r 4 --merge".split()
+    run_finetune(workspace["model"], workspace["data"], output_dir, *flags)
+    assert {"adapter_config.json", "adapter_model.safetensors"} <= {path.name for path in output_dir.iterdir()}
+    adapter = load_file(str(output_dir / "adapter_model.safetensors"))
+    assert adapter and all("lora_" in name for name in adapter)
+    assert {name.split(".lora_")[0].rsplit(".", 1)[1] for name in adapter} == {
+        "q_proj",
+        "k_proj",
+        "v_proj",
+        "out_proj",
+    }
+
+    tokenizer = AutoTokenizer.from_pretrained(output_dir)
+    sources = ["the dog sings every day", "the bird reads every day"]
+    batch = tokenizer(sources, return_tensors="pt", padding=True)
+    merged = VaswaniForConditionalGeneration.from_pretrained(output_dir / "merged").eval()
+    translations = merged.generate(**batch, num_beams=4).tolist()
+    pretrained = VaswaniForConditionalGeneration.from_pretrained(workspace["model"]).eval()
+    assert pretrained.generate(**batch, num_beams=4).tolist() != translations, "the adapter changed nothing"
+    script = tmp_path / "translate.py"
+    script.write_text(TRANSLATE_IN_A_FRESH_PROCESS)
+    done = subprocess.run(
+        [sys.executable, script, workspace["model"], output_dir, *sources], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.splitlines()[-1]) == translations
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [("--merge", "--merge merges a LoRA adapter: give --lora_r too."), ("--lora_r 0", "--lora_r must be a positive")],
+    ids=["merge_without_lora", "rank_0"],
+)
+def test_lora_flags_that_cannot_work_end_with_the_usage(capsys, flags, message):
+    with pytest.raises(SystemExit) as exit_info:
+        finetune.main(["--model", "m", "--dataset_dir", "d", "--output_dir", "o", *flags.split()])
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err
