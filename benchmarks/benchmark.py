@@ -27,13 +27,9 @@ Results are printed and written as JSON and Markdown to --output_dir.
 """
 
 import argparse
-import contextlib
-import copy
 import json
 import re
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
@@ -42,13 +38,14 @@ from typing import Literal
 
 import torch
 
+from benchmarks import harness
 from vaswani.checks import UsageError
 from vaswani.cli import command, parse_arguments
 from vaswani.progress import progress_bar
 from vaswani.training.step import recipe_adam, train_step
 
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+PEERS = ("vaswani", "marian")  # the implementations the sweeps and the training columns compare
 SPECIAL_IDS = {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2, "decoder_start_token_id": 1}
 VOCAB_SIZE = 32000
 LABEL_SMOOTHING = 0.1  # section 5.4, the recipe's
@@ -70,26 +67,15 @@ def marian_config(config):
     positions, sqrt(d_model)-scaled embeddings tied across encoder, decoder and output."""
     from transformers import MarianConfig
 
+    same = "vocab_size d_model encoder_layers decoder_layers encoder_attention_heads decoder_attention_heads dropout"
+    same += " encoder_ffn_dim decoder_ffn_dim max_position_embeddings pad_token_id bos_token_id eos_token_id"
     return MarianConfig(
-        vocab_size=config.vocab_size,
-        d_model=config.d_model,
-        encoder_layers=config.encoder_layers,
-        decoder_layers=config.decoder_layers,
-        encoder_attention_heads=config.encoder_attention_heads,
-        decoder_attention_heads=config.decoder_attention_heads,
-        encoder_ffn_dim=config.encoder_ffn_dim,
-        decoder_ffn_dim=config.decoder_ffn_dim,
+        **{name: getattr(config, name) for name in [*same.split(), "decoder_start_token_id"]},
         activation_function="relu",
-        dropout=config.dropout,
-        max_position_embeddings=config.max_position_embeddings,
         scale_embedding=True,
         share_encoder_decoder_embeddings=True,
         tie_word_embeddings=True,
         forced_eos_token_id=None,
-        pad_token_id=config.pad_token_id,
-        bos_token_id=config.bos_token_id,
-        eos_token_id=config.eos_token_id,
-        decoder_start_token_id=config.decoder_start_token_id,
     )
 
 
@@ -189,14 +175,9 @@ def measure_training(model, args, length: int, batch_tokens: int) -> dict:
     step_model, optimizer = accelerator.prepare(torch.compile(model) if args.compile_training else model, optimizer)
     batch = max(1, batch_tokens // length)
     source, target = random_ids(batch, length, device), random_ids(batch, length, device)
-    pair = {
-        "input_ids": source,
-        "attention_mask": torch.ones_like(source),
-        "decoder_input_ids": shift_tokens_right(
-            target, SPECIAL_IDS["pad_token_id"], SPECIAL_IDS["decoder_start_token_id"]
-        ),
-        "labels": target,
-    }
+    decoder_input_ids = shift_tokens_right(target, SPECIAL_IDS["pad_token_id"], SPECIAL_IDS["decoder_start_token_id"])
+    pair = {"input_ids": source, "attention_mask": torch.ones_like(source), "labels": target}
+    pair["decoder_input_ids"] = decoder_input_ids
     timer, losses = Timer(device), []
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
@@ -207,105 +188,9 @@ def measure_training(model, args, length: int, batch_tokens: int) -> dict:
             result = train_step(accelerator, step_model, optimizer, None, [pair], LABEL_SMOOTHING)
         losses.append(result.loss / result.target_tokens)
     peak = torch.cuda.max_memory_allocated() if device.type == "cuda" else memory_status("VmHWM") - args.baseline_rss
-    return {
-        "times": timer.times[-args.repeats :],
-        "losses": losses,
-        "tokens": result.tokens,
-        "batch": batch,
-        "length": length,
-        "peak_memory": peak,
-        "flops": training_step_flops(model.config, batch, length),
-    }
-
-
-# What a step's time is spent on, by the name of the kernel (on a CPU, of the operator) that spends it; the first
-# pattern that matches wins. Eager kernels of the loss are told by the operator that launched them (`LOSS_RANGE`).
-KERNEL_KINDS = (
-    ("loss", r"logsumexp|log_?softmax|nll_loss|cross_?entropy"),
-    ("attention", r"flash|fmha|attention|sdpa"),
-    ("matrix products", r"gemm|cutlass|xmma|nvjet|cublas|wgmma|^aten::(mm|addmm|bmm|baddbmm|linear|matmul)$"),
-    ("optimizer", r"multi_tensor|foreach|adam"),
-    ("normalisation and reductions", r"norm|reduce|triton_red|triton_per|softmax|amax|sum|mean"),
-    (
-        "elementwise",
-        r"elementwise|triton_poi|vectorized|unrolled|copy|fill|dropout|relu|add|sub|mul|div|exp|where|cat",
-    ),
-)
-LOSS_RANGE = "label-smoothed loss"
-
-
-def kernel_kind(name: str, in_loss: bool) -> str:
-    if in_loss:
-        return "loss"
-    return next((kind for kind, pattern in KERNEL_KINDS if re.search(pattern, name, re.I)), "other")
-
-
-@contextlib.contextmanager
-def loss_ranged():
-    """The loss's forward and backward, each run under a `LOSS_RANGE` profiler range, for the block's time."""
-    from torch.profiler import record_function
-
-    from vaswani.modeling.modeling_vaswani import VaswaniLabelSmoothedCrossEntropy as Loss
-
-    originals = {name: getattr(Loss, name) for name in ("forward", "backward")}
-    for name, original in originals.items():
-
-        def ranged(*inputs, original=original):
-            with record_function(LOSS_RANGE):
-                return original(*inputs)
-
-        setattr(Loss, name, staticmethod(ranged))
-    try:
-        yield
-    finally:
-        for name, original in originals.items():
-            setattr(Loss, name, staticmethod(original))
-
-
-def profile_training(model, args) -> dict:
-    """Where the time of one training step goes (torch.profiler): on CUDA each kernel's device time, on a CPU each
-    operator's own time, grouped into KERNEL_KINDS (`shares`, of the step's profiled total) and the `top` kernels.
-    Eager, the loss's kernels are those launched under its forward and backward (timed in a `LOSS_RANGE` range);
-    compiled, those whose fused names say so."""
-    from torch.profiler import ProfilerActivity, profile
-
-    warm, once = copy.copy(args), copy.copy(args)  # copies keep the worker's memory baseline
-    warm.repeats, once.warmup, once.repeats = 1, 0, 1
-    on_cuda = args.device == "cuda"
-    # A range around the loss, eager only: a compiled graph would break at it.
-    with contextlib.nullcontext() if args.compile_training else loss_ranged():
-        measure_training(model, warm, args.train_length, args.batch_tokens)  # warm-up (and compilation)
-        with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_cuda else [])) as profiler:
-            measure_training(model, once, args.train_length, args.batch_tokens)
-    spent = {}  # (kernel name, kind) -> [calls, microseconds]
-    for event in profiler.events():
-        parents, parent = set(), event
-        while parent is not None:
-            parents.add(parent.name)
-            parent = parent.cpu_parent
-        pieces = (
-            [(k.name, k.duration) for k in event.kernels] if on_cuda else [(event.name, event.self_cpu_time_total)]
-        )
-        for name, microseconds in pieces:
-            entry = spent.setdefault((name, kernel_kind(name, LOSS_RANGE in parents)), [0, 0.0])
-            entry[0] += 1
-            entry[1] += microseconds
-    total = sum(microseconds for _, microseconds in spent.values())
-    if not total:
-        raise RuntimeError("the profiler recorded no kernel time")
-    shares = {}
-    for (_, kind), (_, microseconds) in spent.items():
-        shares[kind] = shares.get(kind, 0.0) + microseconds / total
-    top = sorted(spent.items(), key=lambda item: -item[1][1])[:12]
-    return {
-        "total_ms": total / 1000,
-        "timed": "device time of each kernel" if on_cuda else "each operator's own CPU time",
-        "shares": dict(sorted(shares.items(), key=lambda item: -item[1])),
-        "top": [
-            {"kernel": name[:120], "kind": kind, "calls": calls, "ms": us / 1000, "share": us / total}
-            for (name, kind), (calls, us) in top
-        ],
-    }
+    flops = training_step_flops(model.config, batch, length)
+    measured = {"times": timer.times[-args.repeats :], "losses": losses, "tokens": result.tokens, "batch": batch}
+    return measured | {"length": length, "peak_memory": peak, "flops": flops}
 
 
 def measure_generation(model, args, num_beams: int, paper_decoding: bool = False) -> dict:
@@ -322,24 +207,14 @@ def measure_generation(model, args, num_beams: int, paper_decoding: bool = False
         compile_config = CompileConfig(fullgraph=True)
         compile_config._compile_all_devices = True  # generate() compiles on accelerators only unless told so
         options |= {"cache_implementation": "static", "compile_config": compile_config}
+    options |= {"num_beams": num_beams, "length_penalty": 0.6, "attention_mask": torch.ones_like(source)}
     timer = Timer(device)
     for step in range(args.warmup + args.repeats):  # the warm-up also compiles
         with torch.inference_mode(), timer:
-            output = model.generate(
-                source,
-                attention_mask=torch.ones_like(source),
-                num_beams=num_beams,
-                length_penalty=0.6,
-                min_new_tokens=args.gen_length,
-                max_new_tokens=args.gen_length,
-                **options,
-            )
+            output = model.generate(source, min_new_tokens=args.gen_length, max_new_tokens=args.gen_length, **options)
     assert output.shape == (args.gen_batch, args.gen_length + 1), output.shape
-    return {
-        "times": timer.times[-args.repeats :],
-        "sentences": args.gen_batch,
-        "tokens": args.gen_batch * args.gen_length,
-    }
+    sentences = args.gen_batch
+    return {"times": timer.times[-args.repeats :], "sentences": sentences, "tokens": sentences * args.gen_length}
 
 
 def export_for_ctranslate2(args, quantization: str) -> dict:
@@ -356,43 +231,22 @@ def export_for_ctranslate2(args, quantization: str) -> dict:
 
 
 def measure_ctranslate2(args, implementation: str, folder: Path, timeout=None) -> dict:
-    """CTranslate2's generation (`implementation`: "ctranslate2:QUANTIZATION"), alone: the model exported into
-    `folder` by a process of its own where not yet, then timed in a fresh process that never imports torch."""
+    """CTranslate2's greedy and beam-4 generation (`implementation`: "ctranslate2:QUANTIZATION"), alone: the model
+    exported into `folder` by a process of its own where not yet, then timed in a fresh process that never imports
+    torch, --warmup untimed and --repeats timed repetitions, the output length forced as for the others."""
     if not (folder / "source.json").exists():
         run_worker(args, implementation, export_dir=folder, timeout=timeout)
-    return time_ctranslate2(args, folder, timeout)
-
-
-def time_ctranslate2(args, folder: Path, timeout=None) -> dict:
-    """Greedy and beam-4 generation of the exported model (export_for_ctranslate2), in a fresh process that imports
-    no torch, --warmup untimed and --repeats timed repetitions each, with the output length forced as for the
-    others."""
-    source = json.loads((folder / "source.json").read_text())
-    job = {
-        "model_dir": str(folder),
-        "device": args.device,
-        "threads": torch.get_num_threads(),
-        "decodings": [{"name": f"generate_beam{beams}", "beam_size": beams} for beams in (1, 4)],
-        "batches": [source],
-        "length": args.gen_length,
-        "warmup": args.warmup,
-        "repeats": args.repeats,
-    }
-    (folder / "job.json").write_text(json.dumps(job))
-    command = [sys.executable, "-m", "benchmarks.ctranslate2_timing", str(folder / "job.json")]
-    done = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=timeout)
-    if done.returncode != 0:
-        raise RuntimeError(f"CTranslate2 failed:\n{done.stderr[-3000:]}")
-    measured = json.loads(done.stdout.strip().splitlines()[-1])
+    job = {"model_dir": str(folder), "device": args.device, "threads": torch.get_num_threads()}
+    job["decodings"] = [{"name": f"generate_beam{beams}", "beam_size": beams} for beams in (1, 4)]
+    job |= {"batches": [json.loads((folder / "source.json").read_text())], "length": args.gen_length}
+    job |= {"warmup": args.warmup, "repeats": args.repeats}
+    measured = harness.time_ctranslate2(job, folder, timeout)
     results = {}
     for name, decoding in measured["decodings"].items():
         assert all(len(tokens) == args.gen_length for tokens in decoding["outputs"]), decoding["outputs"]
-        results[name] = {
-            "times": decoding["times"],
-            "sentences": args.gen_batch,
-            "tokens": args.gen_batch * args.gen_length,
-            "torch_loaded": measured["torch_loaded"],
-        }
+        sentences, loaded = args.gen_batch, measured["torch_loaded"]
+        results[name] = {"times": decoding["times"], "sentences": sentences, "tokens": sentences * args.gen_length}
+        results[name]["torch_loaded"] = loaded
     return results
 
 
@@ -407,6 +261,8 @@ def worker(args) -> dict:
         length, batch_tokens = args.sweep_point
         return {"train": measure_training(model, args, length, batch_tokens)}
     if args.measure == "profile":
+        from benchmarks.gpu_report_training import profile_training
+
         return {"profile": profile_training(model, args)}
     results = {}
     if args.measure in ("all", "generate"):
@@ -421,15 +277,10 @@ def worker(args) -> dict:
 def run_worker(args, implementation: str, sweep_point=None, timeout=None, export_dir=None) -> dict:
     """One measurement in a fresh process (so that memory figures do not leak from one to the next); for a
     CTranslate2 implementation, its export into `export_dir`."""
-    command = [sys.executable, "-m", "benchmarks.benchmark", "--implementation", implementation, *args.forwarded()]
-    if sweep_point:
-        command += ["--sweep_point", *map(str, sweep_point)]
-    if export_dir:
-        command += ["--export_dir", str(export_dir)]
-    done = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=timeout)
-    if done.returncode != 0:
-        raise RuntimeError(f"{implementation} failed:\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    command = ["-m", "benchmarks.benchmark", "--implementation", implementation, *args.forwarded()]
+    command += ["--sweep_point", *sweep_point] if sweep_point else []
+    command += ["--export_dir", export_dir] if export_dir else []
+    return harness.run_json(command, timeout=timeout)
 
 
 def pool_rounds(measured: list[dict]) -> dict:
@@ -444,17 +295,6 @@ def pool_rounds(measured: list[dict]) -> dict:
     return pooled
 
 
-def summarise(times: list[float], amount: float) -> dict:
-    rates = [amount / t for t in times]
-    return {"median": statistics.median(rates), "low": min(rates), "high": max(rates)}
-
-
-def fmt_rate(stat: dict | None) -> str:
-    if stat is None:
-        return "n/a"
-    return f"{stat['median']:,.0f} ({stat['low']:,.0f}-{stat['high']:,.0f})"
-
-
 def fmt_ratio(ours: dict | None, theirs: dict | None) -> str:
     return f"{ours['median'] / theirs['median']:.2f}x" if ours and theirs else "n/a"
 
@@ -464,54 +304,53 @@ def main_table(results: dict, ceiling: dict) -> tuple[list[dict], str]:
     for name, result in results.items():
         row = {"implementation": name}
         if "train" in result:
-            row["train_tokens_per_s"] = summarise(result["train"]["times"], result["train"]["tokens"])
-            row["train_flops_per_s"] = summarise(result["train"]["times"], result["train"]["flops"])
+            row["train_tokens_per_s"] = harness.summarise(result["train"]["times"], result["train"]["tokens"])
+            row["train_flops_per_s"] = harness.summarise(result["train"]["times"], result["train"]["flops"])
             row["train_mfu"] = row["train_flops_per_s"]["median"] / ceiling["flops_per_s"]
             row["train_peak_memory_mib"] = result["train"]["peak_memory"] / 2**20
         for beams in (1, 4):
             gen = result[f"generate_beam{beams}"]
-            row[f"beam{beams}_sentences_per_s"] = summarise(gen["times"], gen["sentences"])
-            row[f"beam{beams}_tokens_per_s"] = summarise(gen["times"], gen["tokens"])
+            row[f"beam{beams}_sentences_per_s"] = harness.summarise(gen["times"], gen["sentences"])
+            row[f"beam{beams}_tokens_per_s"] = harness.summarise(gen["times"], gen["tokens"])
         rows.append(row)
-    reference = next(row for row in rows if row["implementation"] == "marian")
-    lines = [
-        "| implementation | train tokens/s | train TFLOP/s (MFU) | train peak MiB | greedy sent/s | greedy tok/s "
-        "| beam-4 sent/s | beam-4 tok/s | train vs Marian | greedy vs Marian | beam-4 vs Marian |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
+    marian = next(row for row in rows if row["implementation"] == "marian")
+    cells = []
     for row in rows:
-        memory = f"{row['train_peak_memory_mib']:,.0f}" if "train_peak_memory_mib" in row else "n/a"
-        flops = (
-            f"{row['train_flops_per_s']['median'] / 1e12:.3g} ({row['train_mfu']:.1%})"
-            if "train_mfu" in row
-            else "n/a"
+        trained = "train_mfu" in row
+        flops = f"{row['train_flops_per_s']['median'] / 1e12:.3g} ({row['train_mfu']:.1%})" if trained else "n/a"
+        rates = [row.get("train_tokens_per_s")] + [
+            row[f"beam{b}_{n}_per_s"] for b in (1, 4) for n in ("sentences", "tokens")
+        ]
+        ratios = [
+            fmt_ratio(row.get(key), marian.get(key))
+            for key in ("train_tokens_per_s", "beam1_sentences_per_s", "beam4_sentences_per_s")
+        ]
+        memory = f"{row['train_peak_memory_mib']:,.0f}" if trained else "n/a"
+        cells.append(
+            [
+                row["implementation"],
+                harness.fmt_rate(rates[0]),
+                flops,
+                memory,
+                *map(harness.fmt_rate, rates[1:]),
+                *ratios,
+            ]
         )
-        lines.append(
-            f"| {row['implementation']} | {fmt_rate(row.get('train_tokens_per_s'))} | {flops} | {memory} "
-            f"| {fmt_rate(row['beam1_sentences_per_s'])} | {fmt_rate(row['beam1_tokens_per_s'])} "
-            f"| {fmt_rate(row['beam4_sentences_per_s'])} | {fmt_rate(row['beam4_tokens_per_s'])} "
-            f"| {fmt_ratio(row.get('train_tokens_per_s'), reference.get('train_tokens_per_s'))} "
-            f"| {fmt_ratio(row['beam1_sentences_per_s'], reference['beam1_sentences_per_s'])} "
-            f"| {fmt_ratio(row['beam4_sentences_per_s'], reference['beam4_sentences_per_s'])} |"
-        )
-    return rows, "\n".join(lines)
+    header = ["implementation", "train tokens/s", "train TFLOP/s (MFU)", "train peak MiB", "greedy sent/s"]
+    header += ["greedy tok/s", "beam-4 sent/s", "beam-4 tok/s", "train vs Marian", "greedy vs Marian"]
+    return rows, harness.table([*header, "beam-4 vs Marian"], cells)
 
 
 def sweep_table(title: str, points: list[dict]) -> str:
-    lines = [
-        f"{title}",
-        "",
-        "| implementation | length | batch (sentences) | ms/step (min-max) | peak MiB |",
-        "|---|---|---|---|---|",
-    ]
+    cells = []
     for point in points:
         times_ms = [t * 1000 for t in point["times"]]
-        lines.append(
-            f"| {point['implementation']} | {point['length']} | {point['batch']} "
-            f"| {statistics.median(times_ms):,.1f} ({min(times_ms):,.1f}-{max(times_ms):,.1f}) "
-            f"| {point['peak_memory'] / 2**20:,.0f} |"
+        median = f"{statistics.median(times_ms):,.1f} ({min(times_ms):,.1f}-{max(times_ms):,.1f})"
+        cells.append(
+            [point["implementation"], point["length"], point["batch"], median, f"{point['peak_memory'] / 2**20:,.0f}"]
         )
-    return "\n".join(lines)
+    header = ["implementation", "length", "batch (sentences)", "ms/step (min-max)", "peak MiB"]
+    return f"{title}\n\n" + harness.table(header, cells)
 
 
 @dataclass
@@ -552,24 +391,10 @@ class BenchmarkArguments:
 
     def forwarded(self):
         """The arguments a measuring process needs to measure what this one would."""
-        forwarded = []
-        for name in (
-            "device",
-            "preset",
-            "dtype",
-            "batch_tokens",
-            "train_length",
-            "gen_batch",
-            "gen_source_length",
-            "gen_length",
-            "repeats",
-            "warmup",
-            "measure",
-        ):
-            forwarded += [f"--{name}", str(getattr(self, name))]
-        for flag in ("compile", "autocast", "compile_training"):
-            forwarded += [f"--{flag}"] if getattr(self, flag) else []
-        forwarded += ["--chunk_elements", str(self.chunk_elements)] if self.chunk_elements else []
+        names = "device preset dtype batch_tokens train_length gen_batch gen_source_length gen_length repeats warmup"
+        forwarded = [f"--{name}={getattr(self, name)}" for name in [*names.split(), "measure"]]
+        forwarded += [f"--{flag}" for flag in ("compile", "autocast", "compile_training") if getattr(self, flag)]
+        forwarded += [f"--chunk_elements={self.chunk_elements}"] if self.chunk_elements else []
         return [*forwarded, "--sweep_lengths", *map(str, self.sweep_lengths)]
 
 
@@ -585,89 +410,58 @@ def main(argv) -> dict:
     if not args.no_ctranslate2:
         quantizations = ["float32", "int8"] if args.device == "cpu" else ["float16", "int8_float16"]
         implementations += [f"ctranslate2:{q}" for q in quantizations]
-    sweep = [
-        ("length", impl, (length, args.batch_tokens))
-        for length in args.sweep_lengths
-        for impl in ("vaswani", "marian")
-    ]
+    sweep = [("length", impl, (length, args.batch_tokens)) for length in args.sweep_lengths for impl in PEERS]
     sweep += [
-        ("batch_tokens", impl, (args.train_length, tokens))
-        for tokens in args.sweep_batch_tokens
-        for impl in ("vaswani", "marian")
+        ("batch_tokens", impl, (args.train_length, tokens)) for tokens in args.sweep_batch_tokens for impl in PEERS
     ]
 
     ceiling = matmul_ceiling(torch.device(args.device), getattr(torch, args.dtype))
-    rounds, sweep_points = {implementation: [] for implementation in implementations}, []
+    sweep_points = []
     with tempfile.TemporaryDirectory(prefix="benchmark-ct2-") as folder:
-        with progress_bar(
-            total=args.rounds * len(implementations) + len(sweep), desc="benchmark", unit="run"
-        ) as progress:
-            for round_index in range(args.rounds):
-                for implementation in implementations[:: -1 if round_index % 2 else 1]:
-                    progress.set_postfix_str(f"{implementation}, round {round_index + 1}")
-                    if implementation.startswith("ctranslate2"):
-                        folder_of = Path(folder) / implementation
-                        rounds[implementation].append(measure_ctranslate2(args, implementation, folder_of))
-                    else:
-                        rounds[implementation].append(run_worker(args, implementation))
-                    progress.update()
+        total = args.rounds * len(implementations) + len(sweep)
+        with progress_bar(total=total, desc="benchmark", unit="run") as progress:
+
+            def measure(implementation, index):
+                progress.set_postfix_str(f"{implementation}, round {index + 1}")
+                if implementation.startswith("ctranslate2"):
+                    result = measure_ctranslate2(args, implementation, Path(folder) / implementation)
+                else:
+                    result = run_worker(args, implementation)
+                progress.update()
+                return result
+
+            rounds = harness.alternating_rounds(implementations, args.rounds, measure)
             for axis, implementation, point in sweep:
                 progress.set_postfix_str(f"{implementation} {point}")
-                sweep_points.append(
-                    {
-                        "implementation": implementation,
-                        "sweep_axis": axis,
-                        **run_worker(args, implementation, point)["train"],
-                    }
-                )
+                measured = run_worker(args, implementation, point)["train"]
+                sweep_points.append({"implementation": implementation, "sweep_axis": axis, **measured})
                 progress.update()
 
     results = {implementation: pool_rounds(measured) for implementation, measured in rounds.items()}
     rows, table = main_table(results, ceiling)
     device_name = torch.cuda.get_device_name() if args.device == "cuda" else f"CPU, {torch.get_num_threads()} threads"
     decoding = ", generation with a static KV cache and torch.compile" if args.compile else ""
+    facts = harness.environment("torch", "transformers")
     header = (
         f"## {args.preset} preset, {args.dtype}, {device_name}{decoding}\n\n"
-        f"torch {torch.__version__}; training batch {args.batch_tokens} source + {args.batch_tokens} target "
+        f"{harness.describe(facts)}. Training batch {args.batch_tokens} source + {args.batch_tokens} target "
         f"tokens of length {args.train_length}; generation of {args.gen_batch} sentences of "
         f"{args.gen_source_length} tokens into exactly {args.gen_length} tokens; median (min-max) of "
         f"{args.rounds} processes x {args.repeats} repetitions after {args.warmup} warm-up (main table; the "
         f"sweeps: 1 process each). MFU: model FLOPs of the training step "
         f"(matrix multiplications, forward and backward) per second over the measured {args.dtype} "
         f"matrix-multiply ceiling of this device, {ceiling['flops_per_s'] / 1e12:.3g} TFLOP/s "
-        f"({ceiling['size']}x{ceiling['size']} matrices).\n"
+        f"({ceiling['size']}x{ceiling['size']} matrices)."
     )
     by_length = [p for p in sweep_points if p["sweep_axis"] == "length"]
     by_tokens = [p for p in sweep_points if p["sweep_axis"] == "batch_tokens"]
-    markdown = "\n".join(
-        [
-            header,
-            table,
-            "",
-            sweep_table(
-                f"### Training step against sequence length ({args.batch_tokens} source tokens a batch)", by_length
-            ),
-            "",
-            sweep_table(f"### Training step against batch tokens (length {args.train_length})", by_tokens),
-            "",
-        ]
-    )
-    print(markdown)
-    output_dir = Path(args.output_dir)
-    output_dir.mkdir(parents=True, exist_ok=True)
+    length_title = f"### Training step against sequence length ({args.batch_tokens} source tokens a batch)"
+    tokens_title = f"### Training step against batch tokens (length {args.train_length})"
+    page = "\n\n".join([header, table, sweep_table(length_title, by_length), sweep_table(tokens_title, by_tokens)])
     stem = f"{args.device}_{args.preset}_{args.dtype}" + ("_compile" if args.compile else "")
-    report = {
-        "settings": asdict(args),
-        "device": device_name,
-        "torch": torch.__version__,
-        "matmul_ceiling": ceiling,
-        "rows": rows,
-        "raw": results,
-        "sweep": sweep_points,
-    }
-    (output_dir / f"{stem}.json").write_text(json.dumps(report, indent=2))
-    (output_dir / f"{stem}.md").write_text(markdown)
-    print(f"Written {output_dir / stem}.json and .md")
+    report = {"settings": asdict(args), "device": device_name, "torch": torch.__version__, **facts}
+    report |= {"matmul_ceiling": ceiling, "rows": rows, "raw": results, "sweep": sweep_points}
+    harness.write_page(Path(args.output_dir) / stem, report, page + "\n")
     return report
 
 

@@ -33,12 +33,14 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 
+from benchmarks import harness
 from benchmarks.ctranslate2_timing import batches
 from vaswani.cli import command, parse_arguments
 
@@ -93,7 +95,6 @@ class DecodingBenchmarkArguments:
     threads: int = field(default=2, metadata={"help": "torch's and CTranslate2's threads"})
     rounds: int = field(default=2, metadata={"help": "timed rounds, engines alternating; each row's fastest"})
     profile: bool = field(default=False, metadata={"help": "also profile one decoding of each of vaswani's decodings"})
-    no_ctranslate2: bool = field(default=False, metadata={"help": "leave out the CTranslate2 rows"})
     under_load: bool = field(
         default=False,
         metadata={"help": "time every engine while a busy loop runs on each core (decoding_cpu_under_load.*)"},
@@ -102,10 +103,10 @@ class DecodingBenchmarkArguments:
     engine: str | None = field(default=None, metadata={"help": argparse.SUPPRESS})  # a measuring process's one engine
 
 
-def engine_names(args) -> list[str]:
+def engine_names() -> list[str]:
     """The engines measured: vaswani's decodings, Marian's, and CTranslate2's where it is installed."""
     names = [*VASWANI_DECODINGS, "MarianMTModel, beam 4", "MarianMTModel, greedy"]
-    if args.no_ctranslate2 or importlib.util.find_spec("ctranslate2") is None:
+    if importlib.util.find_spec("ctranslate2") is None:
         return names
     return [*names, "CTranslate2 float32, beam 4", "CTranslate2 float32, greedy", "CTranslate2 int8, beam 4"]
 
@@ -195,81 +196,67 @@ def profile(model, decode, sentences) -> dict:
 
 
 def markdown(results: dict) -> str:
-    rows = results["rows"]
+    rows, sentences = results["rows"], results["sentences"]
     reference = rows.get("CTranslate2 float32, beam 4", {}).get("seconds")
     greedy_reference = rows.get("CTranslate2 float32, greedy", {}).get("seconds")
-    lines = [
-        f"Decoding {results['sentences']} test sentences, batches of {results['batch_size']}, "
-        f"{results['threads']} threads, fastest of {results['rounds']} alternating rounds; {results['when']}, "
-        f"{results['machine']}. Each engine alone: every decoding in a fresh process, the CTranslate2 model exported "
-        "beforehand in another, CTranslate2 timed in processes where torch was never loaded.",
-        "",
-        "| engine | seconds | x CTranslate2 float32 (same search) | same translation as the default | BLEU |",
-        "| --- | --- | --- | --- | --- |",
-    ]
+    cells = []
     for name, row in rows.items():
         peer = greedy_reference if name.endswith("greedy") else reference
         ratio = f"{row['seconds'] / peer:.2f}x" if peer else ""
-        lines.append(
-            f"| {name} | {row['seconds']:.2f} | {ratio} | {row['same_as_default']} of {results['sentences']} "
-            f"| {row['bleu']:.2f} |"
+        cells.append(
+            [name, f"{row['seconds']:.2f}", ratio, f"{row['same_as_default']} of {sentences}", f"{row['bleu']:.2f}"]
         )
+    header = ["engine", "seconds", "x CTranslate2 float32 (same search)", "same translation as the default", "BLEU"]
+    lines = [
+        f"Decoding {sentences} test sentences, batches of {results['batch_size']}, {results['threads']} threads, "
+        f"fastest of {results['rounds']} alternating rounds; {harness.describe(results)}{results['conditions']}. "
+        "Each engine alone: every decoding in a fresh process, the CTranslate2 model exported beforehand in another, "
+        "CTranslate2 timed in processes where torch was never loaded.",
+        "",
+        harness.table(header, cells),
+    ]
     for name, profiled in results.get("profile", {}).items():
-        lines += ["", f"Where one decoding's {profiled['seconds']:.2f} s go, {name}:", "", "| part | share |"]
-        lines.append("| --- | --- |")
-        lines += [f"| {part} | {share:.0%} |" for part, share in profiled["shares"].items()]
+        shares = [[part, f"{share:.0%}"] for part, share in profiled["shares"].items()]
+        lines += [
+            "",
+            f"Where one decoding's {profiled['seconds']:.2f} s go, {name}:",
+            "",
+            harness.table(["part", "share"], shares),
+        ]
     return "\n".join(lines) + "\n"
 
 
 def measure_once(args, name: str, sentences: list[str], tokenizer, exports: dict[str, Path]) -> dict:
     """One decoding of the sentences by `name`, in a fresh process: vaswani's and Marian's in this module's own
     (`--engine`), CTranslate2's in `benchmarks.ctranslate2_timing`, which imports no torch."""
-    root = Path(__file__).parent.parent
-    if name.startswith("CTranslate2"):
-        quantization, search = name.split()[1].rstrip(","), name.split(", ")[1]
-        job = {
-            "model_dir": str(exports[quantization]),
-            "tokenizer": str(Path(args.model) / "tokenizer.json"),
-            "device": "cpu",
-            "threads": args.threads,
-            "decodings": [{"name": name, "beam_size": 4 if search == "beam 4" else 1, "length_penalty": 0.6}],
-            "batches": [[sentences[i] for i in batch] for batch in batches(sentences, args.batch_size)],
-            "extra_length": 50,
-            "warmup": 0,
-            "repeats": 1,
+    if not name.startswith("CTranslate2"):
+        settings = {
+            key: value for key, value in asdict(args).items() if key not in ("engine", "profile", "under_load")
         }
-        job_file = exports[quantization].parent / "job.json"
-        job_file.write_text(json.dumps(job))
-        command_line = [sys.executable, "-m", "benchmarks.ctranslate2_timing", str(job_file)]
-        finished = subprocess.run(command_line, capture_output=True, text=True, check=True, cwd=root)
-        measured = json.loads(finished.stdout.strip().splitlines()[-1])
-        # Back in the order of the sentences, from the order of the batches, detokenized as vaswani's translations
-        # are (transformers' tokenizer), so that translations are compared, not two detokenizers.
-        order = [i for batch in batches(sentences, args.batch_size) for i in batch]
-        translations = [None] * len(sentences)
-        for i, tokens in zip(order, measured["decodings"][name]["tokens"]):
-            ids = tokenizer.convert_tokens_to_ids(tokens)
-            translations[i] = tokenizer.decode(ids, skip_special_tokens=True).strip()
-        seconds = measured["decodings"][name]["times"][0]
-        return {"seconds": seconds, "translations": translations, "torch_loaded": measured["torch_loaded"]}
-    settings = {key: value for key, value in asdict(args).items() if key not in ("engine", "profile", "under_load")}
-    forwarded = [f"--{key}={value}" for key, value in settings.items() if not isinstance(value, bool)]
-    forwarded += [f"--{key}" for key, value in settings.items() if value is True]
-    command_line = [sys.executable, "-m", "benchmarks.decoding", *forwarded, "--engine", name]
-    finished = subprocess.run(command_line, capture_output=True, text=True, check=True, cwd=root)
-    return json.loads(finished.stdout.strip().splitlines()[-1])
-
-
-def export_ctranslate2(model: str, folder: Path, quantizations=("float32", "int8")) -> dict[str, Path]:
-    """The model exported for CTranslate2 by `vaswani-export-ctranslate2`, once per quantization, each export in a
-    process of its own, before anything is timed."""
-    exports = {}
-    for quantization in quantizations:
-        exports[quantization] = folder / quantization
-        command_line = [sys.executable, "-m", "vaswani.scripts.export_ctranslate2", "--model", model]
-        command_line += ["--output_dir", str(exports[quantization]), "--quantization", quantization]
-        subprocess.run(command_line, capture_output=True, text=True, check=True)
-    return exports
+        forwarded = [f"--{key}={value}" for key, value in settings.items() if not isinstance(value, bool)]
+        forwarded += [f"--{key}" for key, value in settings.items() if value is True]
+        return harness.run_json(["-m", "benchmarks.decoding", *forwarded, "--engine", name])
+    quantization, search = name.split()[1].rstrip(","), name.split(", ")[1]
+    order = batches(sentences, args.batch_size)
+    job = {
+        "model_dir": str(exports[quantization]),
+        "tokenizer": str(Path(args.model) / "tokenizer.json"),
+        "device": "cpu",
+        "threads": args.threads,
+        "decodings": [{"name": name, "beam_size": 4 if search == "beam 4" else 1, "length_penalty": 0.6}],
+        "batches": [[sentences[i] for i in batch] for batch in order],
+        "extra_length": 50,
+        "warmup": 0,
+        "repeats": 1,
+    }
+    measured = harness.time_ctranslate2(job, exports[quantization].parent)
+    # Back in the order of the sentences, from the order of the batches, detokenized as vaswani's translations are
+    # (transformers' tokenizer), so that translations are compared, not two detokenizers.
+    translations = [None] * len(sentences)
+    for i, tokens in zip([i for batch in order for i in batch], measured["decodings"][name]["tokens"]):
+        translations[i] = tokenizer.decode(tokenizer.convert_tokens_to_ids(tokens), skip_special_tokens=True).strip()
+    seconds = measured["decodings"][name]["times"][0]
+    return {"seconds": seconds, "translations": translations, "torch_loaded": measured["torch_loaded"]}
 
 
 @contextlib.contextmanager
@@ -304,59 +291,50 @@ def main(argv=None) -> dict:
             translations = translate(sentences)
         print(json.dumps({"seconds": time.perf_counter() - start, "translations": translations}))
         return {}
-    import platform
-    import tempfile
-
     from vaswani.evaluation.bleu import corpus_bleu
 
-    names = engine_names(args)
-    times, outputs, torch_loaded = {name: [] for name in names}, {}, {}
+    names = engine_names()
     with tempfile.TemporaryDirectory(prefix="decoding-") as folder:
-        exports = export_ctranslate2(args.model, Path(folder)) if any("CTranslate2" in n for n in names) else {}
+        exports = {}
+        if any("CTranslate2" in name for name in names):
+            exports = {q: harness.export_ctranslate2(args.model, Path(folder) / q, q) for q in ("float32", "int8")}
+
+        def measure(name, index):
+            measured = measure_once(args, name, sentences, tokenizer, exports)
+            print(f"round {index + 1}: {name}: {measured['seconds']:.2f} s", flush=True)
+            return measured
+
         with busy_cores() if args.under_load else contextlib.nullcontext():
-            for round_ in range(args.rounds):
-                for name in names if round_ % 2 == 0 else reversed(names):
-                    measured = measure_once(args, name, sentences, tokenizer, exports)
-                    times[name].append(measured["seconds"])
-                    outputs[name] = measured["translations"]
-                    if "torch_loaded" in measured:
-                        torch_loaded[name] = torch_loaded.get(name, False) or measured["torch_loaded"]
-                    print(f"round {round_ + 1}: {name}: {times[name][-1]:.2f} s", flush=True)
-    default = outputs[next(iter(VASWANI_DECODINGS))]
-    results = {
-        "when": time.strftime("%Y-%m-%d"),
-        "machine": f"{platform.machine()} CPU, torch {torch.__version__}"
-        + (f", OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}" if "OMP_WAIT_POLICY" in os.environ else "")
-        + (f"; under load: a busy loop on each of the {os.cpu_count()} cores" if args.under_load else ""),
-        "sentences": len(sentences),
+            rounds = harness.alternating_rounds(names, args.rounds, measure)
+    default = rounds[next(iter(VASWANI_DECODINGS))][-1]["translations"]
+    conditions = f", OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}" if "OMP_WAIT_POLICY" in os.environ else ""
+    conditions += f"; under load: a busy loop on each of the {os.cpu_count()} cores" if args.under_load else ""
+    results = {**harness.environment("torch", "transformers"), "conditions": conditions, "sentences": len(sentences)}
+    results |= {
         "batch_size": args.batch_size,
         "threads": args.threads,
         "rounds": args.rounds,
         "arguments": asdict(args),
-        "rows": {
-            name: {
-                "seconds": min(times[name]),
-                "times": times[name],
-                "same_as_default": sum(a == b for a, b in zip(outputs[name], default)),
-                "differing_sentences": [i for i, (a, b) in enumerate(zip(outputs[name], default)) if a != b],
-                "bleu": corpus_bleu(outputs[name], references)[0].score,
-                **({"torch_loaded": torch_loaded[name]} if name in torch_loaded else {}),
-            }
-            for name in names
-        },
     }
+    results["rows"] = {}
+    for name, measured in rounds.items():
+        times, outputs = [m["seconds"] for m in measured], measured[-1]["translations"]
+        results["rows"][name] = {
+            "seconds": min(times),
+            "times": times,
+            "same_as_default": sum(a == b for a, b in zip(outputs, default)),
+            "differing_sentences": [i for i, (a, b) in enumerate(zip(outputs, default)) if a != b],
+            "bleu": corpus_bleu(outputs, references)[0].score,
+        }
+        if "torch_loaded" in measured[0]:
+            results["rows"][name]["torch_loaded"] = any(m["torch_loaded"] for m in measured)
     if args.profile:
         results["profile"] = {}
         for name in VASWANI_DECODINGS:
             with torch.inference_mode():
                 results["profile"][name] = profile(model, engine(name, args, model, tokenizer), sentences)
-    page = markdown(results)
-    print(page)
-    output_dir = Path(args.output_dir)
-    output_dir.mkdir(parents=True, exist_ok=True)
     stem = "decoding_cpu_under_load" if args.under_load else "decoding_cpu"
-    (output_dir / f"{stem}.json").write_text(json.dumps(results, indent=1) + "\n")
-    (output_dir / f"{stem}.md").write_text(page)
+    harness.write_page(Path(args.output_dir) / stem, results, markdown(results))
     return results
 
 

@@ -21,13 +21,12 @@ as `decoding_step_<preset or "model">.{json,md}` in --output_dir.
 
 import argparse
 import json
-import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from benchmarks import harness
 from vaswani.cli import command, parse_arguments
 
 
@@ -102,20 +101,9 @@ def ctranslate2_steps(args, folder: Path, name: str) -> dict:
     seconds = {}
     for rows in args.rows:
         for length in args.lengths:
-            job = {
-                "model_dir": str(folder / "ct2"),
-                "device": "cpu",
-                "threads": args.threads,
-                "decodings": [{"name": name, **ENGINES[name]}],
-                "batches": [[tokens] * rows],
-                "length": length,
-                "warmup": 1,
-                "repeats": args.repeats,
-            }
-            (folder / "job.json").write_text(json.dumps(job))
-            command_line = [sys.executable, "-m", "benchmarks.ctranslate2_timing", str(folder / "job.json")]
-            finished = subprocess.run(command_line, capture_output=True, text=True, check=True)
-            measured = json.loads(finished.stdout.strip().splitlines()[-1])
+            job = {"model_dir": str(folder / "ct2"), "device": "cpu", "threads": args.threads, "length": length}
+            job |= {"decodings": [{"name": name, **ENGINES[name]}], "batches": [[tokens] * rows]}
+            measured = harness.time_ctranslate2(job | {"warmup": 1, "repeats": args.repeats}, folder)
             assert not measured["torch_loaded"], "CTranslate2 was timed in a process where torch was loaded"
             seconds[f"{rows},{length}"] = min(measured["decodings"][name]["times"])
     return {"seconds": seconds}
@@ -137,28 +125,22 @@ def random_model_folder(args, folder: Path) -> str:
 
 
 def markdown(results: dict) -> str:
-    lengths = results["arguments"]["lengths"]
-    lines = [
-        f"Milliseconds per decoding step of {results['model']}, each row decoding exactly {lengths[0]} and "
-        f"{lengths[1]} tokens (the step: the difference over {lengths[1] - lengths[0]} steps); {results['threads']} "
-        f"threads, fastest of {results['repeats']}; {results['when']}, {results['machine']}. Each engine alone, in a "
-        "fresh process; CTranslate2 where torch was never loaded.",
-        "",
-        "| sentences a batch | vaswani greedy | CTranslate2 greedy | ratio | vaswani, paper's beam 4 | "
-        "CTranslate2 beam 4 | ratio | torch operators a greedy step calls | a beam step |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
-    ]
-    steps = results["ms_per_step"]
+    lengths, steps = results["arguments"]["lengths"], results["ms_per_step"]
+    operators, cells = results["operators_per_step"], []
     for rows in results["arguments"]["rows"]:
         greedy, ct2_greedy = steps["vaswani, greedy"][rows], steps["CTranslate2 float32, greedy"][rows]
         beam, ct2_beam = steps["vaswani, the paper's beam search"][rows], steps["CTranslate2 float32, beam 4"][rows]
-        greedy_operators = results["operators_per_step"]["vaswani, greedy"][rows]
-        beam_operators = results["operators_per_step"]["vaswani, the paper's beam search"][rows]
-        lines.append(
-            f"| {rows} | {greedy:.2f} | {ct2_greedy:.2f} | {greedy / ct2_greedy:.2f}x | {beam:.2f} | {ct2_beam:.2f} "
-            f"| {beam / ct2_beam:.2f}x | {greedy_operators:.0f} | {beam_operators:.0f} |"
-        )
-    return "\n".join(lines) + "\n"
+        counts = [f"{operators[name][rows]:.0f}" for name in ("vaswani, greedy", "vaswani, the paper's beam search")]
+        cells.append([rows, f"{greedy:.2f}", f"{ct2_greedy:.2f}", f"{greedy / ct2_greedy:.2f}x", f"{beam:.2f}"])
+        cells[-1] += [f"{ct2_beam:.2f}", f"{beam / ct2_beam:.2f}x", *counts]
+    header = ["sentences a batch", "vaswani greedy", "CTranslate2 greedy", "ratio", "vaswani, paper's beam 4"]
+    header += ["CTranslate2 beam 4", "ratio", "torch operators a greedy step calls", "a beam step"]
+    return (
+        f"Milliseconds per decoding step of {results['model']}, each row decoding exactly {lengths[0]} and "
+        f"{lengths[1]} tokens (the step: the difference over {lengths[1] - lengths[0]} steps); {results['threads']} "
+        f"threads, fastest of {results['repeats']}; {harness.describe(results)}. Each engine alone, in a fresh "
+        f"process; CTranslate2 where torch was never loaded.\n\n{harness.table(header, cells)}\n"
+    )
 
 
 @command
@@ -167,33 +149,23 @@ def main(argv=None) -> dict:
     if args.engine:
         print(json.dumps(vaswani_steps(args)))
         return {}
-    import platform
-
-    import torch
-
     (short, long) = args.lengths
     measured = {}
     with tempfile.TemporaryDirectory(prefix="decoding-step-") as folder:
         folder = Path(folder)
         if args.preset:
             args.model = random_model_folder(args, folder / "model")
-        export = [sys.executable, "-m", "vaswani.scripts.export_ctranslate2", "--model", args.model]
-        subprocess.run([*export, "--output_dir", str(folder / "ct2"), "--quantization", "float32"], check=True)
+        harness.export_ctranslate2(args.model, folder / "ct2", "float32")
         for name in ENGINES:
             if name.startswith("CTranslate2"):
                 measured[name] = ctranslate2_steps(args, folder, name)
                 continue
             forwarded = [f"--model={args.model}", f"--threads={args.threads}", f"--repeats={args.repeats}"]
             forwarded += ["--rows", *map(str, args.rows), "--lengths", *map(str, args.lengths)]
-            command_line = [sys.executable, "-m", "benchmarks.decoding_step", *forwarded, "--engine", name]
-            finished = subprocess.run(
-                command_line, capture_output=True, text=True, check=True, cwd=Path(__file__).parent.parent
-            )
-            measured[name] = json.loads(finished.stdout.strip().splitlines()[-1])
+            measured[name] = harness.run_json(["-m", "benchmarks.decoding_step", *forwarded, "--engine", name])
             print(f"{name}: measured", flush=True)
     results = {
-        "when": time.strftime("%Y-%m-%d"),
-        "machine": f"{platform.machine()} CPU, torch {torch.__version__}",
+        **harness.environment("torch", "transformers"),
         "model": f"a random-weight {args.preset} model" if args.preset else "the trained model",
         "threads": args.threads,
         "repeats": args.repeats,
@@ -214,13 +186,7 @@ def main(argv=None) -> dict:
         },
         "raw": measured,
     }
-    page = markdown(results)
-    print(page)
-    output_dir = Path(args.output_dir)
-    output_dir.mkdir(parents=True, exist_ok=True)
-    stem = f"decoding_step_{args.preset or 'model'}"
-    (output_dir / f"{stem}.json").write_text(json.dumps(results, indent=1) + "\n")
-    (output_dir / f"{stem}.md").write_text(page)
+    harness.write_page(Path(args.output_dir) / f"decoding_step_{args.preset or 'model'}", results, markdown(results))
     return results
 
 

@@ -17,10 +17,7 @@ run), saved as a PNG, and what it showed (the translation, the attention map's H
 """
 
 import argparse
-import json
-import platform
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -29,14 +26,10 @@ from pathlib import Path
 
 from gradio_client import Client
 
+from benchmarks import harness
+
 
 SENTENCE = "And God said, Let there be light: and there was light, and God saw the light."
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def serve(model: str, port: int) -> tuple[subprocess.Popen, Client, float]:
@@ -106,7 +99,7 @@ def main(argv=None) -> dict:
     import vaswani  # noqa: F401  (registers model_type "vaswani", whose folders hold a plain tokenizer)
 
     tokens = len(AutoTokenizer.from_pretrained(args.model)(args.text).input_ids)
-    port = free_port()
+    port = harness.free_port()
     process, client, start = serve(args.model, port)
     try:
         translation = ask(client, args.text)[0]  # untimed
@@ -130,26 +123,23 @@ def main(argv=None) -> dict:
         "answer_median_s": round(statistics.median(seconds), 3),
         "answer_slowest_s": round(max(seconds), 3),
         "requests": args.requests,
-        "machine": f"{platform.machine()}, {platform.processor() or 'CPU'}",
         "browser": browser,  # what headless Chromium showed, with --screenshot
+        **harness.environment("gradio", "gradio_client", "torch"),
     }
     rows = [
-        "| measure | seconds |",
-        "| --- | --- |",
-        f"| `vaswani-demo` start, until the page answers | {result['start_s']} |",
-        f"| one request, {tokens} source tokens, all attention maps: median of {args.requests} | "
-        f"{result['answer_median_s']} |",
-        f"| the same, slowest | {result['answer_slowest_s']} |",
+        ["`vaswani-demo` start, until the page answers", result["start_s"]],
+        [
+            f"one request, {tokens} source tokens, all attention maps: median of {args.requests}",
+            result["answer_median_s"],
+        ],
+        ["the same, slowest", result["answer_slowest_s"]],
     ]
-    table = "\n".join(rows)
-    print(table)
-    output_dir = Path(args.output_dir)
-    output_dir.mkdir(parents=True, exist_ok=True)
-    (output_dir / "demo.json").write_text(json.dumps(result, indent=2) + "\n")
-    (output_dir / "demo.md").write_text(
+    page = (
         f"# The attention explorer: start and answer\n\n`python -m benchmarks.demo --model {args.model}`; sentence: "
-        f"{args.text!r} ({tokens} tokens with </s>), translated {translation!r}.\n\n{table}\n"
+        f"{args.text!r} ({tokens} tokens with </s>), translated {translation!r}; {harness.describe(result)}.\n\n"
+        f"{harness.table(['measure', 'seconds'], rows)}\n"
     )
+    harness.write_page(Path(args.output_dir) / "demo", result, page)
     return result
 
 

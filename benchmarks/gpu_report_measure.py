@@ -7,8 +7,8 @@ Run from the root of a checkout with the `test` extra installed; on a GPU machin
 `bash .gpu_carry/run.sh DIR [--part 2]` (made by `benchmarks.gpu_report_prepare`) installs what it needs and runs it.
 The report is two commands on the GPU machine: part 1 answers how fast the model trains against MarianMTModel, how
 soon it translates well, how fast it decodes and whether the GPU tests pass (9 minutes, the install included); part 2
-gives what the next speed-up would be chosen from (4 minutes). A part's sections run in order of priority within the part's deadline
-(Sizes.part_minutes, counted from --started_at, run.sh's start), each for at most its Sizes.section_minutes, the last
+gives what the next speed-up would be chosen from (4 minutes). A part's sections run in order of priority within the
+part's deadline (Sizes.part_minutes, counted from --started_at, run.sh's start), each for at most its Sizes.section_minutes, the last
 for what is left. Each writes SECTION.json into --report_dir after every measurement, and
 `benchmarks.gpu_report_render` writes the page (gpu.md and its PNGs, from every section's JSON in the folder, both
 parts') there each time, so that a run cut off at any point leaves everything measured until then. What the deadline
@@ -21,7 +21,8 @@ Part 1, in order:
   target tokens alone, fairseq's `wps`), peak memory, model FLOP utilisation against the bf16 matmul peak measured in
   the same run (benchmark.measure_training: the recipe's `train_step` under `Accelerator(mixed_precision="bf16")` over
   float32 weights, one batch of random pairs of one length for both; on a CPU, float32 throughout).
-- time_to_bleu: the paper's recipe on the prepared corpus for at least 4 minutes of training, test BLEU every minute.
+- time_to_bleu: the paper's recipe on the prepared corpus for at least 4 minutes of training, test BLEU every minute
+  (gpu_report_training.time_to_bleu).
 - generation: greedy and beam 4 (transformers' beam search, and for vaswani the paper's, its default) at each batch
   size, eager and with a static cache and torch.compile, vaswani and MarianMTModel of the same sizes: sentences/s and
   generated (target) tokens/s (benchmark.measure_generation); CTranslate2 where it is installed
@@ -33,7 +34,7 @@ Part 1, in order:
 Part 2, in order:
 - profile: where the time of one step of the largest preset goes, compiled then eager: the shares of matrix
   products, attention, the loss, normalisation, elementwise work and the optimizer, and the top kernels
-  (benchmark.profile_training).
+  (gpu_report_training.profile_training).
 - chunk_sweep: the loss's values per chunk against speed and memory.
 - batch_sweep: vaswani's speed, MFU and memory against the tokens of a batch, each preset.
 """
@@ -52,14 +53,12 @@ from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
-import numpy as np
 import torch
 
-from benchmarks import benchmark
+from benchmarks import benchmark, gpu_report_training, harness
 from benchmarks.gpu_report_render import render
-from vaswani.checks import UsageError, tokenizer_ids
+from vaswani.checks import UsageError
 from vaswani.cli import command, parse_arguments
-from vaswani.training.padding import pair_batch
 
 
 @dataclass(frozen=True)
@@ -154,27 +153,18 @@ def measured(deadline: Deadline, measure) -> dict:
 
 
 def environment(device: torch.device) -> dict:
+    """The date, the device (the driver and CUDA on a GPU) and the versions the section was measured with."""
     import transformers
 
-    facts = {
-        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-    }
-    if device.type == "cuda":
-        smi = shutil.which("nvidia-smi")
-        driver = (
-            subprocess.run(
-                [smi, "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True, text=True
-            ).stdout.strip()
-            if smi
-            else "unknown (no nvidia-smi)"
-        )
-        facts.update(device=torch.cuda.get_device_name(), driver=driver, cuda=torch.version.cuda)
-    else:
-        facts.update(device=f"CPU ({platform.processor() or platform.machine()}), {torch.get_num_threads()} threads")
-    return facts
+    date = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    facts = {"date": date, "python": platform.python_version(), "torch": torch.__version__}
+    facts["transformers"] = transformers.__version__
+    if device.type != "cuda":
+        return facts | {"device": f"CPU ({harness.machine()}), {torch.get_num_threads()} threads"}
+    smi = shutil.which("nvidia-smi")
+    query = [smi, "--query-gpu=driver_version", "--format=csv,noheader"]
+    driver = subprocess.run(query, capture_output=True, text=True).stdout.strip() if smi else "unknown (no nvidia-smi)"
+    return facts | {"device": torch.cuda.get_device_name(), "driver": driver, "cuda": torch.version.cuda}
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -212,8 +202,8 @@ def train_row(setup, ceiling: dict, deadline: Deadline, implementation: str, **c
         result = benchmark.run_worker(replace(setup, **changes), implementation, timeout=left)["train"]
         flops = statistics.median(result["flops"] / t for t in result["times"])
         return {
-            "tokens_per_s": benchmark.summarise(result["times"], result["tokens"]),
-            "target_tokens_per_s": benchmark.summarise(result["times"], result["batch"] * result["length"]),
+            "tokens_per_s": harness.summarise(result["times"], result["tokens"]),
+            "target_tokens_per_s": harness.summarise(result["times"], result["batch"] * result["length"]),
             "peak_memory_mib": result["peak_memory"] / 2**20,
             "tflops_per_s": flops / 1e12,
             "mfu": flops / ceiling["flops_per_s"],
@@ -252,7 +242,7 @@ def training(args, sizes: Sizes, deadline: Deadline, publish) -> dict:
 
 def profile(args, sizes: Sizes, deadline: Deadline, publish) -> dict:
     """Where the time of one training step of the largest preset goes, compiled (the speed target's) then eager:
-    `benchmark.profile_training`'s shares and top kernels."""
+    `gpu_report_training.profile_training`'s shares and top kernels, in a benchmark worker."""
     setup, largest = training_setup(args, sizes), sizes.presets[-1]
     results = {"runs": []}
     for compiled in (True, False):
@@ -305,7 +295,7 @@ def generation(args, sizes: Sizes, deadline: Deadline, publish) -> dict:
 
     def rates(result):
         return {
-            f"{search}_{amount}_per_s": benchmark.summarise(
+            f"{search}_{amount}_per_s": harness.summarise(
                 result[f"generate_{search}"]["times"], result[f"generate_{search}"][amount]
             )
             for search in ("beam1", "beam4", "paper_beam4")
@@ -377,7 +367,7 @@ def run_pytest(pytest_args: list[str], timeout: float) -> dict:
     """pytest in a subprocess; its JUnit XML gives each test's outcome."""
     report = Path(f"/tmp/vaswani-gpu-report-{time.monotonic_ns()}.xml")
     command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", f"--junitxml={report}", *pytest_args]
-    done = subprocess.run(command, cwd=benchmark.REPO_ROOT, capture_output=True, text=True, timeout=timeout)
+    done = subprocess.run(command, cwd=harness.REPO, capture_output=True, text=True, timeout=timeout)
     if not report.exists():
         raise RuntimeError(
             f"pytest wrote no report (exit {done.returncode}): {done.stdout[-500:]}{done.stderr[-500:]}"
@@ -398,181 +388,9 @@ def run_pytest(pytest_args: list[str], timeout: float) -> dict:
     return {**outcomes, "failures": failures, "skip_reasons": sorted(skip_reasons), "command": " ".join(pytest_args)}
 
 
-class CarriedPairs(torch.utils.data.Dataset):
-    """The training pairs `benchmarks.gpu_report_prepare` wrote (train.npz: each side's ids end to end, and their
-    offsets), indexed by a batch's rows: `pairs[rows]` is the model's inputs for those pairs (`pair_batch`, as
-    `PairCollator` pads the Arrow pairs)."""
-
-    def __init__(self, path, pad_token_id, decoder_start_token_id):
-        arrays = np.load(path)
-        self.ids = {side: arrays[side].astype(np.int64) for side in ("source", "target")}
-        self.offsets = {side: arrays[f"{side}_offsets"] for side in ("source", "target")}
-        self.lengths = {side: np.diff(offsets) for side, offsets in self.offsets.items()}
-        self.pad_token_id, self.decoder_start_token_id = pad_token_id, decoder_start_token_id
-
-    def __len__(self):
-        return len(self.lengths["source"])
-
-    def __getitem__(self, rows):
-        ids = {
-            side: np.concatenate([self.ids[side][self.offsets[side][r] : self.offsets[side][r + 1]] for r in rows])
-            for side in ("source", "target")
-        }
-        return pair_batch(
-            ids["source"],
-            self.lengths["source"][rows],
-            ids["target"],
-            self.lengths["target"][rows],
-            self.pad_token_id,
-            self.decoder_start_token_id,
-        )
-
-
-def time_to_bleu(args, sizes: Sizes, deadline: Deadline, publish) -> dict:
-    """The paper's recipe on the prepared corpus for the time left (at most `sizes.bleu_minutes` of training), test
-    BLEU every `sizes.bleu_every_minutes`.
-
-    The recipe's own step (`vaswani.training.step.train_step`: label smoothing 0.1, the loss summed over the step's
-    target tokens) over the numpy corpus: token-bucket batches of about 25,000 source and 25,000 target tokens
-    (`TokenBucketSampler`, taken a step at a time by `StepBatches` from a `TrainState`), Adam (0.9, 0.98, 1e-9), the
-    preset's dropout, `Accelerator(mixed_precision="bf16")` on a GPU, eager: compiling costs a minute of a few minutes'
-    run (vaswani-train compiles on a GPU by default, for runs of hours; `--torch_compile false` for a short one). The
-    schedule is the paper's
-    (`inverse_sqrt_schedule`), scaled to the run: the paper warms up for 4,000 of 100,000 steps and peaks at
-    d_model^-0.5 x 4000^-0.5; here the warmup is the same 4% of the steps the run will take (counted from the speed
-    of 10 calibration steps, on weights then thrown away), the peak the same. BLEU: the package's own decoding
-    (`translate_batch`, the pipeline's: the paper's beam 4 and length penalty 0.6, as `vaswani-evaluate` decodes)
-    and sacreBLEU's corpus BLEU on the first `bleu_pairs` test pairs; evaluation time is not counted as training.
-    The evaluations fit in the deadline: the untrained model's decoding of the longest batch (it runs to the length
-    limit, the slowest an evaluation gets) sets the time kept for each, and training stops while the last one fits.
-    """
-    import sacrebleu
-    from accelerate import Accelerator
-    from transformers import AutoTokenizer
-
-    from vaswani import VaswaniConfig, VaswaniForConditionalGeneration
-    from vaswani.modeling.pipeline_vaswani import translate_batch
-    from vaswani.training.batching import StepBatches, TokenBucketSampler
-    from vaswani.training.checkpoints import TrainState
-    from vaswani.training.schedule import inverse_sqrt_schedule, paper_peak_lr
-    from vaswani.training.step import recipe_adam, train_step
-
-    corpus_dir = Path(args.corpus_dir)
-    if not (corpus_dir / "train.npz").exists():
-        raise UsageError(f"{corpus_dir} holds no corpus: run `python -m benchmarks.gpu_report_prepare` first.")
-    device = torch.device(args.device)
-    accelerator = Accelerator(cpu=device.type == "cpu", mixed_precision="bf16" if device.type == "cuda" else "no")
-    tokenizer = AutoTokenizer.from_pretrained(corpus_dir / "tokenizer")
-    test = json.loads((corpus_dir / "test.json").read_text())
-    test_sources, references = test["sources"][: sizes.bleu_pairs], test["references"][: sizes.bleu_pairs]
-    by_length = sorted(range(len(test_sources)), key=lambda i: -len(test_sources[i]))  # less padding, longest first
-    size = sizes.bleu_eval_batch
-    batches = [by_length[start : start + size] for start in range(0, len(by_length), size)]
-    config = VaswaniConfig.from_preset(sizes.bleu_preset, **tokenizer_ids(tokenizer))
-    pairs = CarriedPairs(corpus_dir / "train.npz", config.pad_token_id, config.decoder_start_token_id)
-    sampler = TokenBucketSampler(
-        pairs.lengths["source"], pairs.lengths["target"], sizes.bleu_batch_tokens, seed=0, batches_per_step=1
-    )
-    loader = torch.utils.data.DataLoader(pairs, sampler=sampler, batch_size=None)
-
-    def fresh_run(warmup=None, peak=None):
-        """A new model from the same seed, prepared with Adam and, given a warmup, the paper's schedule; a new
-        `TrainState`, and the batches from its start."""
-        torch.manual_seed(0)
-        model = VaswaniForConditionalGeneration(config)
-        optimizer = recipe_adam(accelerator, model.parameters(), lr=1.0 if warmup else 1e-4)
-        scheduler = inverse_sqrt_schedule(optimizer, warmup, peak) if warmup else None
-        model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
-        state = TrainState()
-        return model.train(), optimizer, scheduler, state, StepBatches(loader, state, 1)
-
-    def step(model, optimizer, scheduler, state, batches):
-        """One step of the recipe, counted in `state`; its loss per target token."""
-        start = time.perf_counter()
-        result = train_step(accelerator, model, optimizer, scheduler, next(batches), 0.1)
-        state.add_step(result, time.perf_counter() - start)  # train_step ends in a sync: the time is its own
-        return result.loss / result.target_tokens
-
-    def translated(model, rows) -> list[str]:
-        model.eval()
-        with torch.no_grad(), accelerator.autocast():
-            sources = [test_sources[i] for i in rows]
-            answers = translate_batch(model, tokenizer, sources, num_beams=4, length_penalty=0.6, do_sample=False)
-        model.train()
-        return [hypotheses[0]["translation_text"] for hypotheses in answers]
-
-    calibration, step_times = fresh_run(), []
-    for _ in range(10):
-        before = calibration[3].train_seconds
-        step(*calibration)
-        step_times.append(calibration[3].train_seconds - before)
-    started = time.perf_counter()
-    translated(accelerator.unwrap_model(calibration[0]), batches[0])
-    evaluation_seconds = (time.perf_counter() - started) * len(batches)  # at most: untrained, the longest batch
-    del calibration
-    accelerator.free_memory()  # the calibration's model and optimizer
-
-    # Training time: what is left once every evaluation (one every bleu_every_minutes, and the last) is kept aside.
-    every = 60 * sizes.bleu_every_minutes
-    available = deadline.left() - evaluation_seconds
-    available -= int(available / (every + evaluation_seconds)) * evaluation_seconds
-    seconds = min(60 * sizes.bleu_minutes, available)
-    step_seconds = statistics.median(step_times[2:])
-    planned_steps = max(1, int(seconds / step_seconds))
-    warmup = max(1, round(0.04 * planned_steps))
-    peak = paper_peak_lr(config.d_model, 4000)
-    metric = sacrebleu.metrics.BLEU()
-    results = {
-        "points": [],
-        "preset": sizes.bleu_preset,
-        "batch_tokens": sizes.bleu_batch_tokens,
-        "planned_minutes": seconds / 60,
-        "planned_steps": planned_steps,
-        "warmup_steps": warmup,
-        "peak_lr": peak,
-        "test_pairs": len(test_sources),
-        "evaluation_seconds_kept": evaluation_seconds,
-        "stopped_by_deadline": False,
-        "signature": "n/a (no evaluation yet)",
-    }
-
-    run = fresh_run(warmup, peak)
-    model, state = accelerator.unwrap_model(run[0]), run[3]
-    losses, next_evaluation = [], every
-
-    def evaluate():
-        hypotheses = [None] * len(test_sources)
-        for rows in batches:
-            for row, hypothesis in zip(rows, translated(model, rows)):
-                hypotheses[row] = hypothesis
-        score = metric.corpus_score(hypotheses, [references])
-        results["points"].append(
-            {
-                "minutes": state.train_seconds / 60,
-                "steps": state.step,
-                "bleu": score.score,
-                "train_loss": statistics.mean(losses[-50:]),
-            }
-        )
-        results["signature"] = str(metric.get_signature())
-        publish(results)
-
-    while state.train_seconds < seconds:
-        if deadline.left() < evaluation_seconds + step_seconds:
-            results["stopped_by_deadline"] = True
-            break
-        losses.append(step(*run))
-        if state.train_seconds >= next_evaluation:
-            evaluate()
-            next_evaluation += every
-    if losses and (not results["points"] or results["points"][-1]["steps"] != state.step):
-        evaluate()
-    return results
-
-
 SECTIONS = {
     "training": training,
-    "time_to_bleu": time_to_bleu,
+    "time_to_bleu": gpu_report_training.time_to_bleu,
     "generation": generation,
     "correctness": correctness,
     "profile": profile,

@@ -44,7 +44,7 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
-from benchmarks.benchmark import REPO_ROOT
+from benchmarks.harness import REPO
 from vaswani.checks import UsageError
 from vaswani.cli import command, parse_arguments
 
@@ -160,10 +160,38 @@ def prepare_corpus(dataset_dir, tokenizer_dir, corpus_dir: Path, source_lang="en
     return corpus_dir
 
 
+class CarriedPairs:
+    """The training pairs `prepare_corpus` wrote (train.npz: each side's ids end to end, and their offsets), indexed
+    by a batch's rows: `pairs[rows]` is the model's inputs for those pairs (`pair_batch`, as `PairCollator` pads the
+    Arrow pairs). A map-style dataset of torch's DataLoader."""
+
+    def __init__(self, path, pad_token_id, decoder_start_token_id):
+        arrays = np.load(path)
+        self.ids = {side: arrays[side].astype(np.int64) for side in ("source", "target")}
+        self.offsets = {side: arrays[f"{side}_offsets"] for side in ("source", "target")}
+        self.lengths = {side: np.diff(offsets) for side, offsets in self.offsets.items()}
+        self.pad_token_id, self.decoder_start_token_id = pad_token_id, decoder_start_token_id
+
+    def __len__(self):
+        return len(self.lengths["source"])
+
+    def __getitem__(self, rows):
+        from vaswani.training.padding import pair_batch
+
+        ids = {
+            side: np.concatenate([self.ids[side][self.offsets[side][r] : self.offsets[side][r + 1]] for r in rows])
+            for side in ("source", "target")
+        }
+        lengths = self.lengths["source"][rows], self.lengths["target"][rows]
+        return pair_batch(
+            ids["source"], lengths[0], ids["target"], lengths[1], self.pad_token_id, self.decoder_start_token_id
+        )
+
+
 def report_requirements() -> list[Requirement]:
     """What the report needs installed: the checkout's base requirements (pyproject.toml), REPORT_PACKAGES with the
     ranges its extras give them."""
-    pyproject = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())
+    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
     project = pyproject["project"]
     in_extras = {}
     for lines in project["optional-dependencies"].values():
@@ -179,7 +207,7 @@ def report_requirements() -> list[Requirement]:
 def build_requirements() -> dict:
     """What builds the checkout (pyproject.toml's build-system), {name: the version installed here}."""
     pins = {}
-    for line in tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["build-system"]["requires"]:
+    for line in tomllib.loads((REPO / "pyproject.toml").read_text())["build-system"]["requires"]:
         requirement = Requirement(line)
         try:
             version = importlib.metadata.version(requirement.name)

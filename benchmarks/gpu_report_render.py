@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from benchmarks.benchmark import fmt_rate
+from benchmarks.harness import fmt_rate
 from vaswani.checks import UsageError
 from vaswani.cli import command, parse_arguments
 

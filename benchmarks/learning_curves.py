@@ -40,6 +40,7 @@ from pathlib import Path
 import torch
 from accelerate import Accelerator
 
+from benchmarks import harness
 from vaswani import VaswaniConfig, VaswaniForConditionalGeneration
 from vaswani.checks import UsageError, tokenizer_ids
 from vaswani.cli import command, parse_arguments
@@ -256,6 +257,7 @@ def train_run(variant, seed, args, data: StudyData, run_path: Path) -> dict:
         "settings": asdict(args),
         "parameters": model.num_parameters(),
         "curve": curve,
+        **harness.environment("torch", "transformers"),
     }
     if args.bleu_samples:
         longest = max(len(ids) for ids in data.tokenizer(data.bleu_pairs[0].to_pylist())["input_ids"])
@@ -306,12 +308,8 @@ def write_report(args, output_dir: Path):
     if not runs:
         return "no finished runs yet"
     variants = sorted({run["variant"] for run in runs}, key=lambda v: (v == "marian", v))
-    lines = [
-        "| variant | seeds | "
-        + " | ".join(f"val NLL @ {s}" for s in args.report_steps)
-        + " | test BLEU (beam 4) | reads its source from step |",
-        "|---|---|" + "---|" * (len(args.report_steps) + 2),
-    ]
+    header = ["variant", "seeds", *(f"val NLL @ {step}" for step in args.report_steps), "test BLEU (beam 4)"]
+    rows = []
     figure, (axis, source_axis) = plt.subplots(1, 2, figsize=(13, 6), layout="constrained")
     for color, variant in enumerate(variants):
         mine = [run for run in runs if run["variant"] == variant]
@@ -325,7 +323,7 @@ def write_report(args, output_dir: Path):
         bleu = f"{sum(bleus) / len(bleus):.2f} ({', '.join(f'{b:.2f}' for b in bleus)})" if bleus else "n/a"
         seeds = ", ".join(str(run["seed"]) for run in mine)
         reads = ", ".join(reads_source_from(run) for run in mine)
-        lines.append(f"| {variant} | {seeds} | " + " | ".join(cells) + f" | {bleu} | {reads} |")
+        rows.append([variant, seeds, *cells, bleu, reads])
         for index, run in enumerate(mine):  # one colour per variant, one line style per seed
             steps = [point["step"] for point in run["curve"]]
             nll = [point["val_nll"] for point in run["curve"]]
@@ -346,7 +344,7 @@ def write_report(args, output_dir: Path):
     figure.legend(loc="outside lower center", ncol=4)
     figure.savefig(output_dir / "learning_curves.png", dpi=120)
     plt.close(figure)
-    table = "\n".join(lines)
+    table = harness.table([*header, "reads its source from step"], rows)
     (output_dir / "learning_curves.md").write_text(table + "\n")
     return table
 

@@ -29,56 +29,18 @@ Writes OUTPUT.json and OUTPUT.md.
 """
 
 import argparse
-import datetime
 import json
 import os
-import platform
 import re
-import resource
 import shutil
-import subprocess
 import sys
-import time
 from pathlib import Path
 
-import psutil
+from benchmarks import harness
+from benchmarks.harness import folder_bytes, run_measured
 
 
 SPLITS = {"train": "train", "validation": "valid", "test": "test"}  # the DatasetDict's names -> fairseq's
-SAMPLE_SECONDS = 0.2
-
-
-def run_measured(command, *, env=None, log=None):
-    """Run `command`; its wall and CPU seconds and the peaks of its processes' summed RSS and anonymous memory."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    started = time.perf_counter()
-    with open(log, "w") if log else subprocess.DEVNULL as output:
-        process = psutil.Popen(command, env={**os.environ, **(env or {})}, stdout=output, stderr=subprocess.STDOUT)
-        peak_rss = peak_anon = 0
-        while process.poll() is None:
-            rss = anon = 0
-            try:
-                members = [process, *process.children(recursive=True)]
-            except psutil.NoSuchProcess:
-                members = []
-            for member in members:
-                try:
-                    info = member.memory_info()
-                except psutil.Error:  # gone, or a zombie
-                    continue
-                rss, anon = rss + info.rss, anon + info.rss - info.shared
-            peak_rss, peak_anon = max(peak_rss, rss), max(peak_anon, anon)
-            time.sleep(SAMPLE_SECONDS)
-    wall = time.perf_counter() - started
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    if process.returncode:
-        raise SystemExit(f"{' '.join(map(str, command))} failed with status {process.returncode}; its log: {log}")
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return {"wall_seconds": wall, "cpu_seconds": cpu, "peak_rss": peak_rss, "peak_anon": peak_anon}
-
-
-def folder_bytes(paths):
-    return sum(path.stat().st_size for root in paths for path in Path(root).rglob("*") if path.is_file())
 
 
 # --- The steps' own processes: `python -m benchmarks.preprocess bpe|vaswani ...`. ---
@@ -184,9 +146,7 @@ def compare(args):
     for row in rows.values():
         row["pairs_per_second_per_worker"] = train_pairs / row["wall_seconds"] / args.workers
     result = {
-        "date": datetime.date.today().isoformat(),
-        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
-        f"{psutil.virtual_memory().total / 2**30:.1f} GiB",
+        **harness.environment("datasets", "tokenizers", "transformers"),
         "corpus": str(corpus),
         "tokenizer": str(args.tokenizer),
         "train_pairs": train_pairs,
@@ -200,40 +160,35 @@ def compare(args):
 
 
 def render(result):
-    gb = 1e9
-    lines = [
-        "# vaswani's tokenization beside fairseq-preprocess",
-        "",
-        f"Written {result['date']} by `python -m benchmarks.preprocess` (its docstring says how each figure is "
-        f"measured) on {result['machine']}: {result['train_pairs']:,} train pairs of `{result['corpus']}` with the "
-        f"BPE of `{result['tokenizer']}`, {result['workers']} workers each.",
-        "",
-        "| step | wall | CPU | train pairs / s / worker | peak RSS, all processes | peak anonymous, all | on disk |",
-        "|---|---|---|---|---|---|---|",
-    ]
     names = {
         "bpe": "1. BPE text for fairseq (the tokenizer's encoder)",
         "fairseq": "2. fairseq-preprocess (dictionary, binarising)",
         "bpe + fairseq": "1 + 2: fairseq's whole path",
         "vaswani": "3. vaswani's first tokenization (text to ids)",
     }
+    cells = []
     for key, name in names.items():
         row = result["rows"][key]
-        lines.append(
-            f"| {name} | {row['wall_seconds']:.0f} s | {row['cpu_seconds']:.0f} s | "
-            f"{row['pairs_per_second_per_worker']:,.0f} | {row['peak_rss'] / gb:.2f} GB | {row['peak_anon'] / gb:.2f} GB "
-            f"| {row['bytes'] / gb:.2f} GB |"
-        )
-    tokens = result["train_source_tokens"]
-    lines += [
+        memory = [f"{row[figure] / 1e9:.2f} GB" for figure in ("peak_rss", "peak_anon", "bytes")]
+        seconds = [f"{row['wall_seconds']:.0f} s", f"{row['cpu_seconds']:.0f} s"]
+        cells.append([name, *seconds, f"{row['pairs_per_second_per_worker']:,.0f}", *memory])
+    header = ["step", "wall", "CPU", "train pairs / s / worker", "peak RSS, all processes", "peak anonymous, all"]
+    tokens, sentences = result["train_source_tokens"], result["train_sentences"]
+    lines = [
+        "# vaswani's tokenization beside fairseq-preprocess",
+        "",
+        f"Written by `python -m benchmarks.preprocess` (its docstring says how each figure is measured); "
+        f"{harness.describe(result)}: {result['train_pairs']:,} train pairs of `{result['corpus']}` with the BPE of "
+        f"`{result['tokenizer']}`, {result['workers']} workers each.",
+        "",
+        harness.table([*header, "on disk"], cells),
         "",
         f"The same BPE: the train split's source side is {tokens['fairseq']:,} tokens in fairseq's log and "
-        f"{tokens['vaswani']:,} in vaswani's ids (</s> included; sentences: {result['train_sentences']['fairseq']:,} "
-        f"and {result['train_sentences']['vaswani']:,}, vaswani leaving out pairs longer than 256 tokens).",
+        f"{tokens['vaswani']:,} in vaswani's ids (</s> included; sentences: {sentences['fairseq']:,} and "
+        f"{sentences['vaswani']:,}, vaswani leaving out pairs longer than 256 tokens).",
         "",
-        f"fairseq: `fairseq-preprocess {result['fairseq_arguments']}`. On disk: fairseq's "
-        "binarised splits and dictionary; vaswani's Arrow cache next to each split (its input, the DatasetDict, is "
-        "what both read).",
+        f"fairseq: `fairseq-preprocess {result['fairseq_arguments']}`. On disk: fairseq's binarised splits and "
+        "dictionary; vaswani's Arrow cache next to each split (its input, the DatasetDict, is what both read).",
     ]
     return "\n".join(lines) + "\n"
 
@@ -260,11 +215,7 @@ def main(argv=None):
     if args.workdir is None:
         raise SystemExit("--workdir is needed: the BPE text and fairseq's output go there")
     result = compare(args)
-    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-    Path(f"{args.output}.json").write_text(json.dumps(result, indent=1))
-    page = render(result)
-    Path(f"{args.output}.md").write_text(page)
-    print(page)
+    harness.write_page(args.output, result, render(result))
     return result
 
 

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import torch
 
+from benchmarks import harness
 from benchmarks.learning_curves import RecipeArguments, bleu_of, finish_run, run_study, train_curve
 from vaswani import VaswaniForConditionalGeneration
 from vaswani.checks import UsageError, tokenizer_ids
@@ -110,6 +111,7 @@ def train_row(row, seed: int, args: Table3Arguments, data, run_path: Path) -> di
         "parameters": model.num_parameters(),
         "curve": curve,
         "dev_perplexity": math.exp(curve[-1]["val_nll"]),
+        **harness.environment("torch", "transformers"),
     }
     if args.bleu_samples:
         result.update(bleu_of(model, data, paper_decoding=True))
@@ -171,11 +173,7 @@ def write_report(args: Table3Arguments, output_dir: Path) -> str:
     runs_by_row = {}
     for run in runs:
         runs_by_row.setdefault(run["row"], {})[run["seed"]] = run
-    lines = [
-        "| row | params (M) | dev PPL | dev BLEU | paper: params (M) | paper: dev PPL | paper: dev BLEU |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    rows = []
+    rows, cells = [], []
     for name, row in ROWS.items():
         if name not in runs_by_row:
             continue
@@ -189,13 +187,13 @@ def write_report(args: Table3Arguments, output_dir: Path) -> str:
         )
         spread = f" ({', '.join(f'{p:.2f}' for p in perplexities)})" if len(perplexities) > 1 else ""
         bleu = f"{mean(bleus):.2f}" if bleus else "n/a"
-        lines.append(
-            f"| {name} | {params:.2f} | {mean(perplexities):.2f}{spread} | {bleu} | "
-            f"{row.params or 65} | {row.perplexity:.2f} | {row.bleu:.1f} |"
-        )
+        paper = [row.params or 65, f"{row.perplexity:.2f}", f"{row.bleu:.1f}"]
+        cells.append([name, f"{params:.2f}", f"{mean(perplexities):.2f}{spread}", bleu, *paper])
     checks = findings(runs_by_row)
-    lines += ["", "| the paper's finding | rows (dev PPL unless marked) | seeds that agree |", "|---|---|---|"]
-    lines += [f"| {c['claim']} | {c['rows']} | {c['agree']} of {c['seeds']} |" for c in checks]
+    header = ["row", "params (M)", "dev PPL", "dev BLEU", "paper: params (M)", "paper: dev PPL", "paper: dev BLEU"]
+    agreement = [[c["claim"], c["rows"], f"{c['agree']} of {c['seeds']}"] for c in checks]
+    finding_header = ["the paper's finding", "rows (dev PPL unless marked)", "seeds that agree"]
+    table = harness.table(header, cells) + "\n\n" + harness.table(finding_header, agreement)
 
     # Each row's change of dev perplexity against the base row, the paper's beside the miniature's (each seed against
     # the base row of its own seed): a point in the shaded quadrants moves the way the paper's row moved.
@@ -229,9 +227,7 @@ def write_report(args: Table3Arguments, output_dir: Path) -> str:
     separate(labels, figure)
     figure.savefig(output_dir / "table3.png", dpi=120)
     plt.close(figure)
-    table = "\n".join(lines)
-    (output_dir / "table3.md").write_text(table + "\n")
-    (output_dir / "table3.json").write_text(json.dumps({"rows": rows, "findings": checks}, indent=1))
+    harness.write_page(output_dir / "table3", {"rows": rows, "findings": checks}, table + "\n", show=False)
     return table
 
 

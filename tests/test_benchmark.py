@@ -188,7 +188,7 @@ facts["budget"] = [
 # The GPU report's corpus, prepared from the dataset and tokenizer given, and its batches for the rows given.
 data, tokenizer, carry, rows = *sys.argv[1:4], json.loads(sys.argv[4])
 gpu_report_prepare.main(["--dataset_dir", data, "--tokenizer", tokenizer, "--carry_dir", carry, "--corpus_only"])
-pairs = gpu_report_measure.CarriedPairs(carry + "/corpus/train.npz", 0, 1)
+pairs = gpu_report_prepare.CarriedPairs(carry + "/corpus/train.npz", 0, 1)
 torch.save(pairs[rows], carry + "/batch.pt")
 print(json.dumps(facts))
 """
@@ -560,7 +560,6 @@ def test_data_scale_follows_a_user_from_the_hubs_layout_to_the_first_step(tmp_pa
     assert len(steps["first run"]["training_processes"]) == 2
     page = (tmp_path / "data_scale.md").read_text()
     assert "## A user's path at 2,000 pairs" in page and "The first tokenization:" in page
-    assert not (tmp_path / "work" / "old_code").exists()  # the old code is not needed
 
 
 def test_verse_blocks_splits_the_bible_in_shuffled_blocks_and_learns_a_prefix_space_bpe(tmp_path, monkeypatch):
