@@ -212,7 +212,7 @@ def test_finetune_evaluates_with_the_decoding_and_score_of_vaswani_evaluate(work
 
     flags = "--use_cpu --report_to none --per_device_eval_batch_size 4 --max_eval_samples 8"
     paths = ["--model", str(model_dir), "--dataset_dir", str(workspace["data"]), "--output_dir", str(tmp_path / "ft")]
-    _, data_args, args = finetune.parse_args([*paths, *flags.split()])
+    _, data_args, _, args = finetune.parse_args([*paths, *flags.split()])
     train, evaluation = finetune.load_splits(data_args, args.seed)
     model = VaswaniForConditionalGeneration.from_pretrained(model_dir)
     metrics = finetune.build_trainer(data_args, args, model, workspace["tokenizer"], train, evaluation).evaluate()
@@ -348,7 +348,7 @@ def test_trainer_step_with_accumulation_equals_one_double_batch_step(workspace, 
             f"--max_grad_norm 0 --max_steps 1 --per_device_train_batch_size {batch_size} "
             f"--gradient_accumulation_steps {accumulation}"
         )
-        _, data_args, training_args = finetune.parse_args(
+        _, data_args, _, training_args = finetune.parse_args(
             ["--model", str(model_dir), "--dataset_dir", "unused", "--output_dir", output_dir, *flags.split()]
         )
         model = VaswaniForConditionalGeneration.from_pretrained(model_dir)
@@ -393,7 +393,7 @@ def test_tokenizer_that_disagrees_with_the_model_is_refused(workspace, tmp_path,
 
 
 def parse(tmp_path, flags="", dataset_dir="d"):
-    """finetune.parse_args with the required flags: (ModelArguments, DataArguments, FinetuningArguments)."""
+    """finetune.parse_args with the required flags: (ModelArguments, DataArguments, AdapterArguments, FinetuningArguments)."""
     paths = ["--model", "m", "--dataset_dir", str(dataset_dir), "--output_dir", str(tmp_path / "out")]
     return finetune.parse_args([*paths, *flags.split()])
 
@@ -401,7 +401,7 @@ def parse(tmp_path, flags="", dataset_dir="d"):
 # The last check spells a flag as the script took it before transformers renamed it: the library warns, and takes it.
 @pytest.mark.filterwarnings("default:`gradient_checkpointing` is deprecated:FutureWarning")
 def test_defaults_are_the_scripts_not_the_librarys(tmp_path):
-    _, data_args, args = parse(tmp_path, "--use_cpu")
+    _, data_args, _, args = parse(tmp_path, "--use_cpu")
     expected = {
         "optim": "adamw_torch",
         "per_device_train_batch_size": 32,
@@ -425,9 +425,9 @@ def test_defaults_are_the_scripts_not_the_librarys(tmp_path):
     assert (data_args.source_lang, data_args.target_lang, data_args.max_source_length) == ("en", "es", 256)
 
     # The flags of the script before it took every Seq2SeqTrainingArguments flag, spelled as they were.
-    assert parse(tmp_path, "--resume_from_checkpoint")[2].resume_from_checkpoint == "latest"
-    assert parse(tmp_path, "--resume_from_checkpoint runs/a/checkpoint-3")[2].resume_from_checkpoint.endswith("-3")
-    _, _, args = parse(tmp_path, "--num_beams 2 --hub_private_repo --use_cpu --bf16 false --gradient_checkpointing")
+    assert parse(tmp_path, "--resume_from_checkpoint")[-1].resume_from_checkpoint == "latest"
+    assert parse(tmp_path, "--resume_from_checkpoint runs/a/checkpoint-3")[-1].resume_from_checkpoint.endswith("-3")
+    _, _, _, args = parse(tmp_path, "--num_beams 2 --hub_private_repo --use_cpu --bf16 false --gradient_checkpointing")
     parsed = (args.generation_num_beams, args.hub_private_repo, args.bf16, args.activation_checkpointing)
     assert parsed == (2, True, False, True)
 
@@ -435,17 +435,17 @@ def test_defaults_are_the_scripts_not_the_librarys(tmp_path):
 def test_a_log_gets_the_logging_steps_lines_and_a_terminal_the_bar(tmp_path, monkeypatch):
     """Where the output is a log (pytest's captured stderr here), Trainer's bar is off and its PrinterCallback prints
     each logging step's figures; in a terminal the bar is on; the flag decides either way."""
-    assert parse(tmp_path, "--use_cpu")[2].disable_tqdm is True
-    assert parse(tmp_path, "--use_cpu --disable_tqdm false")[2].disable_tqdm is False
+    assert parse(tmp_path, "--use_cpu")[-1].disable_tqdm is True
+    assert parse(tmp_path, "--use_cpu --disable_tqdm false")[-1].disable_tqdm is False
     monkeypatch.setattr(sys.stderr, "isatty", lambda: True, raising=False)
-    assert parse(tmp_path, "--use_cpu")[2].disable_tqdm is False
-    assert parse(tmp_path, "--use_cpu --disable_tqdm")[2].disable_tqdm is True
+    assert parse(tmp_path, "--use_cpu")[-1].disable_tqdm is False
+    assert parse(tmp_path, "--use_cpu --disable_tqdm")[-1].disable_tqdm is True
 
 
 def test_without_the_evaluation_split_part_of_the_training_split_is_held_out(tmp_path):
     folder = tmp_path / "train_only"
     datasets.DatasetDict(train=datasets.Dataset.from_dict({"translation": PAIRS})).save_to_disk(folder)
-    _, data_args, args = parse(tmp_path, dataset_dir=folder)
+    _, data_args, _, args = parse(tmp_path, dataset_dir=folder)
     train, evaluation = finetune.load_splits(data_args, args.seed)
     assert (len(train), len(evaluation)) == (len(PAIRS) - 1, 1)  # a 20th, at least one
     assert evaluation[0]["translation"] not in train["translation"]
@@ -456,7 +456,7 @@ def test_evaluation_split_is_checked_like_the_training_split(tmp_path):
     train = datasets.Dataset.from_dict({"translation": PAIRS})
     validation = datasets.Dataset.from_dict({"translation": [{"en": "the cat", "fr": "le chat"}] * 2})
     datasets.DatasetDict(train=train, validation=validation).save_to_disk(folder)
-    _, data_args, args = parse(tmp_path, dataset_dir=folder)
+    _, data_args, _, args = parse(tmp_path, dataset_dir=folder)
     with pytest.raises(UsageError, match=r"validation.*'es'"):
         finetune.load_splits(data_args, args.seed)
 
@@ -497,12 +497,12 @@ def test_help_lists_the_commands_own_flags_and_says_every_trainer_flag_is_taken(
 
 def test_max_steps_minus_one_still_means_train_for_the_epochs(tmp_path):
     flags = ["--model", "m", "--dataset_dir", "d", "--output_dir", str(tmp_path), "--num_train_epochs", "2"]
-    _, _, args = finetune.parse_args([*flags, "--max_steps", "-1"])
+    _, _, _, args = finetune.parse_args([*flags, "--max_steps", "-1"])
     assert (args.max_steps, args.num_train_epochs) == (-1, 2)
 
 
 def test_the_commands_own_flags_and_the_trainers_may_come_in_any_order(tmp_path):
-    _, data_args, args = finetune.parse_args(
+    _, data_args, _, args = finetune.parse_args(
         ["--max_steps", "7", "--model", "m", "--output_dir", str(tmp_path), "--num_beams", "2", "--dataset_dir", "d"]
     )
     assert (data_args.dataset_dir, args.max_steps, args.generation_num_beams, args.output_dir) == (
@@ -517,7 +517,7 @@ def test_a_flag_the_script_does_not_name_reaches_the_trainer(workspace, tmp_path
     """Here Adam's beta2 (0.98 in section 5.3) and the scheduler's kwargs, two Seq2SeqTrainingArguments fields."""
     train = datasets.Dataset.from_dict({"translation": PAIRS[:4]})
     flags = "--use_cpu --adam_beta2 0.98 --lr_scheduler_type cosine_with_min_lr --learning_rate 1e-3 --max_steps 10"
-    _, data_args, args = finetune.parse_args(
+    _, data_args, _, args = finetune.parse_args(
         ["--model", "m", "--dataset_dir", "d", "--output_dir", str(tmp_path), *flags.split()]
         + ["--lr_scheduler_kwargs", '{"min_lr": 1e-6}']
     )

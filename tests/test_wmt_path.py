@@ -44,7 +44,7 @@ def test_a_local_copy_in_the_hubs_layout_takes_the_configuration_name(tmp_path, 
     prepared = datasets.load_from_disk(str(out))
     assert prepared["train"].features["translation"] == datasets.Translation(languages=["en", "de"])
     # fine-tuning takes the same two flags
-    _, data_args, args = finetune.parse_args(
+    _, data_args, _, args = finetune.parse_args(
         [
             "--model",
             "m",
