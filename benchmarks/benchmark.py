@@ -263,7 +263,10 @@ def worker(args) -> dict:
     if args.measure == "profile":
         from benchmarks.gpu_report_training import profile_training
 
-        return {"profile": profile_training(model, args)}
+        def measure(options):
+            return measure_training(model, options, args.train_length, args.batch_tokens)
+
+        return {"profile": profile_training(measure, args)}
     results = {}
     if args.measure in ("all", "generate"):
         results.update({f"generate_beam{beams}": measure_generation(model, args, beams) for beams in (1, 4)})

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import torch
 
-from benchmarks import benchmark
 from vaswani.checks import UsageError, tokenizer_ids
 
 
@@ -62,9 +61,10 @@ def loss_ranged():
             setattr(Loss, name, staticmethod(original))
 
 
-def profile_training(model, args) -> dict:
-    """Where the time of one training step goes (torch.profiler): on CUDA each kernel's device time, on a CPU each
-    operator's own time, grouped into KERNEL_KINDS (`shares`, of the step's profiled total) and the `top` kernels.
+def profile_training(measure, args) -> dict:
+    """Where the time of one training step goes (torch.profiler), `measure(args)` running the steps `args` asks for:
+    on CUDA each kernel's device time, on a CPU each operator's own time, grouped into KERNEL_KINDS (`shares`, of the
+    step's profiled total) and the `top` kernels.
     Eager, the loss's kernels are those launched under its forward and backward (timed in a `LOSS_RANGE` range);
     compiled, those whose fused names say so."""
     from torch.profiler import ProfilerActivity, profile
@@ -74,9 +74,9 @@ def profile_training(model, args) -> dict:
     on_cuda = args.device == "cuda"
     # A range around the loss, eager only: a compiled graph would break at it.
     with contextlib.nullcontext() if args.compile_training else loss_ranged():
-        benchmark.measure_training(model, warm, args.train_length, args.batch_tokens)  # warm-up (and compilation)
+        measure(warm)  # warm-up (and compilation)
         with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_cuda else [])) as profiler:
-            benchmark.measure_training(model, once, args.train_length, args.batch_tokens)
+            measure(once)
     spent = {}  # (kernel name, kind) -> [calls, microseconds]
     for event in profiler.events():
         parents, parent = set(), event

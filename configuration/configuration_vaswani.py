@@ -244,6 +244,8 @@ class VaswaniConfig(PreTrainedConfig):
 
         This runs inside the model's `save_pretrained` and `push_to_hub`, so the code travels with every saved model.
         The config records which code that is: the package version and the SHA-256 of the code files.
+        transformers' `register_for_auto_class` copies a class's file and the files it imports from its own folder;
+        the model's code imports this file from another folder (`remote_code_files`), so the copy is written here.
         """
         code = remote_code_files()
         self.auto_map = dict(AUTO_MAP)
