@@ -10,18 +10,21 @@ The first --samples sentences of the test split are translated the way `vaswani-
 (`vaswani.evaluation.bleu.translations`: batches of --batch_size sentences of similar length, longest first),
 by each engine in turn, --rounds times in alternating order; each row gives the fastest round:
 - vaswani: the paper's beam search (the default decoding), transformers' beam search (`paper_decoding=False`),
-  greedy decoding;
+  greedy decoding; and the paper's beam search and greedy decoding with int8 linear layers (`vaswani-translate
+  --int8`: `vaswani.evaluation.bleu.int8_linear_layers`);
 - `MarianMTModel` holding the same weights (its attention biases and final-logits bias zero, its positional table
   the model's interleaved one), decoded by transformers' `generate()` as Marian users do: beam 4 and greedy;
 - CTranslate2, where it is installed: the model exported by `vaswani-export-ctranslate2`, float32 and int8, beam 4
-  and greedy, in the same batches, tokenized with the model's own tokenizer.json.
+  and greedy, in the same batches, tokenized with the model's own tokenizer.json;
+- ONNX Runtime, where onnxruntime and onnxscript are installed: the export of `vaswani.export.onnx`, greedy, by its
+  translate.py (docs/exports.md), in a process that never imports torch.
 Every engine is timed alone, as a translation service runs it: each decoding in a fresh process in which nothing ran
 before it, no other engine and no export. The exports run first, each in a process of its own, and CTranslate2 is
 timed by `benchmarks.ctranslate2_timing`, which never imports torch: torch's OpenMP threads, once they have run,
 slow the threads of an engine timed after them in the same process, and each CTranslate2 row records whether torch
 was loaded in its process (`torch_loaded`).
 Beam searches use 4 beams and length penalty 0.6. Each row says how many sentences translate as the default decoding
-does, and the BLEU of the engine's translations. `--profile` adds where the time of one decoding of the sentences
+does, and the BLEU and chrF of the engine's translations. `--profile` adds where the time of one decoding of the sentences
 goes for each of vaswani's decodings (torch's profiler, the model's parts marked by module hooks). The tables are
 printed and written as `decoding_cpu.{json,md}` in --output_dir (`--under_load`: `decoding_cpu_under_load.*`).
 """
@@ -51,6 +54,8 @@ VASWANI_DECODINGS = {
     "vaswani, the paper's beam search (default)": BEAM,
     "vaswani, transformers' beam search": {**BEAM, "paper_decoding": False},
     "vaswani, greedy": GREEDY,
+    "vaswani int8, the paper's beam search": {**BEAM, "int8": True},
+    "vaswani int8, greedy": {**GREEDY, "int8": True},
 }
 
 
@@ -103,21 +108,46 @@ class DecodingBenchmarkArguments:
     engine: str | None = field(default=None, metadata={"help": argparse.SUPPRESS})  # a measuring process's one engine
 
 
+ONNX = "ONNX Runtime, greedy"
+# The export, in a process of its own; then each timing in a process that loads the export's translate.py alone.
+ONNX_EXPORT = """import sys
+from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+import vaswani.export.onnx
+model_dir, output_dir = sys.argv[1:]
+model, tokenizer = AutoModelForSeq2SeqLM.from_pretrained(model_dir), AutoTokenizer.from_pretrained(model_dir)
+vaswani.export.onnx.export(model, tokenizer, output_dir)
+print("{}")"""
+ONNX_TIMING = """import importlib.util, json, sys, time
+folder, job = sys.argv[1], json.load(open(sys.argv[2]))
+spec = importlib.util.spec_from_file_location("onnx_translate", folder + "/translate.py")
+runner = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(runner)
+translator = runner.OnnxTranslator(folder, job["threads"])
+start = time.perf_counter()
+translations = translator.translate(job["sentences"], job["batch_size"])
+seconds = time.perf_counter() - start
+print(json.dumps({"seconds": seconds, "translations": translations, "torch_loaded": "torch" in sys.modules}))"""
+
+
 def engine_names() -> list[str]:
-    """The engines measured: vaswani's decodings, Marian's, and CTranslate2's where it is installed."""
+    """The engines measured: vaswani's decodings, Marian's, and CTranslate2's and ONNX Runtime's where installed."""
     names = [*VASWANI_DECODINGS, "MarianMTModel, beam 4", "MarianMTModel, greedy"]
-    if importlib.util.find_spec("ctranslate2") is None:
-        return names
-    return [*names, "CTranslate2 float32, beam 4", "CTranslate2 float32, greedy", "CTranslate2 int8, beam 4"]
+    if importlib.util.find_spec("ctranslate2") is not None:
+        names += ["CTranslate2 float32, beam 4", "CTranslate2 float32, greedy", "CTranslate2 int8, beam 4"]
+    if importlib.util.find_spec("onnxruntime") is not None and importlib.util.find_spec("onnxscript") is not None:
+        names.append(ONNX)
+    return names
 
 
 def engine(name: str, args, model, tokenizer):
     """The function that translates a list of sentences into a list of translations, in order, as `name` does
     (vaswani's decodings and Marian's; CTranslate2's run in `benchmarks.ctranslate2_timing`)."""
-    from vaswani.evaluation.bleu import translate
+    from vaswani.evaluation.bleu import int8_linear_layers, translate
 
     if name in VASWANI_DECODINGS:
         options = {"batch_size": args.batch_size, **VASWANI_DECODINGS[name]}
+        if options.pop("int8", False):
+            model = int8_linear_layers(model)
         return lambda sentences: translate(model, tokenizer, sentences, **options)
     marian = marian_twin(model)
     options = BEAM if name.endswith("beam 4") else GREEDY
@@ -203,10 +233,11 @@ def markdown(results: dict) -> str:
     for name, row in rows.items():
         peer = greedy_reference if name.endswith("greedy") else reference
         ratio = f"{row['seconds'] / peer:.2f}x" if peer else ""
-        cells.append(
-            [name, f"{row['seconds']:.2f}", ratio, f"{row['same_as_default']} of {sentences}", f"{row['bleu']:.2f}"]
-        )
-    header = ["engine", "seconds", "x CTranslate2 float32 (same search)", "same translation as the default", "BLEU"]
+        same = f"{row['same_as_default']} of {sentences}"
+        cells.append([name, f"{row['seconds']:.2f}", ratio, same, f"{row['bleu']:.2f}", f"{row['chrf']:.2f}"])
+    header = [
+        "engine", "seconds", "x CTranslate2 float32 (same search)", "same translation as the default", "BLEU", "chrF"
+    ]  # fmt: skip
     lines = [
         f"Decoding {sentences} test sentences, batches of {results['batch_size']}, {results['threads']} threads, "
         f"fastest of {results['rounds']} alternating rounds; {harness.describe(results)}{results['conditions']}. "
@@ -229,6 +260,10 @@ def markdown(results: dict) -> str:
 def measure_once(args, name: str, sentences: list[str], tokenizer, exports: dict[str, Path]) -> dict:
     """One decoding of the sentences by `name`, in a fresh process: vaswani's and Marian's in this module's own
     (`--engine`), CTranslate2's in `benchmarks.ctranslate2_timing`, which imports no torch."""
+    if name == ONNX:
+        job = Path(exports["onnx"]).parent / "onnx_job.json"
+        job.write_text(json.dumps({"threads": args.threads, "batch_size": args.batch_size, "sentences": sentences}))
+        return harness.run_json(["-c", ONNX_TIMING, exports["onnx"], job])
     if not name.startswith("CTranslate2"):
         settings = {
             key: value for key, value in asdict(args).items() if key not in ("engine", "profile", "under_load")
@@ -291,13 +326,16 @@ def main(argv=None) -> dict:
             translations = translate(sentences)
         print(json.dumps({"seconds": time.perf_counter() - start, "translations": translations}))
         return {}
-    from vaswani.evaluation.bleu import corpus_bleu
+    from vaswani.evaluation.bleu import corpus_bleu, corpus_chrf
 
     names = engine_names()
     with tempfile.TemporaryDirectory(prefix="decoding-") as folder:
         exports = {}
         if any("CTranslate2" in name for name in names):
             exports = {q: harness.export_ctranslate2(args.model, Path(folder) / q, q) for q in ("float32", "int8")}
+        if ONNX in names:
+            exports["onnx"] = Path(folder) / "onnx"
+            harness.run_json(["-c", ONNX_EXPORT, args.model, exports["onnx"]])
 
         def measure(name, index):
             measured = measure_once(args, name, sentences, tokenizer, exports)
@@ -325,12 +363,13 @@ def main(argv=None) -> dict:
             "same_as_default": sum(a == b for a, b in zip(outputs, default)),
             "differing_sentences": [i for i, (a, b) in enumerate(zip(outputs, default)) if a != b],
             "bleu": corpus_bleu(outputs, references)[0].score,
+            "chrf": corpus_chrf(outputs, references)[0].score,
         }
         if "torch_loaded" in measured[0]:
             results["rows"][name]["torch_loaded"] = any(m["torch_loaded"] for m in measured)
     if args.profile:
         results["profile"] = {}
-        for name in VASWANI_DECODINGS:
+        for name in list(VASWANI_DECODINGS)[:3]:  # float32's
             with torch.inference_mode():
                 results["profile"][name] = profile(model, engine(name, args, model, tokenizer), sentences)
     stem = "decoding_cpu_under_load" if args.under_load else "decoding_cpu"

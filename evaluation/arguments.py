@@ -19,7 +19,13 @@ class DecodingArguments:
     batch_size: int = field(default=32, metadata={"help": "sentences per generate() call"})
     max_source_length: int | None = field(default=None, metadata={"help": "cut longer sources (tokens), and say so"})
     device: str | None = field(default=None, metadata={"help": "cpu, cuda, ...; default: cuda if available"})
+    int8: bool = field(
+        default=False,
+        metadata={
+            "help": "on the CPU, int8 linear layers (torch's dynamic quantization); with --ctranslate2, its int8"
+        },
+    )
 
     def options(self) -> dict:
-        """The keyword arguments of `translations` (the device is the model's)."""
-        return {name: value for name, value in asdict(self).items() if name != "device"}
+        """The keyword arguments of `translations` (the device and the weights' type are the model's)."""
+        return {name: value for name, value in asdict(self).items() if name not in ("device", "int8")}

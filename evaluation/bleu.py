@@ -11,6 +11,7 @@ from the Hub at run time, which fails offline and runs downloaded code.
 """
 
 import re
+import warnings
 from pathlib import Path
 
 import evaluate
@@ -21,22 +22,34 @@ import torch
 from sacremoses import MosesTokenizer
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, Pipeline, pipeline
 
-from ..checks import check_safetensors_weights, check_tokenizer_matches_config
+from ..checks import UsageError, check_safetensors_weights, check_tokenizer_matches_config
 from ..modeling import VaswaniTranslationPipeline
 from ..modeling.pipeline_vaswani import BATCH_SIZE, longest_first, translate_batch
 from ..progress import progress_bar
 from ..training.data import load_translation_dataset, text_pairs
 
 
-def load_translation_model(model_dir, tokenizer_dir=None, device=None):
-    """The model of a saved folder (safetensors only) on `device` (default: cuda if available), in evaluation mode,
-    and its tokenizer (or `tokenizer_dir`'s), checked to match it."""
+def load_translation_model(model_dir, tokenizer_dir=None, device=None, int8=False):
+    """The model of a saved folder (safetensors only) on `device` (default: cuda if available; the CPU with `int8`),
+    in evaluation mode, and its tokenizer (or `tokenizer_dir`'s), checked to match it. `int8`: every linear layer
+    quantized (`int8_linear_layers`)."""
     check_safetensors_weights(model_dir)
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if int8 and device not in (None, "cpu"):
+        raise UsageError(f"int8 decoding runs on the CPU only (torch's dynamic quantization), not on {device}.")
+    device = device or ("cuda" if torch.cuda.is_available() and not int8 else "cpu")
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir or model_dir)
     model = AutoModelForSeq2SeqLM.from_pretrained(model_dir, use_safetensors=True).to(device).eval()
     check_tokenizer_matches_config(tokenizer, model.config, model_dir)
-    return model, tokenizer
+    return (int8_linear_layers(model) if int8 else model), tokenizer
+
+
+def int8_linear_layers(model):
+    """`model` with every `nn.Linear` computing in int8 on the CPU: weights quantized once, per tensor; activations
+    quantized per batch (torch's dynamic quantization, the fastest int8 path of torch on CPUs: docs/decoding.md)."""
+    with warnings.catch_warnings():
+        # torch announces that torch.ao.quantization moves to torchao, whose int8 configs decode slower on CPUs.
+        warnings.filterwarnings("ignore", message=".*(torch.ao.quantization|quantize_per_tensor).*deprecated")
+        return torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
 
 
 @torch.no_grad()

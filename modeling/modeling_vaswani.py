@@ -215,11 +215,6 @@ def eager_attention_forward(
     return attn_output, attn_weights
 
 
-class VaswaniInputProjection(nn.Linear):
-    """W^Q, W^K or W^V of section 3.2.2: a class of its own because initialisation schemes may draw it apart from the
-    other projections (fairseq's, at a smaller gain)."""
-
-
 class VaswaniAttention(nn.Module):
     """Section 3.2.2, multi-head attention: Concat(head_1..head_h) W^O, head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V).
 
@@ -246,10 +241,14 @@ class VaswaniAttention(nn.Module):
         self.is_causal = is_causal
         self.is_cross_attention = is_cross_attention
         key_size, value_size = num_heads * self.head_dim, num_heads * self.value_head_dim
-        self.q_proj = VaswaniInputProjection(config.d_model, key_size, bias=config.attention_bias)
-        self.k_proj = VaswaniInputProjection(config.d_model, key_size, bias=config.attention_bias)
-        self.v_proj = VaswaniInputProjection(config.d_model, value_size, bias=config.attention_bias)
+        self.q_proj = nn.Linear(config.d_model, key_size, bias=config.attention_bias)
+        self.k_proj = nn.Linear(config.d_model, key_size, bias=config.attention_bias)
+        self.v_proj = nn.Linear(config.d_model, value_size, bias=config.attention_bias)
         self.out_proj = nn.Linear(value_size, config.d_model, bias=config.attention_bias)
+        # W^Q, W^K, W^V: an initialisation scheme may draw them apart from the other projections (fairseq's, at a
+        # smaller gain). A mark, not a subclass: quantization tools replace the modules whose type is nn.Linear.
+        for projection in (self.q_proj, self.k_proj, self.v_proj):
+            projection.attention_input = True
 
     def forward(
         self,
@@ -411,7 +410,7 @@ class VaswaniPreTrainedModel(PreTrainedModel):
         scheme = self.config.init_scheme
         if isinstance(module, nn.Linear):
             # fairseq's query, key and value projections: Glorot-uniform at gain 1/sqrt(2); every other one at 1.
-            fairseq_input = scheme == "fairseq" and isinstance(module, VaswaniInputProjection)
+            fairseq_input = scheme == "fairseq" and getattr(module, "attention_input", False)
             self._init_projection(module, 2**-0.5 if fairseq_input else 1.0)
         elif isinstance(module, nn.Embedding):  # tokens, and learned positions as fairseq and Marian draw them
             init.normal_(module.weight, mean=0.0, std=0.02 if scheme == "bart" else self.config.d_model**-0.5)

@@ -59,7 +59,7 @@ def main(argv):
     check_output_file(output)
     from vaswani.evaluation.bleu import load_metric, load_pairs, load_translation_model, translate
 
-    model, tokenizer = load_translation_model(args.model, args.tokenizer, decoding.device)
+    model, tokenizer = load_translation_model(args.model, args.tokenizer, decoding.device, decoding.int8)
     sources, references, without_text = load_pairs(
         args.dataset_dir, args.split, args.source_lang, args.target_lang, args.max_samples
     )
@@ -110,6 +110,7 @@ def main(argv):
         "seconds": round(seconds, 1),
         "sentences_per_sec": round(len(sources) / seconds, 2),
         "device": model.device.type,
+        "int8": decoding.int8,
     }
     results_file.write_text(json.dumps(results, indent=2))
     return bleu

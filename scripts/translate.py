@@ -2,6 +2,7 @@
 
     python scripts/translate.py --model M --input F --output G [--num_beams 4] [--nbest 3 --scores] [--alignments]
                                 [--prefixes P] [--max_source_length 250]        (or: vaswani-translate ...)
+    python scripts/translate.py --model M --input F --output G --int8               (int8 linear layers, on the CPU)
     python scripts/translate.py --model M --ctranslate2 CT2 --input F --output G   (CTranslate2, the fastest on CPUs)
     sacremoses normalize < raw.txt | vaswani-translate --model M > hyp.txt       (a pipe: standard input and output)
 
@@ -117,7 +118,9 @@ def translate_with_ctranslate2(args: TranslateArguments, decoding: DecodingArgum
 
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     device = decoding.device or ("cuda" if ctranslate2.get_cuda_device_count() else "cpu")
-    translator = ctranslate2.Translator(args.ctranslate2, device=device)
+    translator = ctranslate2.Translator(
+        args.ctranslate2, device=device, compute_type="int8" if decoding.int8 else "default"
+    )
     start = time.time()
     answers = translate_sentences(
         translator,
@@ -129,7 +132,10 @@ def translate_with_ctranslate2(args: TranslateArguments, decoding: DecodingArgum
     )
     seconds = time.time() - start
     write_lines(args.output, answers)
-    report(f"Translated {len(sources)} sentences with CTranslate2 in {seconds:.1f}s into {destination(args.output)}")
+    report(
+        f"Translated {len(sources)} sentences with CTranslate2 ({translator.compute_type}) in {seconds:.1f}s into "
+        f"{destination(args.output)}"
+    )
     return answers
 
 
@@ -156,7 +162,7 @@ def main(argv):
         return translate_with_ctranslate2(args, decoding, sources)
     from vaswani.evaluation.bleu import load_translation_model, translations
 
-    model, tokenizer = load_translation_model(args.model, device=decoding.device)
+    model, tokenizer = load_translation_model(args.model, device=decoding.device, int8=decoding.int8)
     limit = getattr(model.config, "max_position_embeddings", None)
     check_source_lengths(tokenizer, sources, limit, decoding.max_source_length)
 

@@ -101,11 +101,16 @@ def test_decoding_benchmark_times_every_engine_on_the_same_sentences(trained_tex
     rows = results["rows"]
     assert results["sentences"] == len(PAIRS)
     assert rows["vaswani, the paper's beam search (default)"]["bleu"] == pytest.approx(100.0)
+    assert rows["vaswani int8, the paper's beam search"]["chrf"] == pytest.approx(100.0)  # what it learnt, in int8 too
     assert rows["MarianMTModel, beam 4"]["bleu"] == pytest.approx(rows["vaswani, transformers' beam search"]["bleu"])
     assert rows["CTranslate2 float32, greedy"]["same_as_default"] == len(PAIRS)
     # Each engine alone: CTranslate2 timed in processes where torch never ran (no export, no other engine before it).
     ctranslate2_rows = [row for name, row in rows.items() if name.startswith("CTranslate2")]
     assert len(ctranslate2_rows) == 3 and all(row["torch_loaded"] is False for row in ctranslate2_rows)
+    assert (
+        rows["ONNX Runtime, greedy"]["same_as_default"] == len(PAIRS)
+        and not rows["ONNX Runtime, greedy"]["torch_loaded"]
+    )
     for profiled in results["profile"].values():
         assert sum(profiled["shares"].values()) == pytest.approx(1.0, abs=1e-6)
     assert "| CTranslate2 int8, beam 4 |" in (tmp_path / "out" / "decoding_cpu.md").read_text()

@@ -23,7 +23,7 @@ from vaswani.scripts import convert_fairseq, finetune
 
 
 # Building fairseq takes minutes, once: the tests run with the slow ones (.ci/run, docs/testing.md).
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("fairseq")]  # one worker builds .fairseq-venv
 SUPPORTED = ["wmt_en_de_shared", "vaswani_big_shared", "decoder_tied", "untied", "old_style_args"]
 REFUSED = {
     "pre_norm": "encoder_normalize_before=True, decoder_normalize_before=True",

@@ -141,7 +141,12 @@ def test_vaswani_translate_translates_with_the_export_in_one_command(trained_tex
     translate.main([*paths, "--ctranslate2", tmp_path / "ct2", "--batch_size", "2"])
     lines = (tmp_path / "out.txt").read_text(encoding="utf-8").splitlines()
     assert lines == [target for _, target in PAIRS[::-1]] + [""]  # the model learnt these by heart
-    assert "with CTranslate2" in capsys.readouterr().err  # the summary: standard output may be the translations
+    assert (
+        "with CTranslate2 (float32)" in capsys.readouterr().err
+    )  # the summary: standard output may be the translations
+    translate.main([*paths, "--ctranslate2", tmp_path / "ct2", "--int8"])  # CTranslate2's int8, from the same export
+    assert (tmp_path / "out.txt").read_text(encoding="utf-8").splitlines() == lines
+    assert "with CTranslate2 (int8" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exit_info:  # the message the command exits with (status 1)
         translate.main([*paths, "--ctranslate2", tmp_path / "ct2", "--nbest", "2", "--num_beams", "4"])
     assert "leave out --nbest" in str(exit_info.value.code)

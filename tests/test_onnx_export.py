@@ -27,7 +27,7 @@ def test_the_docs_onnx_programs_give_generates_greedy_logits_and_tokens_on_a_pad
     input_ids, attention_mask, _ = pad_pairs(translation_pairs[:3])  # right-padded: 4, 5 and 6 tokens
     monkeypatch.chdir(tmp_path)
     snippet = {"model": model, "inputs": {"input_ids": input_ids, "attention_mask": attention_mask}}
-    exec(docs_block("docs/exports.md", "## ONNX"), snippet)
+    exec(docs_block("docs/exports.md", "### transformers' exporters"), snippet)
     assert set(snippet["exported"].components) == {"prefill", "decode"}
     exported = ExportedModel.from_pretrained("onnx-model")
     greedy, batch = snippet["greedy"], snippet["batch"]
