@@ -4,8 +4,8 @@
     python onnx-model/translate.py onnx-model --batch_size 32 --threads 4 --input sources.txt --output out.txt
 
 The export copies this file into its folder as translate.py. It needs numpy, onnxruntime and tokenizers, not torch
-and not the vaswani package. Greedy decoding: the encoder runs once per batch, then the decoder once per new token
-over the tokens so far, until each sentence ends (</s>) or reaches its source length + 50 tokens (section 6.1).
+and not the vaswani package. Greedy decoding: the encoder runs once per batch, then the decoder once per new token,
+with the attention caches, until each sentence ends (</s>) or reaches its source length + 50 tokens (section 6.1).
 """
 
 import argparse
@@ -19,14 +19,17 @@ from tokenizers import Tokenizer
 
 
 class OnnxTranslator:
-    """The encoder and decoder programs of an export folder, with its tokenizer and its special tokens."""
+    """The programs of an export folder (the encoder, the decoder's first and later steps), with its tokenizer and its
+    special tokens."""
 
     def __init__(self, folder, threads: int = 0):
         folder = Path(folder)
         options = onnxruntime.SessionOptions()
         options.intra_op_num_threads = threads  # 0: ONNX Runtime's default, one thread per core
-        self.encoder = onnxruntime.InferenceSession(str(folder / "encoder.onnx"), options)
-        self.decoder = onnxruntime.InferenceSession(str(folder / "decoder.onnx"), options)
+        self.programs = {
+            name: onnxruntime.InferenceSession(str(folder / f"{name}.onnx"), options)
+            for name in ("encoder", "decoder_start", "decoder_step")
+        }
         self.settings = json.loads((folder / "onnx_config.json").read_text(encoding="utf-8"))
         self.tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
         # A saved tokenizer.json keeps the padding and truncation it was last used with: each sentence goes in whole.
@@ -52,27 +55,37 @@ class OnnxTranslator:
         for row, ids in enumerate(sources):
             input_ids[row, : len(ids)] = ids
         attention_mask = (np.arange(lengths.max()) < lengths[:, None]).astype(np.int64)
-        (hidden,) = self.encoder.run(None, {"input_ids": input_ids, "attention_mask": attention_mask})
+        (hidden,) = self.programs["encoder"].run(None, {"input_ids": input_ids, "attention_mask": attention_mask})
         limits = lengths + settings["extra_output_tokens"]
-        targets = np.full((len(sources), 1), settings["decoder_start_token_id"], dtype=np.int64)
+        tokens = np.full(len(sources), settings["decoder_start_token_id"], dtype=np.int64)
+        step = {
+            "decoder_input_ids": tokens[:, None],
+            "encoder_hidden_states": hidden,
+            "attention_mask": attention_mask,
+        }
+        logits, *caches = self.programs["decoder_start"].run(None, step)
+        own, cross = caches[: 2 * settings["decoder_layers"]], caches[2 * settings["decoder_layers"] :]
+        step_inputs = [entry.name for entry in self.programs["decoder_step"].get_inputs()]
         active = np.arange(len(sources))  # the sentences still decoding: only they go through the decoder
         outputs = [[] for _ in sources]
-        while len(active):
-            inputs = {"decoder_input_ids": targets, "encoder_hidden_states": hidden, "attention_mask": attention_mask}
-            (logits,) = self.decoder.run(None, inputs)
+        for length in range(1, limits.max() + 1):
             # A sentence at its limit ends now, as generate()'s SourceLengthLimit ends it.
-            tokens = np.where(targets.shape[1] >= limits[active], settings["eos_token_id"], logits.argmax(-1))
+            tokens = np.where(length >= limits[active], settings["eos_token_id"], logits.argmax(-1))
             for row, token in zip(active, tokens):
                 outputs[row].append(int(token))
             going = tokens != settings["eos_token_id"]
-            active, targets = active[going], np.concatenate([targets, tokens[:, None]], axis=1)[going]
-            hidden, attention_mask = hidden[going], attention_mask[going]
+            if not going.any():
+                break
+            active, hidden, attention_mask = active[going], hidden[going], attention_mask[going]
+            own, cross = [tensor[going] for tensor in own], [tensor[going] for tensor in cross]
+            values = [tokens[going][:, None], hidden, attention_mask, *own, *cross]
+            logits, *own = self.programs["decoder_step"].run(None, dict(zip(step_inputs, values)))
         return [text.strip() for text in self.tokenizer.decode_batch(outputs, skip_special_tokens=True)]
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("folder", help="the export's folder (encoder.onnx, decoder.onnx, tokenizer.json)")
+    parser.add_argument("folder", help="the export's folder (its .onnx programs, tokenizer.json, onnx_config.json)")
     parser.add_argument("--input", default="-", help="one sentence per line (-: standard input)")
     parser.add_argument("--output", default="-", help="the translations, one per line (-: standard output)")
     parser.add_argument("--batch_size", type=int, default=32)
