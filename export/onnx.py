@@ -42,7 +42,7 @@ class OnnxDecoder(torch.nn.Module):
     def forward(self, decoder_input_ids, encoder_hidden_states, attention_mask, *past):
         config, layers = self.model.config, self.model.config.decoder_layers
         cache = EncoderDecoderCache(DynamicCache(config=config), DynamicCache(config=config))
-        for layer in range(len(past) and layers):
+        for layer in range(layers if past else 0):
             cache.self_attention_cache.update(past[layer], past[layers + layer], layer)
             cache.cross_attention_cache.update(past[2 * layers + layer], past[3 * layers + layer], layer)
             cache.is_updated[layer] = True  # the encoder output's projections are in the cache: not again
