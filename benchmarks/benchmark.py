@@ -3,27 +3,11 @@
     python -m benchmarks.benchmark [--device cpu|cuda] [--preset tiny|small|base|big]
                                    [--dtype float32|bfloat16|float16] [--compile] [--output_dir docs/benchmarks]
 
-Run from the root of a checkout, with the package and its `test` extra installed (benchmarks/README.md).
-
-Rows: vaswani; `transformers`' MarianMTModel configured to the same sizes (post-norm, sinusoidal positions, ReLU,
-tied embeddings, its final-logits bias left at zero); CTranslate2 (generation only: float32 and int8 on the CPU,
-float16 and int8_float16 on CUDA). Columns:
-- training step in tokens/s (source + target tokens) at a fixed token-count batch: the recipe's own step,
-  `vaswani.training.step.train_step` (forward, the label-smoothed loss summed over the step's target tokens,
-  backward, Adam update), for both models; peak memory (CUDA: peak allocated; CPU: the process's peak resident
-  memory above its size after imports, read from Linux's /proc/self/status), and model FLOPs utilisation (MFU)
-  against the measured matrix-multiply ceiling of the device in the chosen dtype;
-- greedy and beam-4 generation of a batch of random sentences in sentences/s and generated tokens/s, with the output
-  length forced equal for every implementation (random weights would otherwise stop at different lengths);
-- the ratio to Marian.
-Then two sweeps of the training step, over sequence length at a fixed batch of tokens and over the batch of tokens
-at a fixed length, to show how time and memory grow. Each figure is the median of --repeats timed repetitions after
---warmup untimed ones, with the spread (min to max); on CUDA each repetition is synchronised.
-Every measurement runs in a fresh process, so that memory figures do not leak from one implementation to the next.
-The main table takes --rounds such processes per implementation, in alternating order, and pools their repetitions
-(peak memory: the highest), so that a busy machine's slow spells fall on every implementation alike; the sweeps run
-vaswani and Marian back to back at each point.
-Results are printed and written as JSON and Markdown to --output_dir.
+Rows: vaswani, `MarianMTModel` of the same sizes, CTranslate2 (generation only). Columns: the recipe's training step
+(tokens/s, peak memory, MFU against the measured matmul ceiling), greedy and beam-4 generation forced to one length,
+the ratio to Marian; then the training step swept over length and batch tokens. Every measurement runs in a fresh
+process. Writes `<device>_<preset>_<dtype>[_compile].{json,md}` in --output_dir; how it measures:
+docs/benchmarks/README.md.
 """
 
 import argparse
@@ -153,15 +137,9 @@ def matmul_ceiling(device: torch.device, dtype: torch.dtype, size: int | None = 
 
 
 def measure_training(model, args, length: int, batch_tokens: int) -> dict:
-    """The recipe's training steps (`train_step`, label smoothing 0.1) on one fixed batch of random pairs of `length`
-    tokens; the loss per target token of each step is returned with the times.
-
-    The weights are in --dtype; with --autocast, `Accelerator(mixed_precision="bf16")` runs the forward pass in
-    bfloat16 under autocast over float32 weights, as `accelerate launch --mixed_precision bf16` trains. The optimizer
-    is the recipe's (`recipe_adam`: the paper's Adam, fused on CUDA). Both models' logits go through the recipe's
-    label-smoothed loss, whose chunk size --chunk_elements sets on accelerators. --compile_training compiles the model with
-    `torch.compile` before `accelerator.prepare`.
-    """
+    """The recipe's training steps (`train_step`, label smoothing 0.1, the recipe's Adam) on one fixed batch of random
+    pairs of `length` tokens: the times and each step's loss per target token. --autocast trains in bf16 mixed
+    precision over float32 weights; --compile_training compiles the model before `accelerator.prepare`."""
     from accelerate import Accelerator
 
     from vaswani.modeling.modeling_vaswani import VaswaniLabelSmoothedCrossEntropy, shift_tokens_right

@@ -2,23 +2,12 @@
 
     python -m benchmarks.ctranslate2_timing JOB.json
 
-A user of CTranslate2 runs it in a process of its own, as a translation service does. torch's OpenMP threads, once
-they have run in a process, slow the threads of an engine timed after them there (CTranslate2 decoded at half its
-speed after 50 small torch matrix products), so the benchmarks export the model beforehand, in another process, and
-time CTranslate2 here: this module imports ctranslate2, tokenizers and the standard library only, and each result
-says whether torch was loaded in the process all the same (`torch_loaded`), which the benchmark tests check.
-
-JOB.json holds:
-- `model_dir`: the exported CTranslate2 model; `device`, `threads`;
-- `decodings`: a list of {"name", "beam_size", ...}, each timed in turn, every other key passed to `translate_batch`;
-- `batches`: lists of source sentences, tokenized and detokenized inside the timed region with the model's
-  `tokenizer` (its tokenizer.json) as vaswani's decoding does; or, without `tokenizer`, lists of token strings;
-- `extra_length` (the limit is each batch's longest source + this many tokens, section 6.1) or `length` (exactly
-  this many tokens, for random weights);
-- `warmup`, `repeats`: untimed and timed decodings of all the batches.
-
-Prints one JSON line: per decoding, its `times`, and the last decoding's `outputs` (strings or token lists) and their
-`tokens` (for comparing translations detokenized as vaswani's are); and `torch_loaded`.
+torch's OpenMP threads, once they have run in a process, slow an engine timed after them there (benchmarks/README.md,
+"Each engine alone"), so this module imports ctranslate2, tokenizers and the standard library only. JOB.json holds
+`model_dir`, `device`, `threads`; `decodings` ({"name", "beam_size", ...}: the other keys go to `translate_batch`);
+`batches` (sentences, tokenized with the job's `tokenizer` inside the timed region, or token strings without one);
+`extra_length` (limit: the longest source + this many tokens) or `length` (exactly this many); `warmup`, `repeats`.
+Prints one JSON line: each decoding's `times`, the last decoding's `outputs` and their `tokens`, and `torch_loaded`.
 """
 
 import json

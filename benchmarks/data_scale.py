@@ -7,43 +7,14 @@
     python -m benchmarks.data_scale pipeline   --dataset_dir BIBLE --workdir WORK [--sizes 36M] [--timeout 14400]
     python -m benchmarks.data_scale report
 
-Run from the root of a checkout, with the package installed editable and its `test` extra (benchmarks/README.md).
-BIBLE is a DatasetDict saved by scripts/prepare_data.py (the default corpus). What runs is this checkout's
-scripts/train.py, which caches the tokenized data in each split's folder as vaswani-* files: a "first run" deletes
-them before it starts, a "cached" run follows it and keeps them. Prepared in WORK (each skipped when present):
-- corpus_N: BIBLE with N train pairs, copies of its train split, copy k > 0 with the words of each side shuffled
-  (random.Random seeded by copy and row) and ids "c{k}.{id}", built with datasets alone (never as Python lists).
-  Size "default" is BIBLE itself (27,732 train pairs for the Bible corpus);
-- tok4000 (memory rows) and tok8000 (throughput rows, as scripts/main_job.sh): BPEs of BIBLE by train_tokenizer.py.
-
-A measurement is one launch of train.py in a session of its own, with OMP_NUM_THREADS=1 and
-TOKENIZERS_PARALLELISM=false, with 2 processes through `python3 -m accelerate.commands.launch --multi_gpu` (gloo
-ranks without a GPU). A training process is one whose script is train.py, not the launcher; the processes it starts
-(tokenization or data-loader workers) are its children. Every 0.2 s benchmarks.harness.ProcessTree samples the
-launch's processes (psutil): RssAnon (`rss - shared`), RSS and the kernel's peak VmHWM of each:
-- peak RssAnon per process: the highest in any training process (anonymous memory only: the memory-mapped Arrow
-  pages count in RSS but are file-backed, and the kernel can drop them);
-- peak RSS per process: the highest of VmHWM and the sampled RSS over the training processes;
-- peak RssAnon of all: the highest sum over the training processes and their children at one sample (pages shared
-  copy-on-write by a forked child count twice);
-- time to the first optimizer step: from the launch until train_log.jsonl holds the record of step 1 (to 0.05 s);
-- tokens/s (source + target, all processes): `memory` (tiny preset) logs every step of 40 and takes the median of
-  steps 11 to 40; `throughput` runs like the main job (small preset, 2 processes), logs every 10 steps of 40, takes
-  each run's median of the records after the first, and the median of --rounds runs.
-Within 0.05 s of the last record needed every process group of the launch gets SIGKILL, so that the final checkpoint,
-averaging and validation are not measured; a launch past --timeout is killed the same way and reported as a timeout.
-The OS page cache is not dropped (that needs root).
-
-`pipeline` follows a user of a WMT-sized corpus from the Hub's layout to the first training step, per size: corpus_N
-as Parquet shards in a configuration folder (hub_N/en-es/train-00000-of-000NN.parquet, rows {"translation"} alone,
-as wmt14 is served), `prepare_data.py --dataset hub_N --dataset_config en-es` (datasets' Arrow copy of the Parquet in
-WORK/hf_cache, deleted after), `train_tokenizer.py --max_sentences 1000000` on what it prepared, then train.py with
-2 processes on that corpus and tokenizer, a first and a cached start, each measured as above. The scripts are measured
-by benchmarks.harness.run_measured (wall and CPU seconds, the peak of their processes' summed anonymous memory), with
-the bytes they wrote; the first tokenization's time is the first start less the cached one.
-
-Results merge into docs/benchmarks/data_scale.json, keyed by (mode, corpus, processes, cache), so that a run over some
-sizes adds to earlier ones; docs/benchmarks/data_scale.md is rewritten from all of them. Logs go to WORK/logs.
+BIBLE is a DatasetDict of scripts/prepare_data.py. WORK receives corpus_N (BIBLE's train split copied to N pairs, each
+copy's words shuffled), the BPEs tok4000 and tok8000, and the logs. A measurement is one launch of this checkout's
+scripts/train.py with 1 or 2 gloo processes, sampled every 0.2 s (benchmarks.harness.ProcessTree) until the log
+holds the steps it needs, then killed. `memory`: peak memory, time to the first step and tokens/s, first run
+(tokenizing) and cached; `throughput`: the main job's tokens/s; `pipeline`: a user's path from the Hub's Parquet
+layout through prepare_data.py and train_tokenizer.py to vaswani-train's two starts. Results merge into
+docs/benchmarks/data_scale.json, keyed by (mode, corpus, processes, cache), and data_scale.md is rewritten from it
+with what each column measures.
 """
 
 import argparse
@@ -205,12 +176,8 @@ def result_key(entry):
 
 
 def load_results(stem):
-    """The results so far, without the rows of a past commit's code (`"code": "old"`), which the tool no longer
-    measures."""
     path = Path(f"{stem}.json")
-    data = json.loads(path.read_text()) if path.exists() else {"invocations": [], "results": []}
-    data["results"] = [entry for entry in data["results"] if entry.get("code", "new") == "new"]
-    return data
+    return json.loads(path.read_text()) if path.exists() else {"invocations": [], "results": []}
 
 
 def save_result(args, entry):
@@ -284,8 +251,8 @@ def render_markdown(data):
     lines = [
         "# Training data path at scale",
         "",
-        f"Written {datetime.date.today()} by `benchmarks/data_scale.py` (its docstring says how each figure is "
-        "measured)" + (f"; measured from {dates[0]} to {dates[-1]}." if dates else "."),
+        f"Written {datetime.date.today()} by `benchmarks/data_scale.py` (docs/benchmarks/README.md says how each "
+        "figure is measured)" + (f"; measured from {dates[0]} to {dates[-1]}." if dates else "."),
         "",
         "Machines and versions:",
         *(

@@ -1,11 +1,5 @@
-"""What benchmarks/data_scale.py builds and runs in its WORK folder: the synthetic corpora, the tokenizers and the
-Hub's layout of a corpus, and the measured launches of this checkout's scripts/train.py (data_scale.py's docstring
-says what each figure is). Not a tool: `python -m benchmarks.data_scale --help`.
-
-A launch runs in a session of its own; every SAMPLE_SECONDS benchmarks.harness.ProcessTree samples its processes,
-each given a role from its command line and parent (the launcher, a training process running train.py, or a child of
-one); train_log.jsonl is read every POLL_SECONDS, and once it holds the last record needed (or the launch has ended,
-or run past its time) the launch's process groups are killed.
+"""What benchmarks/data_scale.py builds and runs in its WORK folder: the synthetic corpora, the tokenizers, the Hub's
+layout of a corpus, and the measured launches of scripts/train.py. Not a tool: `python -m benchmarks.data_scale`.
 """
 
 import hashlib

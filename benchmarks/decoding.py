@@ -4,29 +4,12 @@
                                   [--samples 200] [--batch_size 32] [--threads 2] [--rounds 2] [--profile]
                                   [--output_dir docs/benchmarks]
 
-Run from the root of a checkout, with the package and its `test` extra installed (benchmarks/README.md).
-
-The first --samples sentences of the test split are translated the way `vaswani-evaluate` translates them
-(`vaswani.evaluation.bleu.translations`: batches of --batch_size sentences of similar length, longest first),
-by each engine in turn, --rounds times in alternating order; each row gives the fastest round:
-- vaswani: the paper's beam search (the default decoding), transformers' beam search (`paper_decoding=False`),
-  greedy decoding; and the paper's beam search and greedy decoding with int8 linear layers (`vaswani-translate
-  --int8`: `vaswani.evaluation.bleu.int8_linear_layers`);
-- `MarianMTModel` holding the same weights (its attention biases and final-logits bias zero, its positional table
-  the model's interleaved one), decoded by transformers' `generate()` as Marian users do: beam 4 and greedy;
-- CTranslate2, where it is installed: the model exported by `vaswani-export-ctranslate2`, float32 and int8, beam 4
-  and greedy, in the same batches, tokenized with the model's own tokenizer.json;
-- ONNX Runtime, where onnxruntime and onnxscript are installed: the export of `vaswani.export.onnx`, greedy, by its
-  translate.py (docs/exports.md), in a process that never imports torch.
-Every engine is timed alone, as a translation service runs it: each decoding in a fresh process in which nothing ran
-before it, no other engine and no export. The exports run first, each in a process of its own, and CTranslate2 is
-timed by `benchmarks.ctranslate2_timing`, which never imports torch: torch's OpenMP threads, once they have run,
-slow the threads of an engine timed after them in the same process, and each CTranslate2 row records whether torch
-was loaded in its process (`torch_loaded`).
-Beam searches use 4 beams and length penalty 0.6. Each row says how many sentences translate as the default decoding
-does, and the BLEU and chrF of the engine's translations. `--profile` adds where the time of one decoding of the sentences
-goes for each of vaswani's decodings (torch's profiler, the model's parts marked by module hooks). The tables are
-printed and written as `decoding_cpu.{json,md}` in --output_dir (`--under_load`: `decoding_cpu_under_load.*`).
+The first --samples test sentences, batched as `vaswani-evaluate` batches them, by each engine alone in a fresh
+process, --rounds alternating rounds (the fastest kept): vaswani's three decodings in float32 and two in int8,
+`MarianMTModel` holding the same weights, CTranslate2 float32 and int8 and ONNX Runtime where installed (timed where
+torch never loads). Each row says how many translations equal the default decoding's, with their BLEU and chrF.
+`--profile` adds where one decoding's time goes. Writes `decoding_cpu.{json,md}` (`--under_load`:
+`decoding_cpu_under_load.*`) in --output_dir; how it measures: docs/benchmarks/README.md.
 """
 
 import argparse

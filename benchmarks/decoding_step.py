@@ -3,20 +3,11 @@
     python -m benchmarks.decoding_step --model outputs/main_job/model [--preset base] [--rows 1 8 32 128]
                                        [--lengths 20 60] [--threads 2] [--repeats 5] [--output_dir docs/benchmarks]
 
-Run from the root of a checkout, with the package and its `test` extra installed (benchmarks/README.md).
-
-Each engine decodes `rows` copies of one source sentence into exactly L tokens (the end of sentence forbidden until
-then, so that every row decodes every step), for the two lengths of --lengths; the time of a step is the difference
-of the two times over the difference of the lengths, which leaves out what a decoding costs once (tokenizing, the
-encoder, setting up). Engines: vaswani's greedy decoding and the paper's beam search (4 beams), and CTranslate2
-float32 greedy and beam 4, each in a fresh process in which nothing else ran (CTranslate2 exported beforehand in
-another, timed by `benchmarks.ctranslate2_timing`, where torch is never loaded). Each figure is the fastest of
---repeats decodings after one untimed. vaswani's rows also give the torch operators one step calls (torch's profiler,
-every `aten::` call counted, views included), the cost every step pays whatever its batch.
-
---model is a trained model folder; with --preset, a model of that preset with random weights and the folder's
-tokenizer is decoded instead (speed does not depend on what the weights learned). The table is printed and written
-as `decoding_step_<preset or "model">.{json,md}` in --output_dir.
+Each engine (vaswani's greedy decoding and paper's beam search, CTranslate2's greedy and beam 4) decodes `rows` copies
+of one sentence into exactly each of --lengths tokens, in a fresh process; a step is the difference of the two times
+over the difference of the lengths. vaswani's rows also count the torch operators a step calls. With --preset, a
+random-weight model of that preset with the folder's tokenizer. Writes `decoding_step_<preset or "model">.{json,md}`
+in --output_dir; how it measures: docs/benchmarks/README.md.
 """
 
 import argparse

@@ -4,16 +4,9 @@ answer a 20-token sentence with all its attention maps, and a screenshot of the 
     python -m benchmarks.demo --model outputs/main_job/model [--requests 10] [--output_dir docs/benchmarks]
                               [--screenshot docs/images/demo.png]
 
-Run from the root of a checkout, with the package and its `test` extra installed (benchmarks/README.md); the
-screenshot needs Debian's `chromium` and `chromium-driver` (or any Chromium and its driver on the PATH).
-
-`vaswani-demo --model M` is started in a process of its own, and its start is the time until the page answers. The
-sentence is --text (default: a verse of 20 tokens and </s> with the main job's tokenizer); each request goes through the page's HTTP API (gradio_client), with the page's defaults (the paper's beam of
-4, length penalty 0.6, one hypothesis listed), and returns the translation, the n-best list, the attention map shown,
-the alignment and the beam search's steps (every attention map of every layer is computed for each request). The
-table gives the start and the median and slowest of --requests answers after one untimed; it is printed and written
-as `demo.{json,md}` in --output_dir. With --screenshot, the page is then driven in headless Chromium (typed into,
-run), saved as a PNG, and what it showed (the translation, the attention map's HTML) goes into the JSON.
+`vaswani-demo` starts in a process of its own; each request goes through the page's HTTP API (gradio_client) with the
+page's defaults. Writes `demo.{json,md}` in --output_dir: the start, and the median and slowest of --requests answers
+after one untimed. --screenshot drives the page in headless Chromium (Debian's `chromium` and `chromium-driver`).
 """
 
 import argparse

@@ -3,40 +3,13 @@
     python -m benchmarks.gpu_report_measure [--part 1|2] [--device cuda] [--quick] [--report_dir DIR]
                                             [--corpus_dir .gpu_carry/corpus] [--section NAME ...]
 
-Run from the root of a checkout with the `test` extra installed; on a GPU machine without network access,
-`bash .gpu_carry/run.sh DIR [--part 2]` (made by `benchmarks.gpu_report_prepare`) installs what it needs and runs it.
-The report is two commands on the GPU machine: part 1 answers how fast the model trains against MarianMTModel, how
-soon it translates well, how fast it decodes and whether the GPU tests pass (9 minutes, the install included); part 2
-gives what the next speed-up would be chosen from (4 minutes). A part's sections run in order of priority within the
-part's deadline (Sizes.part_minutes, counted from --started_at, run.sh's start), each for at most its Sizes.section_minutes, the last
-for what is left. Each writes SECTION.json into --report_dir after every measurement, and
-`benchmarks.gpu_report_render` writes the page (gpu.md and its PNGs, from every section's JSON in the folder, both
-parts') there each time, so that a run cut off at any point leaves everything measured until then. What the deadline
-leaves out, or what fails, is recorded as "not measured, because ...". `--quick` runs every section on tiny sizes: the
-code can be tested without a GPU (tests/test_benchmark.py), the figures mean nothing.
-
-Part 1, in order:
-- training: vaswani against MarianMTModel of the same sizes at one GPU's share of the paper's step (about 25,000
-  source + 25,000 target tokens), each preset, eager and torch.compile'd: tokens/s (source + target tokens, and
-  target tokens alone, fairseq's `wps`), peak memory, model FLOP utilisation against the bf16 matmul peak measured in
-  the same run (benchmark.measure_training: the recipe's `train_step` under `Accelerator(mixed_precision="bf16")` over
-  float32 weights, one batch of random pairs of one length for both; on a CPU, float32 throughout).
-- time_to_bleu: the paper's recipe on the prepared corpus for at least 4 minutes of training, test BLEU every minute
-  (gpu_report_training.time_to_bleu).
-- generation: greedy and beam 4 (transformers' beam search, and for vaswani the paper's, its default) at each batch
-  size, eager and with a static cache and torch.compile, vaswani and MarianMTModel of the same sizes: sentences/s and
-  generated (target) tokens/s (benchmark.measure_generation); CTranslate2 where it is installed
-  (benchmark.measure_ctranslate2: exported in one process, timed in another that never imports torch).
-- correctness: the GPU tests (tests/test_gpu.py: half-precision logits against float32, eager, sdpa and flash
-  attention, compiled static-cache generation, a bf16 autocast step, vaswani-train's compiled default) and the
-  generation tests on the device in bfloat16 (per-step logits with and without the cache, padded batches, beam search,
-  sampling).
-Part 2, in order:
-- profile: where the time of one step of the largest preset goes, compiled then eager: the shares of matrix
-  products, attention, the loss, normalisation, elementwise work and the optimizer, and the top kernels
-  (gpu_report_training.profile_training).
-- chunk_sweep: the loss's values per chunk against speed and memory.
-- batch_sweep: vaswani's speed, MFU and memory against the tokens of a batch, each preset.
+On a GPU machine without network access, `bash .gpu_carry/run.sh DIR [--part 2]` (made by
+`benchmarks.gpu_report_prepare`) installs what it needs and runs this. Part 1: training against MarianMTModel,
+time to BLEU, generation, the GPU tests; part 2: a profile of a step, the loss's chunk sweep, the batch sweep. A
+part's sections run in order within its deadline (Sizes.part_minutes from --started_at), each for at most
+Sizes.section_minutes; each writes SECTION.json and the page after every measurement, so a run cut off keeps what it
+measured. --quick runs every section on tiny sizes (the figures mean nothing). What each section measures:
+benchmarks/README.md, "The GPU report".
 """
 
 import json

@@ -6,25 +6,10 @@ command.
     # step 2, on the GPU machine, from the root of the checkout, with the checkout and the folder carried there:
     bash .gpu_carry/run.sh OUTPUT_DIR
 
-Run from the root of a checkout, on a machine with the `test` extra installed and a package index in reach. It
-writes into --carry_dir, and prints the folder's size (it refuses to leave one over --max_mib):
-- corpus/: the training pairs of --dataset_dir tokenized with --tokenizer into numpy arrays (train.npz: each side's
-  ids end to end and their offsets), the first --test_pairs test pairs as text (test.json) and the tokenizer: what
-  the time_to_bleu section of `benchmarks.gpu_report_measure` trains and scores on (scripts/main_job.sh makes the
-  default corpus and tokenizer);
-- wheels/: only the wheels the report needs that the GPU machine lacks or has at a version the report does not
-  accept, for CPython --python_version on manylinux x86_64. What the report needs: the installed vaswani's
-  requirements and those of REPORT_PACKAGES, followed through their dependencies as pip resolves them, stopping at
-  every package the machine has at an accepted version (GPU_MACHINE_PACKAGES, the one list of what the machine has).
-  torch and CUDA's libraries are never carried: the machine's torch must meet the package's range;
-- build/: the wheels that build the checkout (pyproject.toml's build-system, at the versions installed here), always
-  carried: run.sh builds it in an isolated environment from them, whatever setuptools the machine has;
-- requirements.json: the wheels carried, every requirement the carry leaves to the machine, which `--check`
-  verifies there before anything is measured, and the machine's versions of those packages as GPU_MACHINE_PACKAGES
-  gives them (null: not read);
-- run.sh (benchmarks/gpu_report_run.sh): the one command that installs the wheels offline and measures.
-`--check --carry_dir DIR` (run.sh runs it) exits with an error naming every requirement of DIR/requirements.json
-that this Python environment does not meet. `--corpus_only` writes corpus/ alone.
+Needs a package index. Writes into --carry_dir (at most --max_mib): corpus/ (the training pairs as numpy arrays, the
+first test pairs, the tokenizer); wheels/ (what the report needs and the machine lacks, GPU_MACHINE_PACKAGES being
+what it has; never torch or CUDA's); build/ (what builds the checkout); requirements.json (what is left to the
+machine, which `--check` verifies there); run.sh. `--corpus_only` writes corpus/ alone.
 """
 
 import importlib.metadata
@@ -32,8 +17,6 @@ import json
 import shutil
 import subprocess
 import sys
-import tempfile
-import venv
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -42,7 +25,6 @@ import tomllib
 from packaging.markers import default_environment
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
-from packaging.version import Version
 
 from benchmarks.harness import REPO
 from vaswani.checks import UsageError
@@ -209,16 +191,19 @@ def build_requirements() -> dict:
     pins = {}
     for line in tomllib.loads((REPO / "pyproject.toml").read_text())["build-system"]["requires"]:
         requirement = Requirement(line)
-        try:
-            version = importlib.metadata.version(requirement.name)
-        except importlib.metadata.PackageNotFoundError:
-            version = None
-        if version is None or not requirement.specifier.contains(version, prereleases=True):
-            raise UsageError(
-                f"the checkout builds with {requirement}: install it here ({version or 'none'} installed)"
-            )
-        pins[canonicalize_name(requirement.name)] = version
+        if why := unmet(requirement):
+            raise UsageError(f"the checkout builds with {requirement}: install it here ({why})")
+        pins[canonicalize_name(requirement.name)] = importlib.metadata.version(requirement.name)
     return pins
+
+
+def unmet(requirement: Requirement) -> str | None:
+    """Why this Python environment does not meet `requirement` ("none installed", "5.17.0 installed"), or None."""
+    try:
+        version = importlib.metadata.version(requirement.name)
+    except importlib.metadata.PackageNotFoundError:
+        return "none installed"
+    return None if requirement.specifier.contains(version, prereleases=True) else f"{version} installed"
 
 
 def on_the_machine(requirement: Requirement) -> bool:
@@ -245,60 +230,10 @@ def target_environment(python_version: str, extra: str = "") -> dict:
     }
 
 
-def resolve(requirements: list[Requirement]) -> dict:
-    """pip's resolution of `requirements` in an empty environment that holds the GPU machine's packages of known
-    version (their metadata alone), so that pip keeps those that fit and never resolves torch or CUDA's wheels:
-    {name: (version, its requirements)}. Only the metadata is fetched (`pip install --dry-run --report`)."""
-    with tempfile.TemporaryDirectory() as folder:
-        environment = Path(folder) / "machine"
-        venv.create(environment, with_pip=False)
-        python = environment / "bin" / "python"
-        site = subprocess.run(
-            [python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-        for name, version in GPU_MACHINE_PACKAGES.items():
-            if version is not None:
-                record = Path(site) / f"{name.replace('-', '_')}-{version}.dist-info"
-                record.mkdir()
-                (record / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
-        report = Path(folder) / "report.json"
-        # The running Python's own requires-python is not the machine's: the download checks it for the machine's.
-        done = subprocess.run(
-            [sys.executable, "-m", "pip", "--python", python, "install", "--dry-run", "--quiet"]
-            + ["--ignore-requires-python", "--only-binary=:all:", "--report", report, *map(str, requirements)],
-            capture_output=True,
-            text=True,
-        )
-        if done.returncode != 0:
-            raise UsageError(f"pip could not resolve {', '.join(map(str, requirements))}:\n{done.stderr[-3000:]}")
-        installs = json.loads(report.read_text())["install"]
-    return {
-        canonicalize_name(item["metadata"]["name"]): (
-            item["metadata"]["version"],
-            item["metadata"].get("requires_dist"),
-        )
-        for item in installs
-    }
-
-
 def carried_packages(requirements: list[Requirement], python_version: str) -> tuple[dict, list[str]]:
-    """The packages to carry, {name: version}, and the requirements left to the GPU machine: `requirements` followed
-    through the dependencies of each carried package (as `python_version` on Linux evaluates their markers), stopping
-    at those the machine meets. Packages installed here at a version the requirement accepts are carried at that
-    version (what the tests ran with), the others at what pip resolves."""
-    pins = []
-    for requirement in requirements:
-        if not on_the_machine(requirement):
-            try:
-                here = importlib.metadata.version(requirement.name)
-            except importlib.metadata.PackageNotFoundError:
-                here = None
-            fits = here is not None and requirement.specifier.contains(here, prereleases=True)
-            pins.append(Requirement(f"{requirement.name}=={here}") if fits else requirement)
-    resolved = resolve(pins) if pins else {}
+    """The packages to carry, {name: the version installed here, which the tests ran with}, and the requirements left
+    to the GPU machine: `requirements` followed through the dependencies of each carried package (their markers as
+    `python_version` on Linux evaluates them), stopping at those the machine meets."""
     carried, left_to_machine, seen = {}, set(), set()
     pending = [(requirement, "") for requirement in requirements]
     while pending:
@@ -316,14 +251,13 @@ def carried_packages(requirements: list[Requirement], python_version: str) -> tu
                 f"the GPU machine's {name} {GPU_MACHINE_PACKAGES.get(name)} does not meet {requirement}, and "
                 f"{name} is never carried: the package's range must accept the machine's."
             )
-        if name not in resolved or not requirement.specifier.contains(resolved[name][0], prereleases=True):
-            raise UsageError(f"pip's resolution holds no {name} that meets {requirement}")
-        version, dependencies = resolved[name]
-        carried[name] = version
+        if why := unmet(requirement):
+            raise UsageError(f"the report carries {requirement}: install it here ({why})")
+        carried[name] = importlib.metadata.version(name)
         for wanted in {""} | requirement.extras:
             if (name, wanted) not in seen:
                 seen.add((name, wanted))
-                pending += [(Requirement(line), wanted) for line in dependencies or []]
+                pending += [(Requirement(line), wanted) for line in importlib.metadata.requires(name) or []]
     return carried, sorted(left_to_machine)
 
 
@@ -355,19 +289,11 @@ def check_environment(carry: Path):
             f"{carry} holds no requirements.json: make it with `python -m benchmarks.gpu_report_prepare`."
         )
     requirements = json.loads(record.read_text())
-    unmet = []
-    for line in requirements["left_to_machine"] + [f"{n}=={v}" for n, v in requirements["carried"].items()]:
-        requirement = Requirement(line)
-        try:
-            version = importlib.metadata.version(requirement.name)
-        except importlib.metadata.PackageNotFoundError:
-            unmet.append(f"{requirement} (not installed)")
-            continue
-        if not requirement.specifier.contains(Version(version), prereleases=True):
-            unmet.append(f"{requirement} ({version} installed)")
-    if unmet:
+    lines = requirements["left_to_machine"] + [f"{n}=={v}" for n, v in requirements["carried"].items()]
+    problems = [f"{line} ({why})" for line in lines if (why := unmet(Requirement(line)))]
+    if problems:
         raise UsageError(
-            f"this Python ({sys.executable}) does not meet what {carry} was prepared for: {'; '.join(unmet)}. "
+            f"this Python ({sys.executable}) does not meet what {carry} was prepared for: {'; '.join(problems)}. "
             "Carry those packages (GPU_MACHINE_PACKAGES in benchmarks/gpu_report_prepare.py says what the machine has)."
         )
     print(f"{sys.executable} meets {carry}'s {len(requirements['left_to_machine'])} requirements and its wheels")

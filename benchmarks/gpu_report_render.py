@@ -2,12 +2,8 @@
 
     python -m benchmarks.gpu_report_render --report_dir DIR [--output_dir docs/benchmarks]
 
-Run from the root of a checkout with the `test` extra installed, on any machine (`benchmarks.gpu_report_measure`
-also renders the page into its report folder after every measurement): it reads the SECTION.json files the sections
-wrote into DIR (a section not there is listed as not measured, one cut off as such) and writes gpu.md with the
-environment they were measured in, a table of targets (training at 1.2x Marian's tokens/s, 50% MFU for the big preset,
-1.5x from a static cache and torch.compile for the paper's beam search, the CTranslate2 speed-up, time to BLEU) beside
-published anchors, one section each, both commands' sections in one page, and at most 4 PNGs (gpu_*.png).
+Runs anywhere; `benchmarks.gpu_report_measure` also renders the page after every measurement. A section without
+JSON is listed as not measured. The page opens with the targets beside published anchors.
 """
 
 import json
@@ -15,7 +11,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from benchmarks.harness import fmt_rate
+from benchmarks.harness import fmt_rate, table
 from vaswani.checks import UsageError
 from vaswani.cli import command, parse_arguments
 
@@ -106,14 +102,14 @@ def render(report_dir: Path, output_dir: Path) -> dict:
 
 
 def render_correctness(results, plt, output_dir):
-    lines = ["| run | passed | failed | skipped | failures, skip reasons |", "| --- | --- | --- | --- | --- |"]
+    rows = []
     for name, run in results.items():
         if "not_measured" in run:
-            lines.append(f"| {name} | not measured, because {run['not_measured']} | | | |")
+            rows.append([name, f"not measured, because {run['not_measured']}", "", "", ""])
             continue
         notes = "; ".join(run["failures"] + [f"skipped: {reason}" for reason in run["skip_reasons"]])
-        lines.append(f"| {name} | {run['passed']} | {run['failed']} | {run['skipped']} | {notes} |")
-    return "\n".join(lines), []
+        rows.append([name, run["passed"], run["failed"], run["skipped"], notes])
+    return table(["run", "passed", "failed", "skipped", "failures, skip reasons"], rows), []
 
 
 def saved(figure, plt, output_dir: Path, name: str, title: str) -> str:
@@ -139,24 +135,19 @@ def render_training(results, plt, output_dir):
         f"{per_token['length']}-token sentences of the largest preset: {per_token['per_source_token'] / 1e6:,.1f} "
         f"MFLOP per source token, {per_token['per_target_token'] / 1e6:,.1f} MFLOP per target token (output "
         "projection included).",
-        "",
-        "| preset | implementation | torch.compile | tokens/s | target tokens/s | vs Marian | peak memory MiB | TFLOP/s "
-        "| MFU |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
-    targets = []
+    targets, cells = [], []
     by_key = {(r["preset"], r["implementation"], r["compiled"]): r for r in results["rows"]}
     for row in results["rows"]:
-        key = (row["preset"], row["implementation"], row["compiled"])
+        key = [row["preset"], row["implementation"], "yes" if row["compiled"] else "no"]
         if "not_measured" in row:
-            compiled = "yes" if key[2] else "no"
-            lines.append(f"| {key[0]} | {key[1]} | {compiled} | not measured, because {row['not_measured']} |||||")
+            cells.append([*key, f"not measured, because {row['not_measured']}", *[""] * 5])
             continue
         speedup = ratio(row, by_key.get((row["preset"], "marian", row["compiled"]), {}), "tokens_per_s")
-        lines.append(
-            f"| {key[0]} | {key[1]} | {'yes' if key[2] else 'no'} | {fmt_rate(row['tokens_per_s'])} | "
-            f"{fmt_rate(row['target_tokens_per_s'])} | {f'{speedup:.2f}x' if speedup else 'n/a'} | "
-            f"{row['peak_memory_mib']:,.0f} | {row['tflops_per_s']:.3g} | {row['mfu']:.1%} |"
+        cells.append(
+            [*key, fmt_rate(row["tokens_per_s"]), fmt_rate(row["target_tokens_per_s"])]
+            + [f"{speedup:.2f}x" if speedup else "n/a", f"{row['peak_memory_mib']:,.0f}"]
+            + [f"{row['tflops_per_s']:.3g}", f"{row['mfu']:.1%}"]
         )
         if row["implementation"] == "vaswani":
             label = f"{row['preset']} training, {'compiled' if row['compiled'] else 'eager'}: >= 1.2x Marian"
@@ -178,7 +169,10 @@ def render_training(results, plt, output_dir):
         color=["C0" if r["implementation"] == "vaswani" else "C1" for r in measured_rows],
     )
     axis.set(ylabel="training tokens/s (source + target)", title=f"Training speed, {precision}")
-    return "\n".join(lines + [saved(figure, plt, output_dir, "gpu_training.png", "training speed")]), targets
+    header = ["preset", "implementation", "torch.compile", "tokens/s", "target tokens/s", "vs Marian"]
+    header += ["peak memory MiB", "TFLOP/s", "MFU"]
+    lines += ["", table(header, cells), saved(figure, plt, output_dir, "gpu_training.png", "training speed")]
+    return "\n".join(lines), targets
 
 
 SEARCHES = {"beam1": "greedy", "beam4": "beam 4", "paper_beam4": "the paper's beam 4"}
@@ -191,39 +185,29 @@ def render_generation(results, plt, output_dir):
         "tokens/s counts the generated (target) tokens. Beam 4 is transformers' beam search for both models; the "
         "paper's beam 4 is vaswani's default decoding. x eager: against the same model's eager row at that batch "
         "(CTranslate2: against vaswani's); x Marian: vaswani against MarianMTModel with the same engine and batch.",
-        "",
-        "| batch | model | engine | "
-        + " | ".join(f"{name} sentences/s | {name} tokens/s | x eager" for name in SEARCHES.values())
-        + " | x Marian (greedy, beam 4) |",
-        "| --- | --- | --- | " + " | ".join("--- | --- | ---" for _ in SEARCHES) + " | --- |",
     ]
-    targets = []
+    targets, cells = [], []
     rows = [{"model": "vaswani", **row} for row in results["rows"]]  # reports before Marian's rows: vaswani's alone
     measured_rows = [row for row in rows if "not_measured" not in row]
     eager = {(row["model"], row["batch"]): row for row in measured_rows if row["engine"] == "eager"}
     peers = {(row["engine"], row["batch"]): row for row in measured_rows if row["model"] == "marian"}
     for row in rows:
-        label = f"| {row['batch']} | {row['model']} | {row['engine']} |"
+        label = [row["batch"], row["model"], row["engine"]]
         if "not_measured" in row:
-            lines.append(f"{label} not measured, because {row['not_measured']} |" + " |" * (3 * len(SEARCHES)))
+            cells.append([*label, f"not measured, because {row['not_measured']}", *[""] * (3 * len(SEARCHES))])
             continue
         base = eager.get(("vaswani" if row["engine"].startswith("CTranslate2") else row["model"], row["batch"]), {})
         speedups = {search: ratio(row, base, f"{search}_sentences_per_s") for search in SEARCHES}
-        cells = []
-        for search in SEARCHES:
-            key = f"{search}_sentences_per_s"
-            if key not in row:
-                cells.append(" | | ")
+        rates = []
+        for search, speedup in speedups.items():
+            if f"{search}_sentences_per_s" not in row:
+                rates += ["", "", ""]
                 continue
-            speedup = speedups[search]
-            cells.append(
-                f"{fmt_rate(row[key])} | {fmt_rate(row[f'{search}_tokens_per_s'])} | "
-                + (f"{speedup:.2f}x" if speedup else "")
-            )
+            rates += [fmt_rate(row[f"{search}_sentences_per_s"]), fmt_rate(row[f"{search}_tokens_per_s"])]
+            rates.append(f"{speedup:.2f}x" if speedup else "")
         peer = peers.get((row["engine"], row["batch"])) if row["model"] == "vaswani" else None
         against = [ratio(row, peer or {}, f"beam{beams}_sentences_per_s") for beams in (1, 4)]
-        versus = ", ".join(f"{value:.2f}x" for value in against if value) if peer else ""
-        lines.append(f"{label} {' | '.join(cells)} | {versus} |")
+        cells.append([*label, *rates, ", ".join(f"{value:.2f}x" for value in against if value) if peer else ""])
         if row["model"] == "vaswani" and row["engine"] == "static cache + compile":
             paper = speedups["paper_beam4"]
             targets.append(
@@ -247,6 +231,9 @@ def render_generation(results, plt, output_dir):
         )
         axis.set(title=name, ylabel="sentences/s", yscale="log")
         axis.tick_params(axis="x", labelsize=6, rotation=60)
+    header = ["batch", "model", "engine"]
+    header += [f"{name} {column}" for name in SEARCHES.values() for column in ("sentences/s", "tokens/s", "x eager")]
+    lines += ["", table([*header, "x Marian (greedy, beam 4)"], cells)]
     return "\n".join(lines + [saved(figure, plt, output_dir, "gpu_generation.png", "generation speed")]), targets
 
 
@@ -260,11 +247,13 @@ def render_time_to_bleu(results, plt, output_dir):
         + (" (training stopped early by the run's deadline)" if results["stopped_by_deadline"] else "")
         + ".",
         "",
-        "| training minutes | steps | training loss | test BLEU |",
-        "| --- | --- | --- | --- |",
-    ]
-    lines += [
-        f"| {p['minutes']:.1f} | {p['steps']:,} | {p['train_loss']:.3f} | {p['bleu']:.2f} |" for p in results["points"]
+        table(
+            ["training minutes", "steps", "training loss", "test BLEU"],
+            [
+                [f"{p['minutes']:.1f}", f"{p['steps']:,}", f"{p['train_loss']:.3f}", f"{p['bleu']:.2f}"]
+                for p in results["points"]
+            ],
+        ),
     ]
     last = results["points"][-1] if results["points"] else None
     reached = f"{last['bleu']:.2f} after {last['minutes']:.1f} min" if last else "n/a"
@@ -284,17 +273,11 @@ def render_profile(results, plt, output_dir):
             lines += [f"{title}: not measured, because {run['not_measured']}.", ""]
             continue
         shares = ", ".join(f"{kind} {share:.1%}" for kind, share in run["shares"].items())
-        lines += [
-            f"{title}: {run['total_ms']:.1f} ms of {run['timed']}; {shares}.",
-            "",
-            "| kernel | kind | calls | ms | share |",
-            "| --- | --- | --- | --- | --- |",
-            *(
-                f"| `{top['kernel']}` | {top['kind']} | {top['calls']} | {top['ms']:.2f} | {top['share']:.1%} |"
-                for top in run["top"]
-            ),
-            "",
+        kernels = [
+            [f"`{t['kernel']}`", t["kind"], t["calls"], f"{t['ms']:.2f}", f"{t['share']:.1%}"] for t in run["top"]
         ]
+        lines += [f"{title}: {run['total_ms']:.1f} ms of {run['timed']}; {shares}.", ""]
+        lines += [table(["kernel", "kind", "calls", "ms", "share"], kernels), ""]
     return "\n".join(lines), []
 
 
@@ -303,16 +286,26 @@ def render_chunk_sweep(results, plt, output_dir):
         f"The loss's values per chunk on the device (the default is 2^26), the {results['preset']} preset eager, "
         f"{results['batch_tokens']:,} source tokens a batch:",
         "",
-        "| values per chunk | tokens/s | peak memory MiB |",
-        "| --- | --- | --- |",
     ]
-    for point in results["points"]:
-        size = f"2^{int(math.log2(point['chunk_elements']))}"
-        if "not_measured" in point:
-            lines.append(f"| {size} | not measured, because {point['not_measured']} | |")
-        else:
-            lines.append(f"| {size} | {fmt_rate(point['tokens_per_s'])} | {point['peak_memory_mib']:,.0f} |")
-    return "\n".join(lines), []
+    columns = ("tokens/s", "peak memory MiB")
+    cells = [
+        [f"2^{int(math.log2(point['chunk_elements']))}", *point_cells(point, columns)] for point in results["points"]
+    ]
+    return "\n".join(lines + [table(["values per chunk", *columns], cells)]), []
+
+
+POINT_COLUMNS = {
+    "tokens/s": lambda point: fmt_rate(point["tokens_per_s"]),
+    "MFU": lambda point: f"{point['mfu']:.1%}",
+    "peak memory MiB": lambda point: f"{point['peak_memory_mib']:,.0f}",
+}
+
+
+def point_cells(point: dict, columns) -> list:
+    """A training point's cells under `columns` (of POINT_COLUMNS), or why it was not measured."""
+    if "not_measured" in point:
+        return [f"not measured, because {point['not_measured']}", *[""] * (len(columns) - 1)]
+    return [POINT_COLUMNS[column](point) for column in columns]
 
 
 def render_batch_sweep(results, plt, output_dir):
@@ -320,23 +313,13 @@ def render_batch_sweep(results, plt, output_dir):
         f"vaswani, eager, pairs of {results['length']} tokens, against the source tokens of a batch (as many target "
         "tokens):",
         "",
-        "| preset | source tokens a batch | tokens/s | MFU | peak memory MiB |",
-        "| --- | --- | --- | --- | --- |",
     ]
+    columns = ("tokens/s", "MFU", "peak memory MiB")
+    cells = [[p["preset"], f"{p['batch_tokens']:,}", *point_cells(p, columns)] for p in results["points"]]
+    lines.append(table(["preset", "source tokens a batch", *columns], cells))
     figure, axis = plt.subplots(figsize=(6, 4))
     for preset in dict.fromkeys(point["preset"] for point in results["points"]):
-        points = [point for point in results["points"] if point["preset"] == preset]
-        for point in points:
-            if "not_measured" in point:
-                lines.append(
-                    f"| {preset} | {point['batch_tokens']:,} | not measured, because {point['not_measured']} |||"
-                )
-            else:
-                lines.append(
-                    f"| {preset} | {point['batch_tokens']:,} | {fmt_rate(point['tokens_per_s'])} | {point['mfu']:.1%} "
-                    f"| {point['peak_memory_mib']:,.0f} |"
-                )
-        shown = [point for point in points if "tokens_per_s" in point]
+        shown = [point for point in results["points"] if point["preset"] == preset and "tokens_per_s" in point]
         axis.plot(
             [p["batch_tokens"] for p in shown], [p["tokens_per_s"]["median"] for p in shown], marker="o", label=preset
         )

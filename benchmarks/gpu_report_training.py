@@ -1,7 +1,6 @@
-"""The GPU report's two measurements of training beyond benchmarks/benchmark.py's speed: where the time of one step
-goes (`profile_training`, part 2's `profile` section, run in a benchmark worker with `--measure profile`), and how
-soon the paper's recipe translates well (`time_to_bleu`, part 1's section). Not a tool:
-benchmarks/gpu_report_measure.py runs them (`python -m benchmarks.gpu_report_measure --help`).
+"""The GPU report's training measurements beyond benchmarks/benchmark.py's: where one step's time goes
+(`profile_training`) and how soon the paper's recipe translates well (`time_to_bleu`). Not a tool:
+`python -m benchmarks.gpu_report_measure` runs them.
 """
 
 import contextlib
@@ -110,29 +109,17 @@ def profile_training(measure, args) -> dict:
 
 def time_to_bleu(args, sizes, deadline, publish) -> dict:
     """The paper's recipe on the prepared corpus for the time left (at most `sizes.bleu_minutes` of training), test
-    BLEU every `sizes.bleu_every_minutes`.
-
-    The recipe's own step (`vaswani.training.step.train_step`: label smoothing 0.1, the loss summed over the step's
-    target tokens) over the numpy corpus: token-bucket batches of about 25,000 source and 25,000 target tokens
-    (`TokenBucketSampler`, taken a step at a time by `StepBatches` from a `TrainState`), Adam (0.9, 0.98, 1e-9), the
-    preset's dropout, `Accelerator(mixed_precision="bf16")` on a GPU, eager: compiling costs a minute of a few minutes'
-    run (vaswani-train compiles on a GPU by default, for runs of hours; `--torch_compile false` for a short one). The
-    schedule is the paper's
-    (`inverse_sqrt_schedule`), scaled to the run: the paper warms up for 4,000 of 100,000 steps and peaks at
-    d_model^-0.5 x 4000^-0.5; here the warmup is the same 4% of the steps the run will take (counted from the speed
-    of 10 calibration steps, on weights then thrown away), the peak the same. BLEU: the package's own decoding
-    (`translate_batch`, the pipeline's: the paper's beam 4 and length penalty 0.6, as `vaswani-evaluate` decodes)
-    and sacreBLEU's corpus BLEU on the first `bleu_pairs` test pairs; evaluation time is not counted as training.
-    The evaluations fit in the deadline: the untrained model's decoding of the longest batch (it runs to the length
-    limit, the slowest an evaluation gets) sets the time kept for each, and training stops while the last one fits.
-    """
+    BLEU of the paper's beam search every `sizes.bleu_every_minutes`, evaluations not counted as training. The warmup is
+    the paper's 4% of the steps the run will take (timed on 10 calibration steps), the peak the paper's; the untrained
+    model's decoding of the longest sentences sets the time kept for each evaluation. Eager: compiling would cost a
+    minute of a few minutes' run."""
     import sacrebleu
     from accelerate import Accelerator
     from transformers import AutoTokenizer
 
     from benchmarks.gpu_report_prepare import CarriedPairs
     from vaswani import VaswaniConfig, VaswaniForConditionalGeneration
-    from vaswani.modeling.pipeline_vaswani import translate_batch
+    from vaswani.modeling.pipeline_vaswani import longest_first, translate_batch
     from vaswani.training.batching import StepBatches, TokenBucketSampler
     from vaswani.training.checkpoints import TrainState
     from vaswani.training.schedule import inverse_sqrt_schedule, paper_peak_lr
@@ -146,7 +133,7 @@ def time_to_bleu(args, sizes, deadline, publish) -> dict:
     tokenizer = AutoTokenizer.from_pretrained(corpus_dir / "tokenizer")
     test = json.loads((corpus_dir / "test.json").read_text())
     test_sources, references = test["sources"][: sizes.bleu_pairs], test["references"][: sizes.bleu_pairs]
-    by_length = sorted(range(len(test_sources)), key=lambda i: -len(test_sources[i]))  # less padding, longest first
+    by_length = longest_first([len(text) for text in test_sources])  # less padding
     size = sizes.bleu_eval_batch
     batches = [by_length[start : start + size] for start in range(0, len(by_length), size)]
     config = VaswaniConfig.from_preset(sizes.bleu_preset, **tokenizer_ids(tokenizer))
@@ -174,6 +161,7 @@ def time_to_bleu(args, sizes, deadline, publish) -> dict:
         state.add_step(result, time.perf_counter() - start)  # train_step ends in a sync: the time is its own
         return result.loss / result.target_tokens
 
+    # translate_batch, not vaswani.evaluation's translate(): that imports `evaluate`, which the carry leaves out.
     def translated(model, rows) -> list[str]:
         model.eval()
         with torch.no_grad(), accelerator.autocast():

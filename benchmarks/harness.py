@@ -1,6 +1,5 @@
-"""The harness every benchmark runs on: a fresh process per measurement, alternating rounds, the memory of a process
-tree sampled with psutil, the machine and versions a figure was taken with, and the JSON and Markdown page it is
-written to. Not a tool: the tools of benchmarks/ import it (run them from the checkout's root, benchmarks/README.md).
+"""What every benchmark runs on: a fresh process per measurement, alternating rounds, CTranslate2's timing, the memory
+of a process tree, the machine and versions, and the JSON and Markdown page. Not a tool.
 """
 
 import datetime

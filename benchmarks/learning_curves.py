@@ -3,32 +3,10 @@
     python -m benchmarks.learning_curves [--variants vaswani:tensor2tensor vaswani:fairseq vaswani:fairseq+bias marian]
                                          [--seeds 1 2] [--max_steps 1500] [--report_only]
 
-Run from the root of a checkout with the `test` extra installed (benchmarks/README.md). Every run trains one variant from one seed on the same corpus (the main job's, scripts/main_job.sh), with the same
-recipe and the same batches in the same order: the training pairs of --dataset_dir tokenized with --tokenizer,
-TokenBucketSampler batches of --batch_tokens seeded by the run's seed, Adam (0.9, 0.98, 1e-9), warmup then inverse
-square root peaking at --peak_lr, label smoothing 0.1 and the preset's dropout, float32, one process on the CPU. Every
-step is the recipe's own, `vaswani.training.step.train_step`, for both models: the same function of their logits
-(vaswani's label-smoothed cross-entropy, summed over the step's target tokens and divided by their number), so the
-recipe is identical and only the models differ. Variants:
-- vaswani:SCHEME: VaswaniForConditionalGeneration with `init_scheme=SCHEME` (configuration_vaswani.INIT_SCHEMES);
-- vaswani:SCHEME+bias: the same with biases in the attention projections (`attention_bias=True`), as Marian and
-  fairseq have them and the paper's equations do not; building them draws every other weight anew from the seed;
-- vaswani:SCHEME+bias-paired: the same biases, added at zero to the run of vaswani:SCHEME from the same seed: every
-  other initial weight and every dropout mask are that run's, so the two differ by the biases alone;
-- marian: transformers' MarianMTModel of the same sizes (ReLU, post-norm, sinusoidal positions, scaled and tied
-  embeddings: benchmarks.benchmark.marian_config), with its own initialisation (N(0, 0.02)), attention biases
-  and final-logits bias.
-The seed also draws the initial weights (`torch.manual_seed` before the model is built) and the dropout masks.
-
-Every --eval_steps steps: the training loss per target token of the steps since the last evaluation, and the
-validation split's cross-entropy per target token (no label smoothing, dropout off), and the same with every target
-beside another pair's source (`other_sources`): the gap between the two is what the model reads from its source, which
-the plot's second panel draws. At the end: test BLEU (sacreBLEU) of beam 4 with length penalty 0.6 on the first
---bleu_samples test pairs. A run is written to OUTPUT_DIR/runs/VARIANT-seedN.json when done; while it runs, a resume
-state (weights, Adam's moments, schedule, random state, and the run's `TrainState`: steps taken and where in the
-batches) is saved every --eval_steps steps next to it, so a stopped run continues where it stopped (bit-identical) and
-finished runs are skipped. Each time a run ends, OUTPUT_DIR/learning_curves.{md,png} are rewritten from all finished
-runs.
+Every run trains one variant from one seed with the recipe's own step on the same batches in the same order, takes
+the validation NLL every --eval_steps steps (and beside other pairs' sources: what the source is worth) and test BLEU
+at the end. Runs resume where they stopped and finished ones are skipped: OUTPUT_DIR/runs/VARIANT-seedN.json, and
+OUTPUT_DIR/learning_curves.{md,png} rewritten as each ends. The variants and the recipe: docs/benchmarks/README.md.
 """
 
 import json

@@ -4,28 +4,9 @@ processes of its own, one after the other.
     python -m benchmarks.preprocess --corpus CORPUS --tokenizer TOK --workdir WORK [--workers 2] [--languages en es]
                                     [--fairseq_python PY] [--output docs/benchmarks/preprocess]
 
-Run from the root of a checkout with the `test` extra installed (benchmarks/README.md); fairseq runs in its own
-environment (scripts/install_fairseq.sh prints its Python, the one --fairseq_python names). CORPUS is a DatasetDict
-(scripts/prepare_data.py, or `python -m benchmarks.data_scale prepare`'s corpus_N), TOK its shared BPE
-(scripts/train_tokenizer.py). Three steps, each a process of its own:
-
-1. bpe: the train, validation and test pairs written as fairseq reads them, one sentence a line, its BPE tokens
-   separated by spaces (TOK's own tokens, which hold no whitespace; no </s>, which fairseq adds): what a fairseq
-   user runs before fairseq-preprocess (subword-nmt or sentencepiece), here TOK's encoder, batched, on --workers
-   threads.
-2. fairseq: `fairseq-preprocess --joined-dictionary --dataset-impl mmap --workers W` over those files: the shared
-   dictionary, then the binarised splits.
-3. vaswani: the first tokenization `vaswani-train` makes (`vaswani.training.data.tokenize_split` of the three splits,
-   `num_proc` W, the command's default limits of 256 tokens), from the text straight to ids in the Arrow cache next
-   to each split; the cache is deleted first.
-
-For each: wall seconds; CPU seconds of all its processes (getrusage of the waited children); pairs per second per
-worker (train pairs / wall seconds / W); the peak of the summed resident memory (RSS) and of the summed anonymous
-memory (RSS - shared) of its processes, sampled with psutil every 0.2 s; the bytes it wrote. fairseq's speed is
-given for step 2 alone and for steps 1 + 2; vaswani's step 3 does both. The train split's token count (</s>
-included) of fairseq's log and of vaswani's ids must be the same: the same BPE.
-
-Writes OUTPUT.json and OUTPUT.md.
+CORPUS is a DatasetDict of scripts/prepare_data.py, TOK its shared BPE; fairseq runs in the Python of
+scripts/install_fairseq.sh (--fairseq_python). Steps: the BPE text fairseq reads, fairseq-preprocess, vaswani's
+first tokenization. Writes OUTPUT.json and OUTPUT.md; how it measures: docs/benchmarks/README.md.
 """
 
 import argparse
@@ -177,7 +158,7 @@ def render(result):
     lines = [
         "# vaswani's tokenization beside fairseq-preprocess",
         "",
-        f"Written by `python -m benchmarks.preprocess` (its docstring says how each figure is measured); "
+        f"Written by `python -m benchmarks.preprocess` (docs/benchmarks/README.md says how each figure is measured); "
         f"{harness.describe(result)}: {result['train_pairs']:,} train pairs of `{result['corpus']}` with the BPE of "
         f"`{result['tokenizer']}`, {result['workers']} workers each.",
         "",

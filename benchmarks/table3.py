@@ -3,22 +3,11 @@
     python -m benchmarks.table3 [--width_divisor 4] [--layer_divisor 2] [--max_steps 1200] [--seeds 1 2]
                                 [--rows base "(A) h=1" ...] [--quick] [--report_only]
 
-Run from the root of a checkout with the `test` extra installed (benchmarks/README.md). Each row is the paper's base
-model with the row's change (vaswani.configuration.table3), every width (d_model, d_ff, d_k, d_v) divided by
---width_divisor and every layer count by --layer_divisor: with the defaults the base row has d_model 128, d_ff 512,
-8 heads of 16 dimensions and 3+3 layers. Every row trains on the same corpus (the main job's, scripts/main_job.sh)
-with the same recipe, batches, steps and seed (benchmarks.learning_curves' loop: Adam (0.9, 0.98, 1e-9), warmup then
-inverse square root peaking at --peak_lr, the row's dropout and label smoothing, float32, one CPU process; a row of
-another d_model peaks where equation 3 puts it, --peak_lr * (base d_model / d_model)^0.5), then is
-scored as the paper scores Table 3 on its development set: perplexity per target token of the validation split (the
-exponential of its cross-entropy, no label smoothing) and BLEU (sacreBLEU) of the paper's beam search (beam 4,
-length penalty 0.6, up to the source length + 50) on the first --bleu_samples validation pairs. --quick is a
-rehearsal: widths divided by 16, 4 steps, 4 BLEU pairs.
-
-A run is written to OUTPUT_DIR/runs/ROW-seedN.json when done (resumable, as learning_curves' runs are); each time one
-ends, OUTPUT_DIR/table3.{md,json,png} are rewritten from the finished runs: each row beside the paper's figures, and
-which of the paper's findings the miniature reproduces, from each seed; the PNG draws each row's change of dev
-perplexity against the base row, the paper's against the miniature's.
+Each row is the base model with the row's change (vaswani.configuration.table3), widths divided by --width_divisor
+and layer counts by --layer_divisor, trained with learning_curves' loop on the same batches, then scored by dev
+perplexity and the paper's beam search's dev BLEU. --quick rehearses it (widths / 16, 4 steps, 4 BLEU pairs). Runs
+resume as learning_curves' do; OUTPUT_DIR/table3.{md,json,png} are rewritten as each ends, each row beside the
+paper's figures. The recipe: docs/benchmarks/README.md.
 """
 
 import json

@@ -3,19 +3,9 @@ adds a prefix space.
 
     python -m benchmarks.verse_blocks [--output_dir outputs/verse_blocks] [--block 30] [--vocab_size 8000]
 
-The main job's corpus (scripts/prepare_data.py) assigns whole chapters to its splits by a hash and learns a BPE
-without a prefix space. This setting cuts the same Bible another way: every verse pair that the corpus's cleaning
-keeps (vaswani.corpora.bible.bible_pairs; the SWORD modules are read from --cache_dir, fetched there if missing), in
-the Bible's order, in blocks of --block consecutive verses; the blocks are shuffled (numpy, --seed), then the last
---test_fraction of the pairs are the test split and the --valid_fraction before them the validation split. A
-byte-level BPE of --vocab_size tokens that adds a prefix space is learned on both sides of the training split.
-
-Writes OUTPUT_DIR/data (a DatasetDict, as prepare_data.py writes it) and OUTPUT_DIR/tokenizer, which
-benchmarks.learning_curves reads:
-
-    python -m benchmarks.learning_curves --dataset_dir outputs/verse_blocks/data \\
-        --tokenizer outputs/verse_blocks/tokenizer --batch_tokens 4096 --peak_lr 1.28e-3 \\
-        --output_dir docs/benchmarks/learning_curves/verse_blocks
+Every verse pair the corpus's cleaning keeps, in blocks of --block consecutive verses, shuffled (--seed); the last
+--test_fraction is the test split, the --valid_fraction before it the validation split. Writes OUTPUT_DIR/data and
+OUTPUT_DIR/tokenizer for `benchmarks.learning_curves --dataset_dir ... --tokenizer ...` (docs/benchmarks/README.md).
 """
 
 from dataclasses import dataclass, field
