@@ -1,6 +1,6 @@
 """The whole model on ONNX Runtime (docs/exports.md, "ONNX"): `vaswani.export.onnx.export` writes the encoder and the
-decoder's steps with their caches, with dynamic batch and length axes, and the folder's translate.py translates as greedy `generate()` does,
-in a Python environment that has no torch."""
+decoder's steps with their caches, with dynamic batch and length axes, and the folder's translate.py translates as
+greedy `generate()` does, in a Python environment that has no torch."""
 
 import importlib.util
 import subprocess
