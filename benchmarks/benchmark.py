@@ -1,12 +1,12 @@
 """Speed and memory of vaswani next to its peers, measured side by side on the same machine.
 
     python -m benchmarks.benchmark [--device cpu|cuda] [--preset tiny|small|base|big]
-                                   [--dtype float32|bfloat16|float16] [--compile] [--output_dir docs/benchmarks]
+                                   [--dtype float32|bfloat16|float16] [--output_dir docs/benchmarks]
 
 Rows: vaswani, `MarianMTModel` of the same sizes, CTranslate2 (generation only). Columns: the recipe's training step
 (tokens/s, peak memory, MFU against the measured matmul ceiling), greedy and beam-4 generation forced to one length,
 the ratio to Marian; then the training step swept over length and batch tokens. Every measurement runs in a fresh
-process. Writes `<device>_<preset>_<dtype>[_compile].{json,md}` in --output_dir; how it measures:
+process. Writes `<device>_<preset>_<dtype>.{json,md}` in --output_dir; how it measures:
 docs/benchmarks/README.md.
 """
 
@@ -350,10 +350,6 @@ class BenchmarkArguments:
     sweep_lengths: list[int] = field(default_factory=lambda: [32, 64, 128, 256, 512, 1024])
     sweep_batch_tokens: list[int] = field(default_factory=lambda: [1024, 2048, 4096, 8192])
     no_ctranslate2: bool = field(default=False, metadata={"help": "leave out the CTranslate2 rows"})
-    compile: bool = field(
-        default=False,
-        metadata={"help": "generate with a static KV cache and torch.compile (vaswani and Marian alike)"},
-    )
     output_dir: str = "docs/benchmarks"
     # What the main process tells a measuring process (run_worker): which implementation, which sweep point, what.
     implementation: str | None = field(default=None, metadata={"help": argparse.SUPPRESS})
@@ -361,6 +357,7 @@ class BenchmarkArguments:
     measure: Literal["all", "train", "generate", "profile"] = field(
         default="all", metadata={"help": argparse.SUPPRESS}
     )
+    compile: bool = field(default=False, metadata={"help": argparse.SUPPRESS})  # generation: static cache, compiled
     autocast: bool = field(default=False, metadata={"help": argparse.SUPPRESS})
     compile_training: bool = field(default=False, metadata={"help": argparse.SUPPRESS})
     chunk_elements: int | None = field(default=None, metadata={"help": argparse.SUPPRESS})
@@ -421,10 +418,9 @@ def main(argv) -> dict:
     results = {implementation: pool_rounds(measured) for implementation, measured in rounds.items()}
     rows, table = main_table(results, ceiling)
     device_name = torch.cuda.get_device_name() if args.device == "cuda" else f"CPU, {torch.get_num_threads()} threads"
-    decoding = ", generation with a static KV cache and torch.compile" if args.compile else ""
     facts = harness.environment("torch", "transformers")
     header = (
-        f"## {args.preset} preset, {args.dtype}, {device_name}{decoding}\n\n"
+        f"## {args.preset} preset, {args.dtype}, {device_name}\n\n"
         f"{harness.describe(facts)}. Training batch {args.batch_tokens} source + {args.batch_tokens} target "
         f"tokens of length {args.train_length}; generation of {args.gen_batch} sentences of "
         f"{args.gen_source_length} tokens into exactly {args.gen_length} tokens; median (min-max) of "
@@ -439,7 +435,7 @@ def main(argv) -> dict:
     length_title = f"### Training step against sequence length ({args.batch_tokens} source tokens a batch)"
     tokens_title = f"### Training step against batch tokens (length {args.train_length})"
     page = "\n\n".join([header, table, sweep_table(length_title, by_length), sweep_table(tokens_title, by_tokens)])
-    stem = f"{args.device}_{args.preset}_{args.dtype}" + ("_compile" if args.compile else "")
+    stem = f"{args.device}_{args.preset}_{args.dtype}"
     report = {"settings": asdict(args), "device": device_name, "torch": torch.__version__, **facts}
     report |= {"matmul_ceiling": ceiling, "rows": rows, "raw": results, "sweep": sweep_points}
     harness.write_page(Path(args.output_dir) / stem, report, page + "\n")

@@ -1,15 +1,15 @@
 """Decoding speed of a trained model next to its peers, on the same test sentences, in one run.
 
     python -m benchmarks.decoding --model outputs/main_job/model --dataset_dir outputs/main_job/data
-                                  [--samples 200] [--batch_size 32] [--threads 2] [--rounds 2] [--profile]
+                                  [--samples 200] [--batch_size 32] [--threads 2] [--rounds 2]
                                   [--output_dir docs/benchmarks]
 
 The first --samples test sentences, batched as `vaswani-evaluate` batches them, by each engine alone in a fresh
 process, --rounds alternating rounds (the fastest kept): vaswani's three decodings in float32 and two in int8,
 `MarianMTModel` holding the same weights, CTranslate2 float32 and int8 and ONNX Runtime where installed (timed where
 torch never loads). Each row says how many translations equal the default decoding's, with their BLEU and chrF.
-`--profile` adds where one decoding's time goes. Writes `decoding_cpu.{json,md}` (`--under_load`:
-`decoding_cpu_under_load.*`) in --output_dir; how it measures: docs/benchmarks/README.md.
+Writes `decoding_cpu.{json,md}` (`--under_load`: `decoding_cpu_under_load.*`) in --output_dir; how it measures:
+docs/benchmarks/README.md.
 """
 
 import argparse
@@ -82,7 +82,6 @@ class DecodingBenchmarkArguments:
     batch_size: int = 32
     threads: int = field(default=2, metadata={"help": "torch's and CTranslate2's threads"})
     rounds: int = field(default=2, metadata={"help": "timed rounds, engines alternating; each row's fastest"})
-    profile: bool = field(default=False, metadata={"help": "also profile one decoding of each of vaswani's decodings"})
     under_load: bool = field(
         default=False,
         metadata={"help": "time every engine while a busy loop runs on each core (decoding_cpu_under_load.*)"},
@@ -152,62 +151,6 @@ def marian_translate(marian, tokenizer, sentences, batch_size, options):
     return answers
 
 
-PARTS = {  # profiler range -> the module of the model it times
-    "encoder": lambda m: [m.model.encoder],
-    "decoder self-attention": lambda m: [layer.self_attn for layer in m.model.decoder.layers],
-    "encoder-decoder attention": lambda m: [layer.encoder_attn for layer in m.model.decoder.layers],
-    "decoder feed-forward": lambda m: [layer.feed_forward for layer in m.model.decoder.layers],
-    "decoder Add & Norm": lambda m: [
-        norm
-        for layer in m.model.decoder.layers
-        for norm in (layer.self_attn_layer_norm, layer.encoder_attn_layer_norm, layer.final_layer_norm)
-    ],
-    "output projection": lambda m: [m.lm_head],
-}
-
-
-def profile(model, decode, sentences) -> dict:
-    """Seconds of one decoding under torch's profiler, and the share of each part: the model's parts (PARTS, marked
-    by module hooks, Python inside them included), the operators the search runs outside the model (log-softmax,
-    cache reordering and selection, top-k), and the rest: the search's other operators and Python between them
-    (`generate()`'s set-up, the length limit, masks, the bookkeeping of hypotheses)."""
-    from torch.profiler import ProfilerActivity, record_function
-    from torch.profiler import profile as torch_profile
-
-    hooks, open_ranges = [], []
-    for name, modules in PARTS.items():
-        for module in modules(model):
-
-            def enter(module, args, name=name):
-                open_ranges.append(record_function(name).__enter__())
-
-            def leave(module, args, output):
-                open_ranges.pop().__exit__(None, None, None)
-
-            hooks += [module.register_forward_pre_hook(enter), module.register_forward_hook(leave)]
-    try:
-        with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
-            start = time.perf_counter()
-            decode(sentences)
-            seconds = time.perf_counter() - start
-    finally:
-        for hook in hooks:
-            hook.remove()
-    events = prof.key_averages()
-    total_us = seconds * 1e6
-    shares = {name: sum(e.cpu_time_total for e in events if e.key == name) / total_us for name in PARTS}
-    # The model's parts call no log-softmax, top-k or index_select: their time is all the search's.
-    outside = {
-        "log-softmax": ("aten::log_softmax", "aten::_log_softmax"),
-        "cache reordering and selection": ("aten::index_select",),
-        "top-k": ("aten::topk",),
-    }
-    for label, names in outside.items():
-        shares[label] = sum(e.self_cpu_time_total for e in events if e.key in names) / total_us
-    shares["the rest: the search's other operators and Python"] = max(0.0, 1.0 - sum(shares.values()))
-    return {"seconds": seconds, "shares": shares}
-
-
 def markdown(results: dict) -> str:
     rows, sentences = results["rows"], results["sentences"]
     reference = rows.get("CTranslate2 float32, beam 4", {}).get("seconds")
@@ -221,23 +164,12 @@ def markdown(results: dict) -> str:
     header = [
         "engine", "seconds", "x CTranslate2 float32 (same search)", "same translation as the default", "BLEU", "chrF"
     ]  # fmt: skip
-    lines = [
+    return (
         f"Decoding {sentences} test sentences, batches of {results['batch_size']}, {results['threads']} threads, "
         f"fastest of {results['rounds']} alternating rounds; {harness.describe(results)}{results['conditions']}. "
         "Each engine alone: every decoding in a fresh process, the CTranslate2 model exported beforehand in another, "
-        "CTranslate2 timed in processes where torch was never loaded.",
-        "",
-        harness.table(header, cells),
-    ]
-    for name, profiled in results.get("profile", {}).items():
-        shares = [[part, f"{share:.0%}"] for part, share in profiled["shares"].items()]
-        lines += [
-            "",
-            f"Where one decoding's {profiled['seconds']:.2f} s go, {name}:",
-            "",
-            harness.table(["part", "share"], shares),
-        ]
-    return "\n".join(lines) + "\n"
+        f"CTranslate2 timed in processes where torch was never loaded.\n\n{harness.table(header, cells)}\n"
+    )
 
 
 def measure_once(args, name: str, sentences: list[str], tokenizer, exports: dict[str, Path]) -> dict:
@@ -248,9 +180,7 @@ def measure_once(args, name: str, sentences: list[str], tokenizer, exports: dict
         job.write_text(json.dumps({"threads": args.threads, "batch_size": args.batch_size, "sentences": sentences}))
         return harness.run_json(["-c", ONNX_TIMING, exports["onnx"], job])
     if not name.startswith("CTranslate2"):
-        settings = {
-            key: value for key, value in asdict(args).items() if key not in ("engine", "profile", "under_load")
-        }
+        settings = {key: value for key, value in asdict(args).items() if key not in ("engine", "under_load")}
         forwarded = [f"--{key}={value}" for key, value in settings.items() if not isinstance(value, bool)]
         forwarded += [f"--{key}" for key, value in settings.items() if value is True]
         return harness.run_json(["-m", "benchmarks.decoding", *forwarded, "--engine", name])
@@ -350,11 +280,6 @@ def main(argv=None) -> dict:
         }
         if "torch_loaded" in measured[0]:
             results["rows"][name]["torch_loaded"] = any(m["torch_loaded"] for m in measured)
-    if args.profile:
-        results["profile"] = {}
-        for name in list(VASWANI_DECODINGS)[:3]:  # float32's
-            with torch.inference_mode():
-                results["profile"][name] = profile(model, engine(name, args, model, tokenizer), sentences)
     stem = "decoding_cpu_under_load" if args.under_load else "decoding_cpu"
     harness.write_page(Path(args.output_dir) / stem, results, markdown(results))
     return results

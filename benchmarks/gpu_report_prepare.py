@@ -9,7 +9,7 @@ command.
 Needs a package index. Writes into --carry_dir (at most --max_mib): corpus/ (the training pairs as numpy arrays, the
 first test pairs, the tokenizer); wheels/ (what the report needs and the machine lacks, GPU_MACHINE_PACKAGES being
 what it has; never torch or CUDA's); build/ (what builds the checkout); requirements.json (what is left to the
-machine, which `--check` verifies there); run.sh. `--corpus_only` writes corpus/ alone.
+machine, which `--check` verifies there); run.sh.
 """
 
 import importlib.metadata
@@ -26,7 +26,7 @@ from packaging.markers import default_environment
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from benchmarks.harness import REPO
+from benchmarks.harness import REPO, folder_bytes
 from vaswani.checks import UsageError
 from vaswani.cli import command, parse_arguments
 
@@ -103,7 +103,6 @@ class PrepareArguments:
     target_lang: str = "es"
     test_pairs: int = field(default=1000, metadata={"help": "test pairs written for BLEU"})
     carry_dir: str = field(default=".gpu_carry", metadata={"help": "where the corpus, wheels and run.sh go"})
-    corpus_only: bool = field(default=False, metadata={"help": "write the corpus alone: no wheels, no run.sh"})
     python_version: str = field(
         default=GPU_MACHINE_PYTHON, metadata={"help": "the Python the wheels are for (the GPU machine's)"}
     )
@@ -299,10 +298,6 @@ def check_environment(carry: Path):
     print(f"{sys.executable} meets {carry}'s {len(requirements['left_to_machine'])} requirements and its wheels")
 
 
-def folder_mib(folder: Path) -> float:
-    return sum(path.stat().st_size for path in folder.rglob("*") if path.is_file()) / 2**20
-
-
 @command
 def main(argv) -> dict:
     (args,) = parse_arguments([PrepareArguments], argv, description=__doc__.split("\n\n")[0])
@@ -313,29 +308,27 @@ def main(argv) -> dict:
     prepare_corpus(
         args.dataset_dir, args.tokenizer, carry / "corpus", args.source_lang, args.target_lang, args.test_pairs
     )
-    result = {"carry_dir": str(carry)}
-    if not args.corpus_only:
-        carried, left_to_machine = carried_packages(report_requirements(), args.python_version)
-        result["wheels"] = download_wheels(carried, carry / "wheels", args.python_version)
-        download_wheels(build_requirements(), carry / "build", args.python_version)
-        named = sorted(set(carried) | {Requirement(line).name for line in left_to_machine})
-        record = {
-            "python": args.python_version,
-            "carried": carried,
-            "left_to_machine": left_to_machine,
-            "machine_versions": {name: GPU_MACHINE_PACKAGES.get(name) for name in named},
-        }
-        (carry / "requirements.json").write_text(json.dumps(record, indent=1) + "\n")
-        shutil.copyfile(Path(__file__).with_name("gpu_report_run.sh"), carry / "run.sh")
-        result.update(record)
-    result["mib"] = mib = folder_mib(carry)
+    carried, left_to_machine = carried_packages(report_requirements(), args.python_version)
+    wheels = download_wheels(carried, carry / "wheels", args.python_version)
+    download_wheels(build_requirements(), carry / "build", args.python_version)
+    named = sorted(set(carried) | {Requirement(line).name for line in left_to_machine})
+    record = {
+        "python": args.python_version,
+        "carried": carried,
+        "left_to_machine": left_to_machine,
+        "machine_versions": {name: GPU_MACHINE_PACKAGES.get(name) for name in named},
+    }
+    (carry / "requirements.json").write_text(json.dumps(record, indent=1) + "\n")
+    shutil.copyfile(Path(__file__).with_name("gpu_report_run.sh"), carry / "run.sh")
+    result = {"carry_dir": str(carry), "wheels": wheels, **record}
+    result["mib"] = mib = folder_bytes([carry]) / 2**20
     if args.max_mib and mib > args.max_mib:
         raise UsageError(f"{carry} holds {mib:.1f} MiB, more than --max_mib {args.max_mib:g}")
-    parts = ", ".join(f"{part.name} {folder_mib(part):.1f} MiB" for part in sorted(carry.iterdir()) if part.is_dir())
-    print(f"{carry}: {mib:.1f} MiB ({parts})")
-    if not args.corpus_only:
-        print(f"wheels carried: {', '.join(result['wheels']) or 'none'}")
-        print(f"on the GPU machine, from the checkout's root: bash {carry}/run.sh OUTPUT_DIR")
+    parts = ", ".join(
+        f"{part.name} {folder_bytes([part]) / 2**20:.1f} MiB" for part in sorted(carry.iterdir()) if part.is_dir()
+    )
+    print(f"{carry}: {mib:.1f} MiB ({parts}); wheels carried: {', '.join(wheels) or 'none'}")
+    print(f"on the GPU machine, from the checkout's root: bash {carry}/run.sh OUTPUT_DIR")
     return result
 
 
