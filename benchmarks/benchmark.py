@@ -3,20 +3,19 @@
     python -m benchmarks.benchmark [--device cpu|cuda] [--preset tiny|small|base|big]
                                    [--dtype float32|bfloat16|float16] [--output_dir docs/benchmarks]
 
-Rows: vaswani, `MarianMTModel` of the same sizes, CTranslate2 (generation only). Columns: the recipe's training step
-(tokens/s, peak memory, MFU against the measured matmul ceiling), greedy and beam-4 generation forced to one length,
-the ratio to Marian; then the training step swept over length and batch tokens. Every measurement runs in a fresh
-process. Writes `<device>_<preset>_<dtype>.{json,md}` in --output_dir; how it measures:
-docs/benchmarks/README.md.
+Writes `<device>_<preset>_<dtype>.{json,md}` in --output_dir: vaswani, `MarianMTModel` of the same sizes and
+CTranslate2 (generation only) by the recipe's training step (tokens/s, MFU, peak memory) and greedy and beam-4
+generation, then the training step against length and batch tokens. How it measures: docs/benchmarks/README.md.
 """
 
 import argparse
+import functools
 import json
 import re
 import statistics
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
@@ -40,12 +39,6 @@ def memory_status(field: str) -> int:
     return int(re.search(rf"{field}:\s+(\d+) kB", Path("/proc/self/status").read_text()).group(1)) * 1024
 
 
-def reset_peak_memory() -> int:
-    """Start measuring the peak resident memory afresh (Linux); return the resident memory now, the baseline."""
-    Path("/proc/self/clear_refs").write_text("5")
-    return memory_status("VmRSS")
-
-
 def marian_config(config):
     """transformers' MarianMTModel configured as the paper's model of `config`'s sizes: ReLU, post-norm, sinusoidal
     positions, sqrt(d_model)-scaled embeddings tied across encoder, decoder and output."""
@@ -53,14 +46,9 @@ def marian_config(config):
 
     same = "vocab_size d_model encoder_layers decoder_layers encoder_attention_heads decoder_attention_heads dropout"
     same += " encoder_ffn_dim decoder_ffn_dim max_position_embeddings pad_token_id bos_token_id eos_token_id"
-    return MarianConfig(
-        **{name: getattr(config, name) for name in [*same.split(), "decoder_start_token_id"]},
-        activation_function="relu",
-        scale_embedding=True,
-        share_encoder_decoder_embeddings=True,
-        tie_word_embeddings=True,
-        forced_eos_token_id=None,
-    )
+    sizes = {name: getattr(config, name) for name in [*same.split(), "decoder_start_token_id"]}
+    paper = {"activation_function": "relu", "scale_embedding": True, "share_encoder_decoder_embeddings": True}
+    return MarianConfig(**sizes, **paper, tie_word_embeddings=True, forced_eos_token_id=None)
 
 
 def build_model(implementation: str, preset: str, max_positions: int):
@@ -68,9 +56,8 @@ def build_model(implementation: str, preset: str, max_positions: int):
 
     from vaswani import VaswaniConfig, VaswaniForConditionalGeneration
 
-    config = VaswaniConfig.from_preset(
-        preset, vocab_size=VOCAB_SIZE, max_position_embeddings=max_positions, **SPECIAL_IDS
-    )
+    sizes = {"vocab_size": VOCAB_SIZE, "max_position_embeddings": max_positions}
+    config = VaswaniConfig.from_preset(preset, **sizes, **SPECIAL_IDS)
     if implementation == "vaswani":
         return VaswaniForConditionalGeneration(config)
     return MarianMTModel(marian_config(config))
@@ -100,13 +87,9 @@ def random_ids(batch: int, length: int, device) -> torch.Tensor:
 
 
 def flops_per_token(config, length: int) -> tuple[int, int]:
-    """Model FLOPs of training on one source token and on one target token, in pairs of `length`-token sentences.
-
-    The forward pass's matrix multiplications (2 FLOPs a multiply-add), times 3 for forward and backward. Attention
-    counts every key position, the causal half included, as MFU figures usually do; Marian's biases are left out, so
-    both implementations are credited with the same work. A source token pays for the encoder and for its keys and
-    values in every encoder-decoder attention; a target token for the decoder and the output projection.
-    """
+    """Model FLOPs of training on one source token and on one target token, in pairs of `length`-token sentences: the
+    forward pass's matrix multiplications (2 FLOPs a multiply-add) times 3. Attention counts every key position, the
+    causal half included; Marian's biases are left out, so that both are credited with the same work."""
     d = config.d_model
     attention = 2 * length * d  # Q K^T and the weighted sum of V, per query token
     encoder_layer = 4 * d * d + attention + 2 * d * config.encoder_ffn_dim
@@ -124,9 +107,8 @@ def training_step_flops(config, batch: int, length: int) -> int:
 
 
 def matmul_ceiling(device: torch.device, dtype: torch.dtype, size: int | None = None) -> dict:
-    """The FLOP/s of a large square matrix multiplication in `dtype` (`size` rows; by default 8192 on CUDA, 2048 on
-    the CPU), the best of 10: the ceiling MFU is quoted against (a peak, so the fastest repetition, which a busy
-    moment on a shared machine cannot pull down)."""
+    """The FLOP/s of a square matrix multiplication in `dtype` (`size` rows; 8192 on CUDA, 2048 on the CPU), the best
+    of 10: the ceiling MFU is quoted against."""
     size = size or (8192 if device.type == "cuda" else 2048)
     left, right = (torch.randn(size, size, device=device, dtype=dtype) for _ in range(2))
     timer = Timer(device)
@@ -138,8 +120,7 @@ def matmul_ceiling(device: torch.device, dtype: torch.dtype, size: int | None = 
 
 def measure_training(model, args, length: int, batch_tokens: int) -> dict:
     """The recipe's training steps (`train_step`, label smoothing 0.1, the recipe's Adam) on one fixed batch of random
-    pairs of `length` tokens: the times and each step's loss per target token. --autocast trains in bf16 mixed
-    precision over float32 weights; --compile_training compiles the model before `accelerator.prepare`."""
+    pairs of `length` tokens: the times and each step's loss per target token."""
     from accelerate import Accelerator
 
     from vaswani.modeling.modeling_vaswani import VaswaniLabelSmoothedCrossEntropy, shift_tokens_right
@@ -159,9 +140,7 @@ def measure_training(model, args, length: int, batch_tokens: int) -> dict:
     timer, losses = Timer(device), []
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
-    for step in range(args.warmup + args.repeats):  # the warm-up also compiles
-        if step == args.warmup:
-            timer.times.clear()
+    for _ in range(args.warmup + args.repeats):  # the warm-up also compiles
         with timer:
             result = train_step(accelerator, step_model, optimizer, None, [pair], LABEL_SMOOTHING)
         losses.append(result.loss / result.target_tokens)
@@ -187,17 +166,17 @@ def measure_generation(model, args, num_beams: int, paper_decoding: bool = False
         options |= {"cache_implementation": "static", "compile_config": compile_config}
     options |= {"num_beams": num_beams, "length_penalty": 0.6, "attention_mask": torch.ones_like(source)}
     timer = Timer(device)
-    for step in range(args.warmup + args.repeats):  # the warm-up also compiles
+    for _ in range(args.warmup + args.repeats):  # the warm-up also compiles
         with torch.inference_mode(), timer:
             output = model.generate(source, min_new_tokens=args.gen_length, max_new_tokens=args.gen_length, **options)
     assert output.shape == (args.gen_batch, args.gen_length + 1), output.shape
-    sentences = args.gen_batch
-    return {"times": timer.times[-args.repeats :], "sentences": sentences, "tokens": sentences * args.gen_length}
+    amounts = {"sentences": args.gen_batch, "tokens": args.gen_batch * args.gen_length}
+    return {"times": timer.times[-args.repeats :], **amounts}
 
 
 def export_for_ctranslate2(args, quantization: str) -> dict:
     """The random-weight model exported for CTranslate2 into --export_dir, with the source batch as token strings
-    (`source.json`): CTranslate2 is then timed in a process of its own (`ctranslate2_timing`), where torch never ran."""
+    (`source.json`), for `ctranslate2_timing` to time where torch never ran."""
     from vaswani.export.ctranslate2 import export, vocabulary
 
     model = build_model("vaswani", args.preset, args.max_positions).eval()
@@ -209,9 +188,8 @@ def export_for_ctranslate2(args, quantization: str) -> dict:
 
 
 def measure_ctranslate2(args, implementation: str, folder: Path, timeout=None) -> dict:
-    """CTranslate2's greedy and beam-4 generation (`implementation`: "ctranslate2:QUANTIZATION"), alone: the model
-    exported into `folder` by a process of its own where not yet, then timed in a fresh process that never imports
-    torch, --warmup untimed and --repeats timed repetitions, the output length forced as for the others."""
+    """CTranslate2's greedy and beam-4 generation (`implementation`: "ctranslate2:QUANTIZATION"), the output length
+    forced as for the others: exported into `folder` where not yet, then timed where torch never ran."""
     if not (folder / "source.json").exists():
         run_worker(args, implementation, export_dir=folder, timeout=timeout)
     job = {"model_dir": str(folder), "device": args.device, "threads": torch.get_num_threads()}
@@ -219,18 +197,18 @@ def measure_ctranslate2(args, implementation: str, folder: Path, timeout=None) -
     job |= {"batches": [json.loads((folder / "source.json").read_text())], "length": args.gen_length}
     job |= {"warmup": args.warmup, "repeats": args.repeats}
     measured = harness.time_ctranslate2(job, folder, timeout)
+    amounts = {"sentences": args.gen_batch, "tokens": args.gen_batch * args.gen_length}
     results = {}
     for name, decoding in measured["decodings"].items():
         assert all(len(tokens) == args.gen_length for tokens in decoding["outputs"]), decoding["outputs"]
-        sentences, loaded = args.gen_batch, measured["torch_loaded"]
-        results[name] = {"times": decoding["times"], "sentences": sentences, "tokens": sentences * args.gen_length}
-        results[name]["torch_loaded"] = loaded
+        results[name] = {"times": decoding["times"], **amounts, "torch_loaded": measured["torch_loaded"]}
     return results
 
 
 def worker(args) -> dict:
     """One fresh process: one implementation's measurements (or one sweep point)."""
-    args.baseline_rss = reset_peak_memory()
+    Path("/proc/self/clear_refs").write_text("5")  # the peak resident memory (VmHWM) measured afresh from here
+    args.baseline_rss = memory_status("VmRSS")
     torch.manual_seed(0)
     if args.implementation.startswith("ctranslate2"):
         return export_for_ctranslate2(args, quantization=args.implementation.split(":")[1])
@@ -241,9 +219,7 @@ def worker(args) -> dict:
     if args.measure == "profile":
         from benchmarks.gpu_report_training import profile_training
 
-        def measure(options):
-            return measure_training(model, options, args.train_length, args.batch_tokens)
-
+        measure = functools.partial(measure_training, model, length=args.train_length, batch_tokens=args.batch_tokens)
         return {"profile": profile_training(measure, args)}
     results = {}
     if args.measure in ("all", "generate"):
@@ -258,10 +234,8 @@ def worker(args) -> dict:
 def run_worker(args, implementation: str, sweep_point=None, timeout=None, export_dir=None) -> dict:
     """One measurement in a fresh process (so that memory figures do not leak from one to the next); for a
     CTranslate2 implementation, its export into `export_dir`."""
-    command = ["-m", "benchmarks.benchmark", "--implementation", implementation, *args.forwarded()]
-    command += ["--sweep_point", *sweep_point] if sweep_point else []
-    command += ["--export_dir", export_dir] if export_dir else []
-    return harness.run_json(command, timeout=timeout)
+    one = asdict(replace(args, implementation=implementation, sweep_point=sweep_point, export_dir=export_dir))
+    return harness.run_json(["-m", "benchmarks.benchmark", "--worker", json.dumps(one, default=str)], timeout=timeout)
 
 
 def pool_rounds(measured: list[dict]) -> dict:
@@ -280,58 +254,72 @@ def fmt_ratio(ours: dict | None, theirs: dict | None) -> str:
     return f"{ours['median'] / theirs['median']:.2f}x" if ours and theirs else "n/a"
 
 
-def main_table(results: dict, ceiling: dict) -> tuple[list[dict], str]:
-    rows = []
-    for name, result in results.items():
-        row = {"implementation": name}
-        if "train" in result:
-            row["train_tokens_per_s"] = harness.summarise(result["train"]["times"], result["train"]["tokens"])
-            row["train_flops_per_s"] = harness.summarise(result["train"]["times"], result["train"]["flops"])
-            row["train_mfu"] = row["train_flops_per_s"]["median"] / ceiling["flops_per_s"]
-            row["train_peak_memory_mib"] = result["train"]["peak_memory"] / 2**20
-        for beams in (1, 4):
-            gen = result[f"generate_beam{beams}"]
-            row[f"beam{beams}_sentences_per_s"] = harness.summarise(gen["times"], gen["sentences"])
-            row[f"beam{beams}_tokens_per_s"] = harness.summarise(gen["times"], gen["tokens"])
-        rows.append(row)
+def summary_row(implementation: str, result: dict, ceiling: dict) -> dict:
+    """An implementation's rates (median, lowest, highest), MFU and peak memory, from its pooled measurements."""
+    row = {"implementation": implementation}
+    if "train" in result:
+        train = result["train"]
+        row["train_tokens_per_s"] = harness.summarise(train["times"], train["tokens"])
+        row["train_flops_per_s"] = harness.summarise(train["times"], train["flops"])
+        row["train_mfu"] = row["train_flops_per_s"]["median"] / ceiling["flops_per_s"]
+        row["train_peak_memory_mib"] = train["peak_memory"] / 2**20
+    for beams in (1, 4):
+        generated = result[f"generate_beam{beams}"]
+        for amount in ("sentences", "tokens"):
+            row[f"beam{beams}_{amount}_per_s"] = harness.summarise(generated["times"], generated[amount])
+    return row
+
+
+def main_table(rows: list[dict]) -> str:
     marian = next(row for row in rows if row["implementation"] == "marian")
+    against_marian = ("train_tokens_per_s", "beam1_sentences_per_s", "beam4_sentences_per_s")
     cells = []
     for row in rows:
         trained = "train_mfu" in row
         flops = f"{row['train_flops_per_s']['median'] / 1e12:.3g} ({row['train_mfu']:.1%})" if trained else "n/a"
-        rates = [row.get("train_tokens_per_s")] + [
-            row[f"beam{b}_{n}_per_s"] for b in (1, 4) for n in ("sentences", "tokens")
-        ]
-        ratios = [
-            fmt_ratio(row.get(key), marian.get(key))
-            for key in ("train_tokens_per_s", "beam1_sentences_per_s", "beam4_sentences_per_s")
-        ]
         memory = f"{row['train_peak_memory_mib']:,.0f}" if trained else "n/a"
-        cells.append(
-            [
-                row["implementation"],
-                harness.fmt_rate(rates[0]),
-                flops,
-                memory,
-                *map(harness.fmt_rate, rates[1:]),
-                *ratios,
-            ]
-        )
+        train = harness.fmt_rate(row.get("train_tokens_per_s"))
+        rates = [row[f"beam{beams}_{amount}_per_s"] for beams in (1, 4) for amount in ("sentences", "tokens")]
+        ratios = [fmt_ratio(row.get(key), marian.get(key)) for key in against_marian]
+        cells.append([row["implementation"], train, flops, memory, *map(harness.fmt_rate, rates), *ratios])
     header = ["implementation", "train tokens/s", "train TFLOP/s (MFU)", "train peak MiB", "greedy sent/s"]
     header += ["greedy tok/s", "beam-4 sent/s", "beam-4 tok/s", "train vs Marian", "greedy vs Marian"]
-    return rows, harness.table([*header, "beam-4 vs Marian"], cells)
+    return harness.table([*header, "beam-4 vs Marian"], cells)
 
 
-def sweep_table(title: str, points: list[dict]) -> str:
+def sweep_table(title: str, sweep: list[dict], axis: str) -> str:
     cells = []
-    for point in points:
+    for point in (p for p in sweep if p["sweep_axis"] == axis):
         times_ms = [t * 1000 for t in point["times"]]
         median = f"{statistics.median(times_ms):,.1f} ({min(times_ms):,.1f}-{max(times_ms):,.1f})"
-        cells.append(
-            [point["implementation"], point["length"], point["batch"], median, f"{point['peak_memory'] / 2**20:,.0f}"]
-        )
+        memory = f"{point['peak_memory'] / 2**20:,.0f}"
+        cells.append([point["implementation"], point["length"], point["batch"], median, memory])
     header = ["implementation", "length", "batch (sentences)", "ms/step (min-max)", "peak MiB"]
     return f"{title}\n\n" + harness.table(header, cells)
+
+
+def page(args, report: dict) -> str:
+    """The page of a report: its settings, the main table, then the training step against length and batch tokens."""
+    ceiling = report["matmul_ceiling"]
+    header = (
+        f"## {args.preset} preset, {args.dtype}, {report['device']}\n\n"
+        f"{harness.describe(report)}. Training batch {args.batch_tokens} source + {args.batch_tokens} target "
+        f"tokens of length {args.train_length}; generation of {args.gen_batch} sentences of "
+        f"{args.gen_source_length} tokens into exactly {args.gen_length} tokens; median (min-max) of "
+        f"{args.rounds} processes x {args.repeats} repetitions after {args.warmup} warm-up (main table; the "
+        f"sweeps: 1 process each). MFU: model FLOPs of the training step "
+        f"(matrix multiplications, forward and backward) per second over the measured {args.dtype} "
+        f"matrix-multiply ceiling of this device, {ceiling['flops_per_s'] / 1e12:.3g} TFLOP/s "
+        f"({ceiling['size']}x{ceiling['size']} matrices)."
+    )
+    length_title = f"### Training step against sequence length ({args.batch_tokens} source tokens a batch)"
+    tokens_title = f"### Training step against batch tokens (length {args.train_length})"
+    sweep = report["sweep"]
+    tables = [sweep_table(length_title, sweep, "length"), sweep_table(tokens_title, sweep, "batch_tokens")]
+    return "\n\n".join([header, main_table(report["rows"]), *tables]) + "\n"
+
+
+HIDDEN = {"help": argparse.SUPPRESS}  # a measuring process's arguments, not the user's
 
 
 @dataclass
@@ -351,36 +339,27 @@ class BenchmarkArguments:
     sweep_batch_tokens: list[int] = field(default_factory=lambda: [1024, 2048, 4096, 8192])
     no_ctranslate2: bool = field(default=False, metadata={"help": "leave out the CTranslate2 rows"})
     output_dir: str = "docs/benchmarks"
-    # What the main process tells a measuring process (run_worker): which implementation, which sweep point, what.
-    implementation: str | None = field(default=None, metadata={"help": argparse.SUPPRESS})
-    sweep_point: list[int] | None = field(default=None, metadata={"help": argparse.SUPPRESS})
-    measure: Literal["all", "train", "generate", "profile"] = field(
-        default="all", metadata={"help": argparse.SUPPRESS}
-    )
-    compile: bool = field(default=False, metadata={"help": argparse.SUPPRESS})  # generation: static cache, compiled
-    autocast: bool = field(default=False, metadata={"help": argparse.SUPPRESS})
-    compile_training: bool = field(default=False, metadata={"help": argparse.SUPPRESS})
-    chunk_elements: int | None = field(default=None, metadata={"help": argparse.SUPPRESS})
-    export_dir: str | None = field(default=None, metadata={"help": argparse.SUPPRESS})
+    # A measuring process's settings (run_worker), as JSON: which implementation, which sweep point, what to measure.
+    worker: str | None = field(default=None, metadata=HIDDEN)
+    implementation: str | None = field(default=None, metadata=HIDDEN)
+    sweep_point: list[int] | None = field(default=None, metadata=HIDDEN)
+    measure: Literal["all", "train", "generate", "profile"] = field(default="all", metadata=HIDDEN)
+    compile: bool = field(default=False, metadata=HIDDEN)  # generation: static cache, compiled
+    autocast: bool = field(default=False, metadata=HIDDEN)  # training: bf16 mixed precision over float32 weights
+    compile_training: bool = field(default=False, metadata=HIDDEN)  # training: compiled before accelerator.prepare
+    chunk_elements: int | None = field(default=None, metadata=HIDDEN)
+    export_dir: str | None = field(default=None, metadata=HIDDEN)
 
     @property
     def max_positions(self):
         return max([*self.sweep_lengths, self.train_length, self.gen_source_length + self.gen_length]) + 1
 
-    def forwarded(self):
-        """The arguments a measuring process needs to measure what this one would."""
-        names = "device preset dtype batch_tokens train_length gen_batch gen_source_length gen_length repeats warmup"
-        forwarded = [f"--{name}={getattr(self, name)}" for name in [*names.split(), "measure"]]
-        forwarded += [f"--{flag}" for flag in ("compile", "autocast", "compile_training") if getattr(self, flag)]
-        forwarded += [f"--chunk_elements={self.chunk_elements}"] if self.chunk_elements else []
-        return [*forwarded, "--sweep_lengths", *map(str, self.sweep_lengths)]
-
 
 @command
 def main(argv) -> dict:
     (args,) = parse_arguments([BenchmarkArguments], argv, description=__doc__.split("\n\n")[0])
-    if args.implementation:
-        print(json.dumps(worker(args)))
+    if args.worker:
+        print(json.dumps(worker(BenchmarkArguments(**json.loads(args.worker)))))
         return {}
     if args.device == "cuda" and not torch.cuda.is_available():
         raise UsageError("--device cuda asked for, but torch sees no CUDA device.")
@@ -389,9 +368,7 @@ def main(argv) -> dict:
         quantizations = ["float32", "int8"] if args.device == "cpu" else ["float16", "int8_float16"]
         implementations += [f"ctranslate2:{q}" for q in quantizations]
     sweep = [("length", impl, (length, args.batch_tokens)) for length in args.sweep_lengths for impl in PEERS]
-    sweep += [
-        ("batch_tokens", impl, (args.train_length, tokens)) for tokens in args.sweep_batch_tokens for impl in PEERS
-    ]
+    sweep += [("batch_tokens", impl, (args.train_length, n)) for n in args.sweep_batch_tokens for impl in PEERS]
 
     ceiling = matmul_ceiling(torch.device(args.device), getattr(torch, args.dtype))
     sweep_points = []
@@ -416,29 +393,11 @@ def main(argv) -> dict:
                 progress.update()
 
     results = {implementation: pool_rounds(measured) for implementation, measured in rounds.items()}
-    rows, table = main_table(results, ceiling)
+    rows = [summary_row(implementation, result, ceiling) for implementation, result in results.items()]
     device_name = torch.cuda.get_device_name() if args.device == "cuda" else f"CPU, {torch.get_num_threads()} threads"
-    facts = harness.environment("torch", "transformers")
-    header = (
-        f"## {args.preset} preset, {args.dtype}, {device_name}\n\n"
-        f"{harness.describe(facts)}. Training batch {args.batch_tokens} source + {args.batch_tokens} target "
-        f"tokens of length {args.train_length}; generation of {args.gen_batch} sentences of "
-        f"{args.gen_source_length} tokens into exactly {args.gen_length} tokens; median (min-max) of "
-        f"{args.rounds} processes x {args.repeats} repetitions after {args.warmup} warm-up (main table; the "
-        f"sweeps: 1 process each). MFU: model FLOPs of the training step "
-        f"(matrix multiplications, forward and backward) per second over the measured {args.dtype} "
-        f"matrix-multiply ceiling of this device, {ceiling['flops_per_s'] / 1e12:.3g} TFLOP/s "
-        f"({ceiling['size']}x{ceiling['size']} matrices)."
-    )
-    by_length = [p for p in sweep_points if p["sweep_axis"] == "length"]
-    by_tokens = [p for p in sweep_points if p["sweep_axis"] == "batch_tokens"]
-    length_title = f"### Training step against sequence length ({args.batch_tokens} source tokens a batch)"
-    tokens_title = f"### Training step against batch tokens (length {args.train_length})"
-    page = "\n\n".join([header, table, sweep_table(length_title, by_length), sweep_table(tokens_title, by_tokens)])
-    stem = f"{args.device}_{args.preset}_{args.dtype}"
-    report = {"settings": asdict(args), "device": device_name, "torch": torch.__version__, **facts}
+    report = {"settings": asdict(args), "device": device_name, **harness.environment("torch", "transformers")}
     report |= {"matmul_ceiling": ceiling, "rows": rows, "raw": results, "sweep": sweep_points}
-    harness.write_page(Path(args.output_dir) / stem, report, page + "\n")
+    harness.write_page(Path(args.output_dir) / f"{args.device}_{args.preset}_{args.dtype}", report, page(args, report))
     return report
 
 

@@ -1,8 +1,6 @@
-"""What benchmarks/data_scale.py builds and runs in its WORK folder: the synthetic corpora, the tokenizers, the Hub's
-layout of a corpus, and the measured launches of scripts/train.py. Not a tool: `python -m benchmarks.data_scale`.
-"""
+"""What benchmarks/data_scale.py builds and runs in WORK: the corpora, the tokenizer, the Hub's layout of a corpus,
+the measured launches of scripts/train.py. Not a tool."""
 
-import hashlib
 import json
 import os
 import random
@@ -18,8 +16,8 @@ from pathlib import Path
 from benchmarks import harness
 
 
-POLL_SECONDS = 0.05  # between two reads of train_log.jsonl
 PACKAGES = ("torch", "datasets", "accelerate", "transformers", "tokenizers")
+LAUNCH = {"preset": "tiny", "vocab": 4000, "max_steps": 40, "steady_after": 10}  # --logging_steps 1
 TRAIN_SETTINGS = (  # every launch's, beside its corpus, tokenizer, preset, steps and logging
     "--batch_tokens 2000 --lr_schedule short --peak_lr 1e-3 --warmup_steps 130 --save_steps 100000 --average_last 1 "
     "--save_total_limit 1 --eval_steps 0 --eval_bleu_samples 0 --report_to none"
@@ -30,20 +28,18 @@ TRAIN_SETTINGS = (  # every launch's, beside its corpus, tokenizer, preset, step
 
 
 def built(what, target, build, *arguments):
-    """build(*arguments, TARGET.partial), then renamed to `target`, unless `target` exists; says how long it took."""
+    """build(*arguments, TARGET.partial) renamed to `target`, unless `target` exists."""
     if target.exists():
         print(f"{what}: {target} is there, skipped", flush=True)
-        return target
+        return
     start, partial = time.perf_counter(), target.with_name(target.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
     build(*arguments, partial)
     partial.rename(target)
     print(f"{what}: built {target} in {time.perf_counter() - start:,.0f} s", flush=True)
-    return target
 
 
 def train_tokenizer(dataset_dir, vocab_size, target):
-    """The project's own BPE training, scripts/train_tokenizer.py, on a corpus."""
     command = ["scripts/train_tokenizer.py", "--dataset_dir", dataset_dir, "--vocab_size", vocab_size]
     command = [sys.executable, *map(str, command), "--output_dir", str(target)]
     subprocess.run(command, cwd=harness.REPO, check=True, stdout=subprocess.DEVNULL)
@@ -69,7 +65,7 @@ def shuffle_words(batch, indices, rows_per_copy):
 
 
 def build_corpus(dataset_dir, rows, target):
-    """The corpus's train split repeated to `rows` pairs (copies with shuffled words), validation and test unchanged."""
+    """The train split repeated to `rows` pairs (copies with shuffled words), validation and test unchanged."""
     from datasets import DatasetDict, concatenate_datasets, load_from_disk
 
     source = load_from_disk(str(dataset_dir))
@@ -92,8 +88,7 @@ def build_corpus(dataset_dir, rows, target):
 
 
 def write_hub_layout(corpus, config, target):
-    """corpus_N's splits as the Hub serves a translation dataset (wmt14: fr-en/train-00000-of-00030.parquet, ...):
-    Parquet shards of 1M rows in a configuration folder, each row {"translation": {...}} alone."""
+    """corpus_N as the Hub serves a translation dataset: CONFIG/train-00000-of-00036.parquet, ..., 1M rows a shard."""
     from datasets import load_from_disk
 
     (target / config).mkdir(parents=True)
@@ -105,6 +100,17 @@ def write_hub_layout(corpus, config, target):
             dataset.shard(shards, index, contiguous=True).to_parquet(str(path))
 
 
+def train_rows(path):
+    from datasets import load_from_disk
+
+    return load_from_disk(str(path))["train"].num_rows
+
+
+def cache_files(corpus):
+    """vaswani-train's tokenized cache beside each split of a DatasetDict."""
+    return sorted(Path(corpus).glob("*/vaswani-*"))
+
+
 # --- One measured launch of train.py. ---
 
 
@@ -113,27 +119,20 @@ def runs_train_script(argv):
     return Path(next((argument for argument in argv[1:] if not argument.startswith("-")), "")).name == "train.py"
 
 
-def process_roles(commands, parents):
-    """'training' for a process running train.py, 'child' for any process under one, 'other' (the launcher); from
-    each process's command line and parent pid, over the processes of one launch."""
-    roles = {}
-    for pid, argv in commands.items():
-        ancestors, parent = [], parents[pid]
-        while parent in commands:
-            ancestors.append(parent)
-            parent = parents[parent]
-        if any(runs_train_script(commands[ancestor]) for ancestor in ancestors):
-            roles[pid] = "child"
-        else:
-            roles[pid] = "training" if runs_train_script(argv) else "other"
-    return roles
+def process_role(pid, now):
+    """In a ProcessTree sample: 'training' (runs train.py), 'child' (under a training process) or 'other'."""
+    parent = now[pid][0]
+    while parent in now:
+        if runs_train_script(now[parent][1]):
+            return "child"
+        parent = now[parent][0]
+    return "training" if runs_train_script(now[pid][1]) else "other"
 
 
 def sample(tree, peaks):
-    """One sample of a launch's processes into `peaks` (per process, by role); the summed RssAnon of the training
-    processes and their children."""
+    """One sample into `peaks` (per process, by role); returns the summed RssAnon of all but the launcher."""
     now = tree.sample()
-    roles = process_roles({pid: now[pid][1] for pid in now}, {pid: now[pid][0] for pid in now})
+    roles = {pid: process_role(pid, now) for pid in now}
     for pid, role in roles.items():
         peak = peaks.get(pid)
         if peak is None or peak["role"] != role:  # a new process, or one that has just exec'd train.py
@@ -144,48 +143,32 @@ def sample(tree, peaks):
 
 
 def read_records(log_path):
-    """The training records of train_log.jsonl written so far (a half-written last line is left for later)."""
-    records = []
-    for line in log_path.read_text().splitlines() if log_path.exists() else []:
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if "tokens_per_sec" in record:
-            records.append(record)
-    return records
+    """The training records of train_log.jsonl written so far."""
+    text = log_path.read_text() if log_path.exists() else ""
+    lines = text.splitlines()[: text.count("\n")]  # a half-written last line is left for later
+    return [record for record in map(json.loads, lines) if "tokens_per_sec" in record]
 
 
-def cache_files(corpus):
-    return sorted(corpus.glob("*/vaswani-*"))
+def provenance(command):
+    """A measured command line, where it ran, the machine and versions."""
+    return {"command": shlex.join(command), "cwd": str(harness.REPO), **harness.environment(*PACKAGES)}
 
 
-def code_version():
-    digest = hashlib.sha256((harness.REPO / "scripts" / "train.py").read_bytes()).hexdigest()[:12]
-    describe = ["git", "describe", "--always", "--dirty"]
-    commit = subprocess.run(describe, cwd=harness.REPO, capture_output=True, text=True, check=True).stdout.strip()
-    return f"{commit}, scripts/train.py sha256 {digest}"
-
-
-def measure(args, plan, corpus, processes, cache, tokenizer, label):
-    """One launch of train.py with `plan`'s settings (MEMORY or THROUGHPUT); its memory peaks, time to the first
-    record, tokens/s and how it ended."""
+def measure(args, corpus, processes, cache, tokenizer, label):
+    """One launch of train.py, killed at step LAUNCH["max_steps"]: memory peaks, time to step 1, tokens/s, status."""
     if cache == "first run":
         for path in cache_files(corpus):
             path.unlink()
     cache_before = len(cache_files(corpus))
-    for folder in ("runs", "logs"):
-        (args.workdir / folder).mkdir(parents=True, exist_ok=True)
     output_dir = Path(tempfile.mkdtemp(prefix=f"{label}_", dir=args.workdir / "runs"))
     train_args = ["--dataset_dir", str(corpus), "--tokenizer", str(tokenizer), "--output_dir", str(output_dir)]
-    train_args += [f"--preset={plan['preset']}", f"--max_steps={plan['max_steps']}"]
-    train_args += [f"--logging_steps={plan['log_every']}", *TRAIN_SETTINGS.split()]
+    train_args += [f"--preset={LAUNCH['preset']}", f"--max_steps={LAUNCH['max_steps']}", "--logging_steps=1"]
     launch = [sys.executable]
     if processes > 1:
         launch += ["-m", "accelerate.commands.launch", "--multi_gpu", f"--num_processes={processes}"]
         launch += "--num_machines 1 --mixed_precision no --dynamo_backend no".split()
         launch += [f"--main_process_port={harness.free_port()}"]
-    command = [*launch, "scripts/train.py", *train_args]
+    command = [*launch, "scripts/train.py", *train_args, *TRAIN_SETTINGS.split()]
     environment = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     log_path = args.workdir / "logs" / f"{label}.log"
     first_record_seconds, status, records, peaks, peak_anon_all = None, None, [], {}, 0
@@ -204,25 +187,23 @@ def measure(args, plan, corpus, processes, cache, tokenizer, label):
             records = read_records(output_dir / "train_log.jsonl")
             if records and first_record_seconds is None:
                 first_record_seconds = time.monotonic() - start
-            if any(record["step"] >= plan["max_steps"] for record in records):
+            if any(record["step"] >= LAUNCH["max_steps"] for record in records):
                 status = "ok"
             elif exited:
                 status = f"failed (exit code {process.returncode})"
             elif time.monotonic() - start > args.timeout:
                 status = f"timeout ({args.timeout:,.0f} s)"
             else:
-                time.sleep(POLL_SECONDS)
+                time.sleep(0.05)  # between two reads of train_log.jsonl
     finally:
         tree.kill(process)
         shutil.rmtree(output_dir, ignore_errors=True)
     training = [peak for peak in peaks.values() if peak["role"] == "training"]
-    steady = [record for record in records if record["step"] > plan["steady_after"]]
+    steady = [record["tokens_per_sec"] for record in records if record["step"] > LAUNCH["steady_after"]]
     return {
         "status": status,
-        "first_record_step": records[0]["step"] if records else None,
         "seconds_to_first_record": first_record_seconds,
-        "tokens_per_sec": statistics.median(r["tokens_per_sec"] for r in steady) if steady else None,
-        "tokens_per_sec_steps": [record["step"] for record in steady],
+        "tokens_per_sec": statistics.median(steady) if steady else None,
         "peak_rss_anon_per_process": max((peak["rss_anon"] for peak in training), default=None),
         "peak_rss_per_process": max((peak["rss"] for peak in training), default=None),
         "peak_rss_anon_all": peak_anon_all,
@@ -230,13 +211,8 @@ def measure(args, plan, corpus, processes, cache, tokenizer, label):
         "child_processes": [peak for peak in peaks.values() if peak["role"] == "child"],
         "cache_files_before": cache_before,
         "cache_files_after": len(cache_files(corpus)),
+        "bytes": sum(path.stat().st_size for path in cache_files(corpus)),
         "wall_seconds": time.monotonic() - start,
-        "preset": plan["preset"],
-        "tokenizer": str(tokenizer),
-        "dataset_dir": str(corpus),
-        "command": shlex.join(command),
-        "cwd": str(harness.REPO),
-        "code_version": code_version(),
         "log": str(log_path),
-        **harness.environment(*PACKAGES),
+        **provenance(command),
     }

@@ -4,31 +4,30 @@
                                   [--samples 200] [--batch_size 32] [--threads 2] [--rounds 2]
                                   [--output_dir docs/benchmarks]
 
-The first --samples test sentences, batched as `vaswani-evaluate` batches them, by each engine alone in a fresh
-process, --rounds alternating rounds (the fastest kept): vaswani's three decodings in float32 and two in int8,
-`MarianMTModel` holding the same weights, CTranslate2 float32 and int8 and ONNX Runtime where installed (timed where
-torch never loads). Each row says how many translations equal the default decoding's, with their BLEU and chrF.
-Writes `decoding_cpu.{json,md}` (`--under_load`: `decoding_cpu_under_load.*`) in --output_dir; how it measures:
-docs/benchmarks/README.md.
+Writes `decoding_cpu.{json,md}` in --output_dir: the time of vaswani's
+three decodings in float32 and two in int8, `MarianMTModel` holding the same weights, CTranslate2 float32 and int8
+and ONNX Runtime where installed, on the first --samples test sentences; how many translations equal the default
+decoding's, their BLEU and chrF. How it measures: docs/benchmarks/README.md.
 """
 
 import argparse
-import contextlib
 import importlib.util
 import json
 import os
-import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
+from transformers import MarianMTModel
 
 from benchmarks import harness
+from benchmarks.benchmark import marian_config
 from benchmarks.ctranslate2_timing import batches
 from vaswani.cli import command, parse_arguments
+from vaswani.evaluation.bleu import corpus_bleu, corpus_chrf, load_pairs, load_translation_model, translate
+from vaswani.modeling.pipeline_vaswani import translate_batch
 
 
 BEAM = {"num_beams": 4, "length_penalty": 0.6}
@@ -45,10 +44,6 @@ VASWANI_DECODINGS = {
 def marian_twin(model):
     """`MarianMTModel` computing what `model` computes: the same weights, zero attention and final-logits biases,
     and the model's own (interleaved) sinusoidal table in place of Marian's (sines and cosines in two halves)."""
-    from transformers import MarianMTModel
-
-    from benchmarks.benchmark import marian_config
-
     marian = MarianMTModel(marian_config(model.config)).eval()
     weights = {
         key.replace("feed_forward.", ""): value
@@ -82,10 +77,6 @@ class DecodingBenchmarkArguments:
     batch_size: int = 32
     threads: int = field(default=2, metadata={"help": "torch's and CTranslate2's threads"})
     rounds: int = field(default=2, metadata={"help": "timed rounds, engines alternating; each row's fastest"})
-    under_load: bool = field(
-        default=False,
-        metadata={"help": "time every engine while a busy loop runs on each core (decoding_cpu_under_load.*)"},
-    )
     output_dir: str = "docs/benchmarks"
     engine: str | None = field(default=None, metadata={"help": argparse.SUPPRESS})  # a measuring process's one engine
 
@@ -124,7 +115,7 @@ def engine_names() -> list[str]:
 def engine(name: str, args, model, tokenizer):
     """The function that translates a list of sentences into a list of translations, in order, as `name` does
     (vaswani's decodings and Marian's; CTranslate2's run in `benchmarks.ctranslate2_timing`)."""
-    from vaswani.evaluation.bleu import int8_linear_layers, translate
+    from vaswani.evaluation.bleu import int8_linear_layers
 
     if name in VASWANI_DECODINGS:
         options = {"batch_size": args.batch_size, **VASWANI_DECODINGS[name]}
@@ -139,8 +130,6 @@ def engine(name: str, args, model, tokenizer):
 def marian_translate(marian, tokenizer, sentences, batch_size, options):
     """`MarianMTModel.generate` in the same batches, limited as transformers' beam search of vaswani is: the padded
     source length + 50 (section 6.1; Marian's default limit is 20 tokens)."""
-    from vaswani.modeling.pipeline_vaswani import translate_batch
-
     answers = [None] * len(sentences)
     for chunk in batches(sentences, batch_size):
         texts = [sentences[i] for i in chunk]
@@ -161,9 +150,8 @@ def markdown(results: dict) -> str:
         ratio = f"{row['seconds'] / peer:.2f}x" if peer else ""
         same = f"{row['same_as_default']} of {sentences}"
         cells.append([name, f"{row['seconds']:.2f}", ratio, same, f"{row['bleu']:.2f}", f"{row['chrf']:.2f}"])
-    header = [
-        "engine", "seconds", "x CTranslate2 float32 (same search)", "same translation as the default", "BLEU", "chrF"
-    ]  # fmt: skip
+    header = ["engine", "seconds", "x CTranslate2 float32 (same search)", "same translation as the default"]
+    header += ["BLEU", "chrF"]
     return (
         f"Decoding {sentences} test sentences, batches of {results['batch_size']}, {results['threads']} threads, "
         f"fastest of {results['rounds']} alternating rounds; {harness.describe(results)}{results['conditions']}. "
@@ -180,23 +168,13 @@ def measure_once(args, name: str, sentences: list[str], tokenizer, exports: dict
         job.write_text(json.dumps({"threads": args.threads, "batch_size": args.batch_size, "sentences": sentences}))
         return harness.run_json(["-c", ONNX_TIMING, exports["onnx"], job])
     if not name.startswith("CTranslate2"):
-        settings = {key: value for key, value in asdict(args).items() if key not in ("engine", "under_load")}
-        forwarded = [f"--{key}={value}" for key, value in settings.items() if not isinstance(value, bool)]
-        forwarded += [f"--{key}" for key, value in settings.items() if value is True]
+        forwarded = [f"--{key}={value}" for key, value in asdict(args).items() if key != "engine"]
         return harness.run_json(["-m", "benchmarks.decoding", *forwarded, "--engine", name])
-    quantization, search = name.split()[1].rstrip(","), name.split(", ")[1]
-    order = batches(sentences, args.batch_size)
-    job = {
-        "model_dir": str(exports[quantization]),
-        "tokenizer": str(Path(args.model) / "tokenizer.json"),
-        "device": "cpu",
-        "threads": args.threads,
-        "decodings": [{"name": name, "beam_size": 4 if search == "beam 4" else 1, "length_penalty": 0.6}],
-        "batches": [[sentences[i] for i in batch] for batch in order],
-        "extra_length": 50,
-        "warmup": 0,
-        "repeats": 1,
-    }
+    quantization, order = name.split()[1].rstrip(","), batches(sentences, args.batch_size)
+    decoding = {"name": name, "beam_size": 4 if name.endswith("beam 4") else 1, "length_penalty": 0.6}
+    job = {"model_dir": str(exports[quantization]), "tokenizer": str(Path(args.model) / "tokenizer.json")}
+    job |= {"device": "cpu", "threads": args.threads, "decodings": [decoding], "extra_length": 50}
+    job |= {"batches": [[sentences[i] for i in batch] for batch in order], "warmup": 0, "repeats": 1}
     measured = harness.time_ctranslate2(job, exports[quantization].parent)
     # Back in the order of the sentences, from the order of the batches, detokenized as vaswani's translations are
     # (transformers' tokenizer), so that translations are compared, not two detokenizers.
@@ -207,40 +185,20 @@ def measure_once(args, name: str, sentences: list[str], tokenizer, exports: dict
     return {"seconds": seconds, "translations": translations, "torch_loaded": measured["torch_loaded"]}
 
 
-@contextlib.contextmanager
-def busy_cores():
-    """A busy loop on each core while the block runs: a machine whose cores are all taken by other work."""
-    loops = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 1)]
-    try:
-        yield
-    finally:
-        for loop in loops:
-            loop.kill()
-            loop.wait()
-
-
-def load(args):
-    from vaswani.evaluation.bleu import load_pairs, load_translation_model
-
-    torch.set_num_threads(args.threads)
-    model, tokenizer = load_translation_model(args.model, device="cpu")
-    sources, references, _ = load_pairs(args.dataset_dir, "test", args.source_lang, args.target_lang, args.samples)
-    return model, tokenizer, sources.to_pylist(), references.to_pylist()
-
-
 @command
 def main(argv=None) -> dict:
     (args,) = parse_arguments([DecodingBenchmarkArguments], argv, description=__doc__.split("\n\n")[0])
-    model, tokenizer, sentences, references = load(args)
+    torch.set_num_threads(args.threads)
+    model, tokenizer = load_translation_model(args.model, device="cpu")
+    sources, references, _ = load_pairs(args.dataset_dir, "test", args.source_lang, args.target_lang, args.samples)
+    sentences, references = sources.to_pylist(), references.to_pylist()
     if args.engine:
-        translate = engine(args.engine, args, model, tokenizer)
+        decode = engine(args.engine, args, model, tokenizer)
         start = time.perf_counter()
         with torch.inference_mode():
-            translations = translate(sentences)
+            translations = decode(sentences)
         print(json.dumps({"seconds": time.perf_counter() - start, "translations": translations}))
         return {}
-    from vaswani.evaluation.bleu import corpus_bleu, corpus_chrf
-
     names = engine_names()
     with tempfile.TemporaryDirectory(prefix="decoding-") as folder:
         exports = {}
@@ -255,33 +213,22 @@ def main(argv=None) -> dict:
             print(f"round {index + 1}: {name}: {measured['seconds']:.2f} s", flush=True)
             return measured
 
-        with busy_cores() if args.under_load else contextlib.nullcontext():
-            rounds = harness.alternating_rounds(names, args.rounds, measure)
+        rounds = harness.alternating_rounds(names, args.rounds, measure)
     default = rounds[next(iter(VASWANI_DECODINGS))][-1]["translations"]
     conditions = f", OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}" if "OMP_WAIT_POLICY" in os.environ else ""
-    conditions += f"; under load: a busy loop on each of the {os.cpu_count()} cores" if args.under_load else ""
     results = {**harness.environment("torch", "transformers"), "conditions": conditions, "sentences": len(sentences)}
-    results |= {
-        "batch_size": args.batch_size,
-        "threads": args.threads,
-        "rounds": args.rounds,
-        "arguments": asdict(args),
-    }
-    results["rows"] = {}
+    results |= {"batch_size": args.batch_size, "threads": args.threads, "rounds": args.rounds}
+    results |= {"arguments": asdict(args), "rows": {}}
     for name, measured in rounds.items():
         times, outputs = [m["seconds"] for m in measured], measured[-1]["translations"]
-        results["rows"][name] = {
-            "seconds": min(times),
-            "times": times,
-            "same_as_default": sum(a == b for a, b in zip(outputs, default)),
-            "differing_sentences": [i for i, (a, b) in enumerate(zip(outputs, default)) if a != b],
-            "bleu": corpus_bleu(outputs, references)[0].score,
-            "chrf": corpus_chrf(outputs, references)[0].score,
-        }
+        differing = [i for i, (ours, theirs) in enumerate(zip(outputs, default)) if ours != theirs]
+        row = {"seconds": min(times), "times": times, "same_as_default": len(default) - len(differing)}
+        row |= {"differing_sentences": differing, "bleu": corpus_bleu(outputs, references)[0].score}
+        row["chrf"] = corpus_chrf(outputs, references)[0].score
         if "torch_loaded" in measured[0]:
-            results["rows"][name]["torch_loaded"] = any(m["torch_loaded"] for m in measured)
-    stem = "decoding_cpu_under_load" if args.under_load else "decoding_cpu"
-    harness.write_page(Path(args.output_dir) / stem, results, markdown(results))
+            row["torch_loaded"] = any(m["torch_loaded"] for m in measured)
+        results["rows"][name] = row
+    harness.write_page(Path(args.output_dir) / "decoding_cpu", results, markdown(results))
     return results
 
 

@@ -4,19 +4,16 @@
                                             [--corpus_dir .gpu_carry/corpus] [--section NAME ...]
 
 On a GPU machine without network access, `bash .gpu_carry/run.sh DIR [--part 2]` (made by
-`benchmarks.gpu_report_prepare`) installs what it needs and runs this. Part 1: training against MarianMTModel,
-time to BLEU, generation, the GPU tests; part 2: a profile of a step, the loss's chunk sweep, the batch sweep. A
-part's sections run in order within its deadline (Sizes.part_minutes from --started_at), each for at most
-Sizes.section_minutes; each writes SECTION.json and the page after every measurement, so a run cut off keeps what it
-measured. --quick runs every section on tiny sizes (the figures mean nothing). What each section measures:
-benchmarks/README.md, "The GPU report".
+`benchmarks.gpu_report_prepare`) installs what it needs and runs this. A part's sections (PARTS) run in order within
+its deadline, each for at most its share (Sizes), and write SECTION.json and the page, gpu.md, into --report_dir after
+every measurement, so that a run cut off keeps what it measured. --quick: tiny sizes, figures that mean nothing. What
+each section measures: docs/benchmarks/README.md, "GPU report".
 """
 
 import json
 import platform
 import re
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -34,51 +31,39 @@ from vaswani.checks import UsageError
 from vaswani.cli import command, parse_arguments
 
 
+# Each part's deadline from its start (run.sh's, the install included), and the most a section takes before the next
+# begins (a part's last takes what is left).
+PART_MINUTES = {1: 9, 2: 4}
+SECTION_MINUTES = {"training": 3.25, "time_to_bleu": 4.75, "generation": 0.5, "profile": 1.25, "chunk_sweep": 0.9}
+
+
 @dataclass(frozen=True)
 class Sizes:
-    presets: tuple[str, ...]
-    batch_tokens: int  # source tokens of a training batch (target alike)
-    train_length: int
-    repeats: int
-    warmup: int
-    chunk_sweep: tuple[int, ...]  # the loss's values per chunk on an accelerator
-    batch_sweep: tuple[int, ...]  # source tokens of a batch
-    generation_preset: str
-    generation_batches: tuple[int, ...]
-    generation_length: int
-    bleu_preset: str
-    bleu_minutes: float  # the most training time, BLEU evaluations not counted
-    bleu_every_minutes: float
-    bleu_batch_tokens: int  # padded source + target tokens of a training batch
-    bleu_pairs: int
-    bleu_eval_batch: int  # test sentences translated at once
-    part_minutes: dict  # each part's deadline, from its start (run.sh's, the install included)
-    section_minutes: dict  # the most a section takes before the next begins; a part's last takes what is left
-    generation_tests: str | None  # pytest -k selection of the generation tests (None: all of them)
+    """The report's sizes: the full report's by default."""
+
+    presets: tuple[str, ...] = ("base", "big")
+    batch_tokens: int = 25000  # source tokens of a training batch (target alike): one GPU's share of the paper's step
+    train_length: int = 64
+    repeats: int = 5
+    warmup: int = 3
+    chunk_sweep: tuple[int, ...] = (2**22, 2**24, 2**26, 2**28)  # the loss's values per chunk on an accelerator
+    batch_sweep: tuple[int, ...] = (8192, 16384, 32768, 65536)  # source tokens of a batch
+    generation_preset: str = "base"
+    generation_batches: tuple[int, ...] = (1, 64)
+    generation_length: int = 32
+    bleu_preset: str = "base"
+    bleu_minutes: float = 4  # the most training time, BLEU evaluations not counted
+    bleu_every_minutes: float = 1
+    bleu_batch_tokens: int = 50000  # padded source + target tokens of a training batch: the paper's step
+    bleu_pairs: int = 300  # one batch: an evaluation every minute costs seconds, not a minute's share
+    bleu_eval_batch: int = 300  # test sentences translated at once
+    part_minutes: dict = field(default_factory=PART_MINUTES.copy)
+    section_minutes: dict = field(default_factory=SECTION_MINUTES.copy)
+    generation_tests: str | None = None  # pytest -k selection of the generation tests (None: all of them)
     ceiling_size: int | None = None  # rows of the matmul the MFU is quoted against (None: the device's default)
 
 
-FULL = Sizes(
-    presets=("base", "big"),
-    batch_tokens=25000,  # one GPU's share of the paper's step: about 25,000 source + 25,000 target tokens
-    train_length=64,
-    repeats=5,
-    warmup=3,
-    chunk_sweep=(2**22, 2**24, 2**26, 2**28),
-    batch_sweep=(8192, 16384, 32768, 65536),
-    generation_preset="base",
-    generation_batches=(1, 64),
-    generation_length=32,
-    bleu_preset="base",
-    bleu_minutes=4,
-    bleu_every_minutes=1,
-    bleu_batch_tokens=50000,  # the paper's ~25,000 source + 25,000 target tokens a step
-    bleu_pairs=300,  # one batch: an evaluation every minute costs seconds, not a minute's share
-    bleu_eval_batch=300,
-    part_minutes={1: 9, 2: 4},
-    section_minutes={"training": 3.25, "time_to_bleu": 4.75, "generation": 0.5, "profile": 1.25, "chunk_sweep": 0.9},
-    generation_tests=None,
-)
+FULL = Sizes()
 QUICK = Sizes(
     presets=("tiny",),
     batch_tokens=256,
@@ -140,15 +125,12 @@ def environment(device: torch.device) -> dict:
     return facts | {"device": torch.cuda.get_device_name(), "driver": driver, "cuda": torch.version.cuda}
 
 
-# ---------------------------------------------------------------------------------------------------------------------
 # Sections. Each takes (args, sizes, deadline, publish) and returns its results; it hands `publish` its results so
 # far after every measurement, in the same shape.
-# ---------------------------------------------------------------------------------------------------------------------
 
 
 def training_setup(args, sizes: Sizes) -> benchmark.BenchmarkArguments:
-    """The training measurements' worker arguments: bf16 mixed precision on a GPU; a CPU's bfloat16 matmuls are slow,
-    float32 there."""
+    """The training measurements' worker arguments: bf16 mixed precision on a GPU, float32 on a CPU (slow in bf16)."""
     return benchmark.BenchmarkArguments(
         device=args.device,
         dtype="float32",
@@ -173,7 +155,7 @@ def train_row(setup, ceiling: dict, deadline: Deadline, implementation: str, **c
 
     def measure(left):
         result = benchmark.run_worker(replace(setup, **changes), implementation, timeout=left)["train"]
-        flops = statistics.median(result["flops"] / t for t in result["times"])
+        flops = harness.summarise(result["times"], result["flops"])["median"]
         return {
             "tokens_per_s": harness.summarise(result["times"], result["tokens"]),
             "target_tokens_per_s": harness.summarise(result["times"], result["batch"] * result["length"]),
@@ -205,17 +187,14 @@ def training(args, sizes: Sizes, deadline: Deadline, publish) -> dict:
     order = [(preset, False) for preset in sizes.presets] + [(preset, True) for preset in reversed(sizes.presets)]
     for preset, compiled in order:
         for implementation in ("vaswani", "marian"):
-            row = {"preset": preset, "implementation": implementation, "compiled": compiled}
-            results["rows"].append(
-                row | train_row(setup, ceiling, deadline, implementation, preset=preset, compile_training=compiled)
-            )
+            point = train_row(setup, ceiling, deadline, implementation, preset=preset, compile_training=compiled)
+            results["rows"].append({"preset": preset, "implementation": implementation, "compiled": compiled} | point)
             publish(results)
     return results
 
 
 def profile(args, sizes: Sizes, deadline: Deadline, publish) -> dict:
-    """Where the time of one training step of the largest preset goes, compiled (the speed target's) then eager:
-    `gpu_report_training.profile_training`'s shares and top kernels, in a benchmark worker."""
+    """Where the time of a training step of the largest preset goes (`profile_training`), compiled then eager."""
     setup, largest = training_setup(args, sizes), sizes.presets[-1]
     results = {"runs": []}
     for compiled in (True, False):
@@ -227,8 +206,7 @@ def profile(args, sizes: Sizes, deadline: Deadline, publish) -> dict:
 
 
 def chunk_sweep(args, sizes: Sizes, deadline: Deadline, publish) -> dict:
-    """The loss's values per chunk (`VaswaniLabelSmoothedCrossEntropy.accelerator_chunk_elements`) against the
-    speed and memory of an eager step of the largest preset."""
+    """Speed and memory of the largest preset's eager step against the loss's `accelerator_chunk_elements`."""
     setup, ceiling = training_setup(args, sizes), training_ceiling(args, sizes)
     results = {"preset": sizes.presets[-1], "batch_tokens": sizes.batch_tokens, "points": []}
     for elements in sizes.chunk_sweep:
@@ -239,8 +217,7 @@ def chunk_sweep(args, sizes: Sizes, deadline: Deadline, publish) -> dict:
 
 
 def batch_sweep(args, sizes: Sizes, deadline: Deadline, publish) -> dict:
-    """Tokens a second, MFU and memory of vaswani's eager step against the source tokens of a batch, the largest
-    preset first: the batch a GPU trains fastest at, within its memory."""
+    """Speed, MFU and memory of vaswani's eager step against a batch's tokens, largest preset first: the fastest."""
     setup, ceiling = training_setup(args, sizes), training_ceiling(args, sizes)
     results = {"matmul_ceiling": ceiling, "length": sizes.train_length, "points": []}
     for preset in reversed(sizes.presets):
@@ -295,13 +272,9 @@ def generation(args, sizes: Sizes, deadline: Deadline, publish) -> dict:
         for batch in sizes.generation_batches:
 
             def measure(left, batch=batch, quantization=quantization):
-                worker = replace(setup, gen_batch=batch, dtype="float32")
+                worker, engine = replace(setup, gen_batch=batch, dtype="float32"), f"ctranslate2:{quantization}"
                 with tempfile.TemporaryDirectory(prefix="gpu-report-ct2-") as folder:
-                    return rates(
-                        benchmark.measure_ctranslate2(
-                            worker, f"ctranslate2:{quantization}", Path(folder) / "model", timeout=left
-                        )
-                    )
+                    return rates(benchmark.measure_ctranslate2(worker, engine, Path(folder) / "model", timeout=left))
 
             row = {"batch": batch, "model": "vaswani", "engine": f"CTranslate2 {quantization}"}
             results["rows"].append(row | ({"not_measured": missing} if missing else measured(deadline, measure)))
@@ -365,36 +338,25 @@ SECTIONS = {
 }
 # The report's two commands: the questions a user asks first, then what the next speed-up would be chosen from.
 PARTS = {1: ("training", "time_to_bleu", "generation", "correctness"), 2: ("profile", "chunk_sweep", "batch_sweep")}
+LISTED = "; ".join(f"part {part}: {', '.join(names)}" for part, names in PARTS.items())
 
 
 @dataclass
 class MeasureArguments:
-    part: int = field(
-        default=1,
-        metadata={
-            "help": "1: " + ", ".join(PARTS[1]) + " (9 minutes on a GPU); 2: " + ", ".join(PARTS[2]) + " (4 minutes)"
-        },
-    )
-    section: list[str] | None = field(
-        default=None, metadata={"help": f"only these sections of the part, of {', '.join(SECTIONS)}"}
-    )
+    part: int = field(default=1, metadata={"help": "1 (9 minutes on a GPU) or 2 (4 minutes)", "choices": list(PARTS)})
+    section: list[str] | None = field(default=None, metadata={"help": f"only these of the part's sections ({LISTED})"})
     device: str = field(default="cuda", metadata={"help": "cuda, or cpu (with --quick, to test the code)"})
     quick: bool = field(default=False, metadata={"help": "every section on tiny sizes"})
     report_dir: str = field(default="gpu_report", metadata={"help": "where the sections' JSON and gpu.md go"})
     corpus_dir: str = field(default=".gpu_carry/corpus", metadata={"help": "time_to_bleu's corpus (prepare's)"})
     started_at: float | None = field(
-        default=None, metadata={"help": "when the run began, in seconds since the epoch (default: now)"}
+        default=None, metadata={"help": "when the run began (seconds since the epoch; none: now)"}
     )
 
     def __post_init__(self):
-        if self.part not in PARTS:
-            raise UsageError(f"--part {self.part}: the parts are {', '.join(map(str, PARTS))}")
         unknown = [name for name in self.section or () if name not in PARTS[self.part]]
         if unknown:
-            raise UsageError(
-                f"--section {', '.join(unknown)} is not in part {self.part}, whose sections are "
-                f"{', '.join(PARTS[self.part])}"
-            )
+            raise UsageError(f"--section {', '.join(unknown)} is not in part {self.part} ({LISTED})")
 
 
 @command

@@ -14,13 +14,12 @@ from pathlib import Path
 from benchmarks.harness import fmt_rate, table
 from vaswani.checks import UsageError
 from vaswani.cli import command, parse_arguments
+from vaswani.inspection.figures import pyplot
 
 
-# NVIDIA's fairseq-based recipe (DeepLearningExamples) trains the big model at about 82,000 tokens/s on one A100,
-# about a third of its bf16 peak; MLPerf Training's Transformer, with fused kernels, about 100,000 tokens/s per A100.
 ANCHORS = (
-    "NVIDIA DeepLearningExamples (fairseq), big, 1 A100: ~82,000 tokens/s (~1/3 of peak); MLPerf Transformer: ~100,000 "
-    "tokens/s per A100"
+    "NVIDIA DeepLearningExamples (fairseq), big, 1 A100: ~82,000 tokens/s (~1/3 of peak); MLPerf Transformer: "
+    "~100,000 tokens/s per A100"
 )
 
 
@@ -28,12 +27,6 @@ ANCHORS = (
 class RenderArguments:
     report_dir: str = field(default="gpu_report", metadata={"help": "the sections' JSON files"})
     output_dir: str = field(default="docs/benchmarks", metadata={"help": "where gpu.md and its PNGs go"})
-
-
-def ratio(ours: dict, theirs: dict, key: str) -> float | None:
-    if key in ours and key in theirs:
-        return ours[key]["median"] / theirs[key]["median"]
-    return None
 
 
 @command
@@ -46,16 +39,9 @@ def main(argv) -> dict:
 
 def render(report_dir: Path, output_dir: Path) -> dict:
     """gpu.md and its PNGs in `output_dir`, from the sections' JSON in `report_dir`."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    sections = {
-        name: json.loads((report_dir / f"{name}.json").read_text())
-        for name in RENDERERS
-        if (report_dir / f"{name}.json").exists()
-    }
+    plt = pyplot()
+    paths = {name: report_dir / f"{name}.json" for name in RENDERERS}
+    sections = {name: json.loads(path.read_text()) for name, path in paths.items() if path.exists()}
     if not sections:
         raise UsageError(f"{report_dir} holds no section's JSON: run `python -m benchmarks.gpu_report_measure` first")
     output_dir.mkdir(parents=True, exist_ok=True)
@@ -73,43 +59,34 @@ def render(report_dir: Path, output_dir: Path) -> dict:
         "",
     ]
     targets = []
-    for name in RENDERERS:
+    for name, renderer in RENDERERS.items():
         if name not in sections:
             lines += [f"## {name}", "", "Not measured: no run wrote this section's JSON into the report's folder.", ""]
             continue
         section = sections[name]
-        state = "" if section.get("complete", True) else ", cut off: what follows was measured before the run ended"
+        state = "" if section["complete"] else ", cut off: what follows was measured before the run ended"
         lines += [f"## {name} ({section['minutes']:.1f} min{state})", ""]
         if "not_measured" in section["results"]:
             lines += [f"Not measured, because {section['results']['not_measured']}.", ""]
             continue
-        text, section_targets = RENDERERS[name](section["results"], plt, output_dir)
+        text, section_targets = renderer(section["results"], plt, output_dir)
         lines += [text, ""]
         targets += section_targets
-    lines[6:6] = [
-        "## Targets",
-        "",
-        "| target | measured | met |",
-        "| --- | --- | --- |",
-        *targets,
-        "",
-        f"Anchors: {ANCHORS}.",
-        "",
-    ]
+    lines[6:6] = ["## Targets", "", table(["target", "measured", "met"], targets), "", f"Anchors: {ANCHORS}.", ""]
     (output_dir / "gpu.md").write_text("\n".join(lines))
     pictures = sorted(path.name for path in output_dir.glob("gpu_*.png"))
     return {"pictures": pictures, "sections": sorted(sections)}
 
 
-def render_correctness(results, plt, output_dir):
-    rows = []
-    for name, run in results.items():
-        if "not_measured" in run:
-            rows.append([name, f"not measured, because {run['not_measured']}", "", "", ""])
-            continue
-        notes = "; ".join(run["failures"] + [f"skipped: {reason}" for reason in run["skip_reasons"]])
-        rows.append([name, run["passed"], run["failed"], run["skipped"], notes])
-    return table(["run", "passed", "failed", "skipped", "failures, skip reasons"], rows), []
+def ratio(ours: dict, theirs: dict, key: str) -> float | None:
+    if key in ours and key in theirs:
+        return ours[key]["median"] / theirs[key]["median"]
+    return None
+
+
+def unmeasured(row: dict, cells: int) -> list:
+    """A table's `cells` cells for a measurement that has no figures: why, then blanks."""
+    return [f"not measured, because {row['not_measured']}", *[""] * (cells - 1)]
 
 
 def saved(figure, plt, output_dir: Path, name: str, title: str) -> str:
@@ -117,84 +94,75 @@ def saved(figure, plt, output_dir: Path, name: str, title: str) -> str:
     figure.tight_layout()
     figure.savefig(output_dir / name, dpi=110)
     plt.close(figure)
-    return f"\n![{title}]({name})"
+    return f"![{title}]({name})"
 
 
 def render_training(results, plt, output_dir):
     ceiling = results["matmul_ceiling"]["flops_per_s"] / 1e12
-    precision = results.get("precision", "bf16 mixed precision over float32 weights")
-    dtype = "float32" if precision == "float32" else "bf16"
-    per_token = results["flops_per_token"]
-    lines = [
-        f"Batches of {results['sizes']['batch_tokens']:,} source + as many target tokens, pairs of "
-        f"{results['sizes']['length']} tokens; the recipe's training step (`train_step`) in {precision}. tokens/s "
-        "counts source + target tokens; target tokens/s counts the target side alone, as fairseq's `wps` does. MFU: "
-        "model FLOPs "
-        f"(matrix products, forward and backward: 3 x the forward's 2 x multiply-adds; attention over every key) per "
-        f"second over the {dtype} matmul peak measured in the same run, {ceiling:.3g} TFLOP/s. Per pair of "
-        f"{per_token['length']}-token sentences of the largest preset: {per_token['per_source_token'] / 1e6:,.1f} "
-        f"MFLOP per source token, {per_token['per_target_token'] / 1e6:,.1f} MFLOP per target token (output "
-        "projection included).",
-    ]
+    precision, per_token, sizes = results["precision"], results["flops_per_token"], results["sizes"]
+    text = (
+        f"Batches of {sizes['batch_tokens']:,} source + as many target tokens, pairs of {sizes['length']} tokens; the "
+        f"recipe's training step (`train_step`) in {precision}. tokens/s counts source + target tokens; target "
+        "tokens/s counts the target side alone, as fairseq's `wps` does. MFU: model FLOPs (matrix products, forward "
+        "and backward: 3 x the forward's 2 x multiply-adds; attention over every key) per second over the "
+        f"{'float32' if precision == 'float32' else 'bf16'} matmul peak measured in the same run, {ceiling:.3g} "
+        f"TFLOP/s. Per pair of {per_token['length']}-token sentences of the largest preset: "
+        f"{per_token['per_source_token'] / 1e6:,.1f} MFLOP per source token, "
+        f"{per_token['per_target_token'] / 1e6:,.1f} MFLOP per target token (output projection included)."
+    )
     targets, cells = [], []
     by_key = {(r["preset"], r["implementation"], r["compiled"]): r for r in results["rows"]}
     for row in results["rows"]:
         key = [row["preset"], row["implementation"], "yes" if row["compiled"] else "no"]
         if "not_measured" in row:
-            cells.append([*key, f"not measured, because {row['not_measured']}", *[""] * 5])
+            cells.append([*key, *unmeasured(row, 6)])
             continue
         speedup = ratio(row, by_key.get((row["preset"], "marian", row["compiled"]), {}), "tokens_per_s")
+        versus = f"{speedup:.2f}x" if speedup else "n/a"
+        rates = [fmt_rate(row["tokens_per_s"]), fmt_rate(row["target_tokens_per_s"]), versus]
         cells.append(
-            [*key, fmt_rate(row["tokens_per_s"]), fmt_rate(row["target_tokens_per_s"])]
-            + [f"{speedup:.2f}x" if speedup else "n/a", f"{row['peak_memory_mib']:,.0f}"]
-            + [f"{row['tflops_per_s']:.3g}", f"{row['mfu']:.1%}"]
+            [*key, *rates, f"{row['peak_memory_mib']:,.0f}", f"{row['tflops_per_s']:.3g}", f"{row['mfu']:.1%}"]
         )
         if row["implementation"] == "vaswani":
-            label = f"{row['preset']} training, {'compiled' if row['compiled'] else 'eager'}: >= 1.2x Marian"
+            mode = "compiled" if row["compiled"] else "eager"
             met = speedup is not None and speedup >= 1.2
-            targets.append(f"| {label} | {f'{speedup:.2f}x' if speedup else 'n/a'} | {'yes' if met else 'no'} |")
+            targets.append([f"{row['preset']} training, {mode}: >= 1.2x Marian", versus, "yes" if met else "no"])
             if row["preset"] == "big":
-                targets.append(
-                    f"| big, {'compiled' if row['compiled'] else 'eager'}: >= 50% MFU | {row['mfu']:.1%} "
-                    f"({fmt_rate(row['tokens_per_s'])} tokens/s) | {'yes' if row['mfu'] >= 0.5 else 'no'} |"
-                )
-    measured_rows = [r for r in results["rows"] if "tokens_per_s" in r]
+                mfu = f"{row['mfu']:.1%} ({fmt_rate(row['tokens_per_s'])} tokens/s)"
+                targets.append([f"big, {mode}: >= 50% MFU", mfu, "yes" if row["mfu"] >= 0.5 else "no"])
+    shown = [r for r in results["rows"] if "tokens_per_s" in r]
     figure, axis = plt.subplots(figsize=(8, 4))
-    labels = [
-        f"{r['preset']}\n{r['implementation']}\n{'compiled' if r['compiled'] else 'eager'}" for r in measured_rows
-    ]
     axis.bar(
-        labels,
-        [r["tokens_per_s"]["median"] for r in measured_rows],
-        color=["C0" if r["implementation"] == "vaswani" else "C1" for r in measured_rows],
+        [f"{r['preset']}\n{r['implementation']}\n{'compiled' if r['compiled'] else 'eager'}" for r in shown],
+        [r["tokens_per_s"]["median"] for r in shown],
+        color=["C0" if r["implementation"] == "vaswani" else "C1" for r in shown],
     )
     axis.set(ylabel="training tokens/s (source + target)", title=f"Training speed, {precision}")
     header = ["preset", "implementation", "torch.compile", "tokens/s", "target tokens/s", "vs Marian"]
     header += ["peak memory MiB", "TFLOP/s", "MFU"]
-    lines += ["", table(header, cells), saved(figure, plt, output_dir, "gpu_training.png", "training speed")]
-    return "\n".join(lines), targets
+    picture = saved(figure, plt, output_dir, "gpu_training.png", "training speed")
+    return f"{text}\n\n{table(header, cells)}\n\n{picture}", targets
 
 
 SEARCHES = {"beam1": "greedy", "beam4": "beam 4", "paper_beam4": "the paper's beam 4"}
 
 
 def render_generation(results, plt, output_dir):
-    lines = [
+    text = (
         f"The {results['preset']} preset ({results['dtype']} for eager and compiled), random weights (the same for "
         f"every engine), {results['length']}-token sources, exactly {results['length']} generated tokens a sentence; "
         "tokens/s counts the generated (target) tokens. Beam 4 is transformers' beam search for both models; the "
         "paper's beam 4 is vaswani's default decoding. x eager: against the same model's eager row at that batch "
-        "(CTranslate2: against vaswani's); x Marian: vaswani against MarianMTModel with the same engine and batch.",
-    ]
+        "(CTranslate2: against vaswani's); x Marian: vaswani against MarianMTModel with the same engine and batch."
+    )
     targets, cells = [], []
-    rows = [{"model": "vaswani", **row} for row in results["rows"]]  # reports before Marian's rows: vaswani's alone
-    measured_rows = [row for row in rows if "not_measured" not in row]
+    measured_rows = [row for row in results["rows"] if "not_measured" not in row]
     eager = {(row["model"], row["batch"]): row for row in measured_rows if row["engine"] == "eager"}
     peers = {(row["engine"], row["batch"]): row for row in measured_rows if row["model"] == "marian"}
-    for row in rows:
+    for row in results["rows"]:
         label = [row["batch"], row["model"], row["engine"]]
         if "not_measured" in row:
-            cells.append([*label, f"not measured, because {row['not_measured']}", *[""] * (3 * len(SEARCHES))])
+            cells.append([*label, *unmeasured(row, 3 * len(SEARCHES) + 1)])
             continue
         base = eager.get(("vaswani" if row["engine"].startswith("CTranslate2") else row["model"], row["batch"]), {})
         speedups = {search: ratio(row, base, f"{search}_sentences_per_s") for search in SEARCHES}
@@ -208,19 +176,14 @@ def render_generation(results, plt, output_dir):
         peer = peers.get((row["engine"], row["batch"])) if row["model"] == "vaswani" else None
         against = [ratio(row, peer or {}, f"beam{beams}_sentences_per_s") for beams in (1, 4)]
         cells.append([*label, *rates, ", ".join(f"{value:.2f}x" for value in against if value) if peer else ""])
+        paper, greedy = speedups["paper_beam4"], speedups["beam1"]
         if row["model"] == "vaswani" and row["engine"] == "static cache + compile":
-            paper = speedups["paper_beam4"]
-            targets.append(
-                f"| the paper's beam search, static cache + compile >= 1.5x eager, batch {row['batch']} | "
-                f"{paper:.2f}x (greedy {speedups['beam1']:.2f}x) | {'yes' if paper and paper >= 1.5 else 'no'} |"
-                if paper and speedups["beam1"]
-                else f"| the paper's beam search, static cache + compile >= 1.5x eager, batch {row['batch']} | n/a | no |"
-            )
+            goal = f"the paper's beam search, static cache + compile >= 1.5x eager, batch {row['batch']}"
+            figures = f"{paper:.2f}x (greedy {greedy:.2f}x)" if paper and greedy else "n/a"
+            targets.append([goal, figures, "yes" if paper and greedy and paper >= 1.5 else "no"])
         if row["engine"].startswith("CTranslate2"):
-            targets.append(
-                f"| {row['engine']} over vaswani eager, batch {row['batch']} (reported) | greedy "
-                f"{speedups['beam1'] or 0:.2f}x, beam 4 {speedups['beam4'] or 0:.2f}x | - |"
-            )
+            figures = f"greedy {greedy or 0:.2f}x, beam 4 {speedups['beam4'] or 0:.2f}x"
+            targets.append([f"{row['engine']} over vaswani eager, batch {row['batch']} (reported)", figures, "-"])
     figure, axes = plt.subplots(1, len(SEARCHES), figsize=(14, 4))
     for axis, (search, name) in zip(axes, SEARCHES.items()):
         shown = [row for row in measured_rows if f"{search}_sentences_per_s" in row]
@@ -233,36 +196,41 @@ def render_generation(results, plt, output_dir):
         axis.tick_params(axis="x", labelsize=6, rotation=60)
     header = ["batch", "model", "engine"]
     header += [f"{name} {column}" for name in SEARCHES.values() for column in ("sentences/s", "tokens/s", "x eager")]
-    lines += ["", table([*header, "x Marian (greedy, beam 4)"], cells)]
-    return "\n".join(lines + [saved(figure, plt, output_dir, "gpu_generation.png", "generation speed")]), targets
+    picture = saved(figure, plt, output_dir, "gpu_generation.png", "generation speed")
+    return f"{text}\n\n{table([*header, 'x Marian (greedy, beam 4)'], cells)}\n\n{picture}", targets
 
 
 def render_time_to_bleu(results, plt, output_dir):
-    lines = [
-        f"The {results['preset']} preset, eager, batches of about {results['batch_tokens']:,} padded tokens, the paper's "
-        f"schedule scaled to the time left ({results['planned_minutes']:.1f} minutes, {results['planned_steps']:,} "
-        f"steps planned, warmup {results['warmup_steps']}, peak learning rate {results['peak_lr']:.2e}); BLEU of beam "
-        f"4 on {results['test_pairs']} test pairs, `{results['signature']}`, "
+    points = results["points"]
+    text = (
+        f"The {results['preset']} preset, eager, batches of about {results['batch_tokens']:,} padded tokens, the "
+        f"paper's schedule scaled to the time left ({results['planned_minutes']:.1f} minutes, "
+        f"{results['planned_steps']:,} steps planned, warmup {results['warmup_steps']}, peak learning rate "
+        f"{results['peak_lr']:.2e}); BLEU of beam 4 on {results['test_pairs']} test pairs, `{results['signature']}`, "
         f"{results['evaluation_seconds_kept']:.0f} s kept for each evaluation"
         + (" (training stopped early by the run's deadline)" if results["stopped_by_deadline"] else "")
-        + ".",
-        "",
-        table(
-            ["training minutes", "steps", "training loss", "test BLEU"],
-            [
-                [f"{p['minutes']:.1f}", f"{p['steps']:,}", f"{p['train_loss']:.3f}", f"{p['bleu']:.2f}"]
-                for p in results["points"]
-            ],
-        ),
-    ]
-    last = results["points"][-1] if results["points"] else None
-    reached = f"{last['bleu']:.2f} after {last['minutes']:.1f} min" if last else "n/a"
-    targets = [f"| time to BLEU (recorded) | {reached} | - |"]
+        + "."
+    )
+    cells = [[f"{p['minutes']:.1f}", f"{p['steps']:,}", f"{p['train_loss']:.3f}", f"{p['bleu']:.2f}"] for p in points]
+    reached = f"{points[-1]['bleu']:.2f} after {points[-1]['minutes']:.1f} min" if points else "n/a"
     figure, axis = plt.subplots(figsize=(6, 4))
-    axis.plot([p["minutes"] for p in results["points"]], [p["bleu"] for p in results["points"]], marker="o")
+    axis.plot([p["minutes"] for p in points], [p["bleu"] for p in points], marker="o")
     axis.set(xlabel="training minutes", ylabel="test BLEU", title=f"{results['preset']} preset, default corpus")
     axis.grid(alpha=0.3)
-    return "\n".join(lines + [saved(figure, plt, output_dir, "gpu_time_to_bleu.png", "BLEU against minutes")]), targets
+    picture = saved(figure, plt, output_dir, "gpu_time_to_bleu.png", "BLEU against minutes")
+    page = f"{text}\n\n{table(['training minutes', 'steps', 'training loss', 'test BLEU'], cells)}\n\n{picture}"
+    return page, [["time to BLEU (recorded)", reached, "-"]]
+
+
+def render_correctness(results, plt, output_dir):
+    rows = []
+    for name, run in results.items():
+        if "not_measured" in run:
+            rows.append([name, *unmeasured(run, 4)])
+            continue
+        notes = "; ".join(run["failures"] + [f"skipped: {reason}" for reason in run["skip_reasons"]])
+        rows.append([name, run["passed"], run["failed"], run["skipped"], notes])
+    return table(["run", "passed", "failed", "skipped", "failures, skip reasons"], rows), []
 
 
 def render_profile(results, plt, output_dir):
@@ -281,19 +249,6 @@ def render_profile(results, plt, output_dir):
     return "\n".join(lines), []
 
 
-def render_chunk_sweep(results, plt, output_dir):
-    lines = [
-        f"The loss's values per chunk on the device (the default is 2^26), the {results['preset']} preset eager, "
-        f"{results['batch_tokens']:,} source tokens a batch:",
-        "",
-    ]
-    columns = ("tokens/s", "peak memory MiB")
-    cells = [
-        [f"2^{int(math.log2(point['chunk_elements']))}", *point_cells(point, columns)] for point in results["points"]
-    ]
-    return "\n".join(lines + [table(["values per chunk", *columns], cells)]), []
-
-
 POINT_COLUMNS = {
     "tokens/s": lambda point: fmt_rate(point["tokens_per_s"]),
     "MFU": lambda point: f"{point['mfu']:.1%}",
@@ -304,19 +259,27 @@ POINT_COLUMNS = {
 def point_cells(point: dict, columns) -> list:
     """A training point's cells under `columns` (of POINT_COLUMNS), or why it was not measured."""
     if "not_measured" in point:
-        return [f"not measured, because {point['not_measured']}", *[""] * (len(columns) - 1)]
+        return unmeasured(point, len(columns))
     return [POINT_COLUMNS[column](point) for column in columns]
 
 
+def render_chunk_sweep(results, plt, output_dir):
+    text = (
+        f"The loss's values per chunk on the device (the default is 2^26), the {results['preset']} preset eager, "
+        f"{results['batch_tokens']:,} source tokens a batch:"
+    )
+    columns = ("tokens/s", "peak memory MiB")
+    cells = [[f"2^{int(math.log2(p['chunk_elements']))}", *point_cells(p, columns)] for p in results["points"]]
+    return f"{text}\n\n{table(['values per chunk', *columns], cells)}", []
+
+
 def render_batch_sweep(results, plt, output_dir):
-    lines = [
+    text = (
         f"vaswani, eager, pairs of {results['length']} tokens, against the source tokens of a batch (as many target "
-        "tokens):",
-        "",
-    ]
+        "tokens):"
+    )
     columns = ("tokens/s", "MFU", "peak memory MiB")
     cells = [[p["preset"], f"{p['batch_tokens']:,}", *point_cells(p, columns)] for p in results["points"]]
-    lines.append(table(["preset", "source tokens a batch", *columns], cells))
     figure, axis = plt.subplots(figsize=(6, 4))
     for preset in dict.fromkeys(point["preset"] for point in results["points"]):
         shown = [point for point in results["points"] if point["preset"] == preset and "tokens_per_s" in point]
@@ -327,7 +290,8 @@ def render_batch_sweep(results, plt, output_dir):
         xlabel="source tokens a batch", ylabel="training tokens/s", xscale="log", title="Speed against batch size"
     )
     axis.legend()
-    return "\n".join(lines + [saved(figure, plt, output_dir, "gpu_batch_sweep.png", "speed against batch")]), []
+    picture = saved(figure, plt, output_dir, "gpu_batch_sweep.png", "speed against batch")
+    return f"{text}\n\n{table(['preset', 'source tokens a batch', *columns], cells)}\n\n{picture}", []
 
 
 # The sections in the page's order: the first command's, then the second's (benchmarks.gpu_report_measure.PARTS).

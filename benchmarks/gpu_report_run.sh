@@ -1,16 +1,12 @@
 #!/usr/bin/env bash
-# GPU report, step 2 of 2: one part of the report in one command, on a GPU machine without network access.
+# GPU report, step 2 of 2: one part of the report, on a GPU machine without network access, from the checkout's root.
 #
 #   bash CARRY/run.sh OUTPUT_DIR [--part 2] [--device cpu --quick] [--section NAME ...]
 #
-# Run from the root of the checkout, with CARRY the folder `python -m benchmarks.gpu_report_prepare` wrote (this file is
-# its run.sh). It installs the carried wheels and the checkout into a folder of its own that comes first on PYTHONPATH
-# (offline: no index; no dependencies resolved; `python3`'s own packages, torch among them, are read but never
-# replaced), checks that `python3` has what the carry was prepared for, then runs `benchmarks.gpu_report_measure`:
-# part 1 (training, time_to_bleu, generation, correctness; 9 minutes) or, with --part 2, part 2 (profile, chunk_sweep,
-# batch_sweep; 4 minutes), the sections in order of priority within the part's deadline counted from this script's
-# start, each section's JSON and the page gpu.md (both parts' sections) written into OUTPUT_DIR as they are measured, so
-# that a run cut off leaves everything measured until then. The arguments after OUTPUT_DIR go to gpu_report_measure.
+# Installs CARRY's wheels (benchmarks.gpu_report_prepare's) and the checkout offline, without dependencies, into a
+# folder first on PYTHONPATH (python3's own packages, torch among them, are never replaced), checks python3 against the
+# carry, then runs benchmarks.gpu_report_measure with the arguments after OUTPUT_DIR, its deadline counted from this
+# script's start: each section's JSON and gpu.md go into OUTPUT_DIR as they are measured.
 set -euo pipefail
 started=$(date +%s)
 if [ $# -lt 1 ] || [[ $1 == -* ]]; then

@@ -17,7 +17,8 @@ from vaswani.checks import UsageError, tokenizer_ids
 
 
 # What a step's time is spent on, by the name of the kernel (on a CPU, of the operator) that spends it; the first
-# pattern that matches wins. Eager kernels of the loss are told by the operator that launched them (`LOSS_RANGE`).
+# pattern that matches wins. Eager kernels of the loss are told by the operator that launched them (`LOSS_RANGE`),
+# compiled ones by their fused names.
 KERNEL_KINDS = (
     ("loss", r"logsumexp|log_?softmax|nll_loss|cross_?entropy"),
     ("attention", r"flash|fmha|attention|sdpa"),
@@ -30,12 +31,6 @@ KERNEL_KINDS = (
     ),
 )
 LOSS_RANGE = "label-smoothed loss"
-
-
-def kernel_kind(name: str, in_loss: bool) -> str:
-    if in_loss:
-        return "loss"
-    return next((kind for kind, pattern in KERNEL_KINDS if re.search(pattern, name, re.I)), "other")
 
 
 @contextlib.contextmanager
@@ -61,11 +56,8 @@ def loss_ranged():
 
 
 def profile_training(measure, args) -> dict:
-    """Where the time of one training step goes (torch.profiler), `measure(args)` running the steps `args` asks for:
-    on CUDA each kernel's device time, on a CPU each operator's own time, grouped into KERNEL_KINDS (`shares`, of the
-    step's profiled total) and the `top` kernels.
-    Eager, the loss's kernels are those launched under its forward and backward (timed in a `LOSS_RANGE` range);
-    compiled, those whose fused names say so."""
+    """Where the time of one training step (`measure(args)`) goes: each kernel's device time on CUDA, each operator's
+    own time on a CPU, as shares of KERNEL_KINDS and the top kernels."""
     from torch.profiler import ProfilerActivity, profile
 
     warm, once = copy.copy(args), copy.copy(args)  # copies keep the worker's memory baseline
@@ -86,7 +78,8 @@ def profile_training(measure, args) -> dict:
             [(k.name, k.duration) for k in event.kernels] if on_cuda else [(event.name, event.self_cpu_time_total)]
         )
         for name, microseconds in pieces:
-            entry = spent.setdefault((name, kernel_kind(name, LOSS_RANGE in parents)), [0, 0.0])
+            kind = next((kind for kind, pattern in KERNEL_KINDS if re.search(pattern, name, re.I)), "other")
+            entry = spent.setdefault((name, "loss" if LOSS_RANGE in parents else kind), [0, 0.0])
             entry[0] += 1
             entry[1] += microseconds
     total = sum(microseconds for _, microseconds in spent.values())
@@ -108,18 +101,14 @@ def profile_training(measure, args) -> dict:
 
 
 def time_to_bleu(args, sizes, deadline, publish) -> dict:
-    """The paper's recipe on the prepared corpus for the time left (at most `sizes.bleu_minutes` of training), test
-    BLEU of the paper's beam search every `sizes.bleu_every_minutes`, evaluations not counted as training. The warmup is
-    the paper's 4% of the steps the run will take (timed on 10 calibration steps), the peak the paper's; the untrained
-    model's decoding of the longest sentences sets the time kept for each evaluation. Eager: compiling would cost a
-    minute of a few minutes' run."""
+    """Test BLEU every `sizes.bleu_every_minutes` of the paper's recipe on the carried corpus, for the time left.
+    Eager: compiling would cost a minute of a few minutes' run."""
     import sacrebleu
     from accelerate import Accelerator
     from transformers import AutoTokenizer
 
     from benchmarks.gpu_report_prepare import CarriedPairs
-    from vaswani import VaswaniConfig, VaswaniForConditionalGeneration
-    from vaswani.modeling.pipeline_vaswani import longest_first, translate_batch
+    from vaswani import VaswaniConfig, VaswaniForConditionalGeneration, VaswaniTranslationPipeline
     from vaswani.training.batching import StepBatches, TokenBucketSampler
     from vaswani.training.checkpoints import TrainState
     from vaswani.training.schedule import inverse_sqrt_schedule, paper_peak_lr
@@ -133,9 +122,7 @@ def time_to_bleu(args, sizes, deadline, publish) -> dict:
     tokenizer = AutoTokenizer.from_pretrained(corpus_dir / "tokenizer")
     test = json.loads((corpus_dir / "test.json").read_text())
     test_sources, references = test["sources"][: sizes.bleu_pairs], test["references"][: sizes.bleu_pairs]
-    by_length = longest_first([len(text) for text in test_sources])  # less padding
-    size = sizes.bleu_eval_batch
-    batches = [by_length[start : start + size] for start in range(0, len(by_length), size)]
+    size = sizes.bleu_eval_batch  # test sentences translated at once
     config = VaswaniConfig.from_preset(sizes.bleu_preset, **tokenizer_ids(tokenizer))
     pairs = CarriedPairs(corpus_dir / "train.npz", config.pad_token_id, config.decoder_start_token_id)
     sampler = TokenBucketSampler(
@@ -144,8 +131,7 @@ def time_to_bleu(args, sizes, deadline, publish) -> dict:
     loader = torch.utils.data.DataLoader(pairs, sampler=sampler, batch_size=None)
 
     def fresh_run(warmup=None, peak=None):
-        """A new model from the same seed, prepared with Adam and, given a warmup, the paper's schedule; a new
-        `TrainState`, and the batches from its start."""
+        """A new model from the same seed with Adam (and the paper's schedule, given a warmup), state and batches."""
         torch.manual_seed(0)
         model = VaswaniForConditionalGeneration(config)
         optimizer = recipe_adam(accelerator, model.parameters(), lr=1.0 if warmup else 1e-4)
@@ -155,29 +141,30 @@ def time_to_bleu(args, sizes, deadline, publish) -> dict:
         return model.train(), optimizer, scheduler, state, StepBatches(loader, state, 1)
 
     def step(model, optimizer, scheduler, state, batches):
-        """One step of the recipe, counted in `state`; its loss per target token."""
+        """One step of the recipe, counted in `state`: its loss per target token, and its seconds."""
         start = time.perf_counter()
         result = train_step(accelerator, model, optimizer, scheduler, next(batches), 0.1)
-        state.add_step(result, time.perf_counter() - start)  # train_step ends in a sync: the time is its own
-        return result.loss / result.target_tokens
+        seconds = time.perf_counter() - start  # train_step ends in a sync: the time is its own
+        state.add_step(result, seconds)
+        return result.loss / result.target_tokens, seconds
 
-    # translate_batch, not vaswani.evaluation's translate(): that imports `evaluate`, which the carry leaves out.
-    def translated(model, rows) -> list[str]:
-        model.eval()
+    # The pipeline (longest first, in batches), not vaswani.evaluation's translate(): that imports `evaluate`, which
+    # the carry leaves out.
+    def translated(model, sources) -> list[str]:
+        pipeline = VaswaniTranslationPipeline(model=model.eval(), tokenizer=tokenizer, device=model.device)
         with torch.no_grad(), accelerator.autocast():
-            sources = [test_sources[i] for i in rows]
-            answers = translate_batch(model, tokenizer, sources, num_beams=4, length_penalty=0.6, do_sample=False)
+            answers = pipeline(sources, batch_size=size, num_beams=4, length_penalty=0.6, do_sample=False)
         model.train()
-        return [hypotheses[0]["translation_text"] for hypotheses in answers]
+        return [answer["translation_text"] for answer in answers]
 
-    calibration, step_times = fresh_run(), []
-    for _ in range(10):
-        before = calibration[3].train_seconds
-        step(*calibration)
-        step_times.append(calibration[3].train_seconds - before)
+    # Calibration: a step's time plans the run's steps (and so its warmup); the untrained model's translation of the
+    # longest batch, the time kept for each evaluation.
+    calibration = fresh_run()
+    step_times = [step(*calibration)[1] for _ in range(10)]
     started = time.perf_counter()
-    translated(accelerator.unwrap_model(calibration[0]), batches[0])
-    evaluation_seconds = (time.perf_counter() - started) * len(batches)  # at most: untrained, the longest batch
+    translated(accelerator.unwrap_model(calibration[0]), sorted(test_sources, key=len)[-size:])
+    batches = -(-len(test_sources) // size)
+    evaluation_seconds = (time.perf_counter() - started) * batches  # at most: untrained, the longest batch
     del calibration
     accelerator.free_memory()  # the calibration's model and optimizer
 
@@ -210,19 +197,9 @@ def time_to_bleu(args, sizes, deadline, publish) -> dict:
     losses, next_evaluation = [], every
 
     def evaluate():
-        hypotheses = [None] * len(test_sources)
-        for rows in batches:
-            for row, hypothesis in zip(rows, translated(model, rows)):
-                hypotheses[row] = hypothesis
-        score = metric.corpus_score(hypotheses, [references])
-        results["points"].append(
-            {
-                "minutes": state.train_seconds / 60,
-                "steps": state.step,
-                "bleu": score.score,
-                "train_loss": statistics.mean(losses[-50:]),
-            }
-        )
+        score = metric.corpus_score(translated(model, test_sources), [references])
+        point = {"minutes": state.train_seconds / 60, "steps": state.step, "bleu": score.score}
+        results["points"].append(point | {"train_loss": statistics.mean(losses[-50:])})
         results["signature"] = str(metric.get_signature())
         publish(results)
 
@@ -230,7 +207,7 @@ def time_to_bleu(args, sizes, deadline, publish) -> dict:
         if deadline.left() < evaluation_seconds + step_seconds:
             results["stopped_by_deadline"] = True
             break
-        losses.append(step(*run))
+        losses.append(step(*run)[0])
         if state.train_seconds >= next_evaluation:
             evaluate()
             next_evaluation += every

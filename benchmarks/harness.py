@@ -2,6 +2,7 @@
 of a process tree, the machine and versions, and the JSON and Markdown page. Not a tool.
 """
 
+import contextlib
 import datetime
 import importlib.metadata
 import json
@@ -24,10 +25,8 @@ SAMPLE_SECONDS = 0.2  # between two samples of a process tree's memory
 
 
 def run_json(arguments, timeout=None) -> dict:
-    """`python ARGUMENTS` in a fresh process from the checkout's root, so that nothing run before it (memory, thread
-    pools, compiled graphs) weighs on what it measures: the JSON of the last line it prints. A failure raises
-    RuntimeError ending in the process's last lines of standard error; running past `timeout` seconds raises
-    subprocess.TimeoutExpired."""
+    """`python ARGUMENTS` in a fresh process from the checkout's root: the JSON of the last line it prints. A failure
+    raises RuntimeError with the end of its standard error; running past `timeout` seconds, TimeoutExpired."""
     command = [sys.executable, *map(str, arguments)]
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=timeout)
     if done.returncode != 0:
@@ -62,26 +61,22 @@ def alternating_rounds(names: list, rounds: int, measure) -> dict:
 
 
 class ProcessTree:
-    """A process and every process under it, their resident memory sampled with psutil. Each process is psutil's,
-    known by its pid and start time, so that a pid reused after a process ended is never taken for it; anonymous
-    memory is `rss - shared` (the resident pages that are neither file-backed nor shared memory)."""
+    """A process and every process under it, their resident memory sampled with psutil (which knows a process by its
+    pid and start time, so that a pid reused after a process ended is never taken for it)."""
 
     def __init__(self, pid: int):
         self.pid, self.seen, self.peak_rss, self.peak_anon = pid, {}, 0, 0
 
     def processes(self) -> list:
         """The root and its descendants now, and every process seen under it before."""
-        try:
+        with contextlib.suppress(psutil.NoSuchProcess):
             root = psutil.Process(self.pid)
             self.seen.update((process.pid, process) for process in [root, *root.children(recursive=True)])
-        except psutil.NoSuchProcess:
-            pass
         return list(self.seen.values())
 
     def sample(self) -> dict:
-        """{pid: (parent pid, command line, RSS, anonymous, the kernel's peak RSS)} of the tree's live processes (one
-        that ends between two reads is left out whole); the peaks of their summed RSS and anonymous memory are kept.
-        The kernel's peak is VmHWM of /proc/PID/status (0 where there is none), which psutil does not report."""
+        """{pid: (parent pid, command line, RSS, anonymous `rss - shared`, the kernel's peak RSS VmHWM or 0)} of the
+        tree's live processes; the peaks of their summed RSS and anonymous memory are kept."""
         now = {}
         for process in self.processes():
             try:
@@ -99,21 +94,16 @@ class ProcessTree:
 
     def kill(self, root: subprocess.Popen) -> None:
         """SIGKILL every process group of the tree (a launcher may start each child in a session of its own), then
-        wait until all its processes are gone. Only processes still running count (a pid reused meanwhile is left
-        alone); so does the root's own group while the root is not yet waited for (its pid cannot be reused until
-        then)."""
+        wait until all its processes are gone. Only running processes count (a pid reused meanwhile is left alone),
+        and the root's own group while the root is not yet waited for (its pid cannot be reused until then)."""
         running = [process for process in self.processes() if alive(process)]
         groups = {root.pid} if root.returncode is None else set()
         for process in running:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 groups.add(os.getpgid(process.pid))
-            except ProcessLookupError:
-                pass
         for group in groups - {os.getpgrp()}:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(group, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
         root.wait()
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and any(alive(process) for process in running):
@@ -157,10 +147,7 @@ def free_port() -> int:
 
 def machine() -> str:
     """The CPU's model, the cores this process may use, the memory and the operating system."""
-    try:
-        cpuinfo = Path("/proc/cpuinfo").read_text().splitlines()
-    except OSError:
-        cpuinfo = []
+    cpuinfo = Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []
     names = [line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name")]
     cpu = names[0] if names else platform.processor() or platform.machine()
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()

@@ -3,10 +3,9 @@
     python -m benchmarks.learning_curves [--variants vaswani:tensor2tensor vaswani:fairseq vaswani:fairseq+bias marian]
                                          [--seeds 1 2] [--max_steps 1500] [--report_only]
 
-Every run trains one variant from one seed with the recipe's own step on the same batches in the same order, takes
-the validation NLL every --eval_steps steps (and beside other pairs' sources: what the source is worth) and test BLEU
-at the end. Runs resume where they stopped and finished ones are skipped: OUTPUT_DIR/runs/VARIANT-seedN.json, and
-OUTPUT_DIR/learning_curves.{md,png} rewritten as each ends. The variants and the recipe: docs/benchmarks/README.md.
+Each run (one variant from one seed) resumes where it stopped and is skipped once finished:
+OUTPUT_DIR/runs/VARIANT-seedN.json, and OUTPUT_DIR/learning_curves.{md,png} rewritten as each ends. The variants, the
+recipe and what is measured: docs/benchmarks/README.md.
 """
 
 import json
@@ -17,24 +16,22 @@ from pathlib import Path
 
 import torch
 from accelerate import Accelerator
+from transformers import MarianMTModel
 
 from benchmarks import harness
+from benchmarks.benchmark import marian_config
 from vaswani import VaswaniConfig, VaswaniForConditionalGeneration
 from vaswani.checks import UsageError, tokenizer_ids
 from vaswani.cli import command, parse_arguments
 from vaswani.configuration.configuration_vaswani import INIT_SCHEMES
 from vaswani.corpora.tokenizer import load_tokenizer
 from vaswani.evaluation.bleu import corpus_bleu, load_pairs, translate
+from vaswani.inspection.figures import pyplot
 from vaswani.progress import progress_bar
 from vaswani.training import validate
 from vaswani.training.batching import StepBatches, TokenBucketSampler
 from vaswani.training.checkpoints import TrainState
-from vaswani.training.data import (
-    PairCollator,
-    load_translation_dataset,
-    pair_loader,
-    tokenize_split,
-)
+from vaswani.training.data import PairCollator, load_translation_dataset, pair_loader, tokenize_split
 from vaswani.training.schedule import inverse_sqrt_schedule
 from vaswani.training.step import recipe_adam, train_step
 
@@ -56,6 +53,10 @@ class RecipeArguments:
     report_only: bool = field(default=False, metadata={"help": "only rewrite the table and plot"})
 
 
+BIASES = ("", "+bias", "+bias-paired")  # none, attention biases, attention biases from the run without them
+VARIANTS = ["marian", *(f"vaswani:{scheme}{bias}" for scheme in INIT_SCHEMES for bias in BIASES)]
+
+
 @dataclass
 class CurveArguments(RecipeArguments):
     output_dir: str = "docs/benchmarks/learning_curves"
@@ -69,24 +70,12 @@ class CurveArguments(RecipeArguments):
     report_steps: list[int] = field(default_factory=lambda: [400, 800, 1500])
 
     def __post_init__(self):
-        for variant in self.variants:
-            kind, _, scheme = variant.partition(":")
-            scheme, plus, bias = scheme.partition("+")
-            if not (
-                variant == "marian"
-                or (kind == "vaswani" and scheme in INIT_SCHEMES and (bias in ("bias", "bias-paired")) == bool(plus))
-            ):
-                raise UsageError(
-                    f"unknown variant {variant!r}: use marian, vaswani:SCHEME, vaswani:SCHEME+bias or "
-                    f"vaswani:SCHEME+bias-paired ({', '.join(INIT_SCHEMES)})"
-                )
+        unknown = [variant for variant in self.variants if variant not in VARIANTS]
+        if unknown:
+            raise UsageError(f"unknown variants {unknown}: use {', '.join(VARIANTS)}")
 
 
 def build_model(variant: str, config: VaswaniConfig):
-    from transformers import MarianMTModel
-
-    from benchmarks.benchmark import marian_config
-
     if variant == "marian":
         return MarianMTModel(marian_config(config))
     scheme, _, bias = variant.partition(":")[2].partition("+")
@@ -118,36 +107,24 @@ class StudyData:
 
 
 def other_sources(batch: dict) -> dict:
-    """The batch with each target beside the source of the pair before it (the first beside the last's): the
-    validation NLL of such batches is what the model predicts without its own source, and its gap to the true NLL is
-    how much the model reads the source, in nats per target token."""
+    """The batch with each target beside the source of the pair before it (the first beside the last's): what the
+    model predicts without its own source."""
     return batch | {name: batch[name].roll(1, dims=0) for name in ("input_ids", "attention_mask")}
 
 
 def load_study_data(args: RecipeArguments, bleu_split: str) -> StudyData:
     """The corpus of --dataset_dir tokenized with --tokenizer; the first --bleu_samples pairs of `bleu_split`."""
-    dataset = load_translation_dataset(args.dataset_dir, args.source_lang, args.target_lang)
+    languages = args.source_lang, args.target_lang
+    dataset = load_translation_dataset(args.dataset_dir, *languages)
     tokenizer = load_tokenizer(args.tokenizer)
-    splits = {
-        name: tokenize_split(dataset[name], tokenizer, args.source_lang, args.target_lang)
-        for name in ("train", "validation")
-    }
-    collator = PairCollator(tokenizer.pad_token_id, tokenizer.bos_token_id)
-    valid_sampler = TokenBucketSampler(
-        splits["validation"].source_lengths,
-        splits["validation"].target_lengths,
-        args.batch_tokens,
-        shuffle=False,
-        drop_remainder=False,
+    train, valid = (tokenize_split(dataset[name], tokenizer, *languages) for name in ("train", "validation"))
+    sampler = TokenBucketSampler(
+        valid.source_lengths, valid.target_lengths, args.batch_tokens, shuffle=False, drop_remainder=False
     )
-    valid_loader = pair_loader(splits["validation"], valid_sampler, collator)
-    sources, references, _ = load_pairs(
-        args.dataset_dir, bleu_split, args.source_lang, args.target_lang, max_samples=args.bleu_samples or 1
-    )
-    other_source_batches = [other_sources(batch) for batch in valid_loader]
-    return StudyData(
-        tokenizer, splits["train"], valid_loader, other_source_batches, (sources, references), Accelerator(cpu=True)
-    )
+    valid_loader = pair_loader(valid, sampler, PairCollator(tokenizer.pad_token_id, tokenizer.bos_token_id))
+    sources, references, _ = load_pairs(args.dataset_dir, bleu_split, *languages, max_samples=args.bleu_samples or 1)
+    others = [other_sources(batch) for batch in valid_loader]
+    return StudyData(tokenizer, train, valid_loader, others, (sources, references), Accelerator(cpu=True))
 
 
 def train_curve(model, seed: int, args: RecipeArguments, data: StudyData, state_path: Path, label_smoothing: float):
@@ -161,9 +138,8 @@ def train_curve(model, seed: int, args: RecipeArguments, data: StudyData, state_
     state, curve = TrainState(), []
     if state_path.exists():
         saved = torch.load(state_path, weights_only=False)
-        model.load_state_dict(saved["model"])
-        optimizer.load_state_dict(saved["optimizer"])
-        scheduler.load_state_dict(saved["scheduler"])
+        for name, part in [("model", model), ("optimizer", optimizer), ("scheduler", scheduler)]:
+            part.load_state_dict(saved[name])
         torch.set_rng_state(saved["rng"])
         state, curve = TrainState(**saved["state"]), saved["curve"]
     accelerator = data.accelerator
@@ -182,25 +158,18 @@ def train_curve(model, seed: int, args: RecipeArguments, data: StudyData, state_
             other_source = validate(accelerator, model, data.other_source_batches)["val_loss"]
             point = {"step": state.step, "train_loss": train_loss, "val_nll": val_nll}
             curve.append(point | {"val_nll_other_source": other_source})
-            progress.write(
-                f"{state_path.stem}: step {state.step}, validation NLL {val_nll:.3f} ({other_source:.3f} beside "
-                "other sources)"
-            )
-            saved = {
-                "model": model.state_dict(),
-                "optimizer": optimizer.state_dict(),
-                "scheduler": scheduler.state_dict(),
-                "rng": torch.get_rng_state(),
-                "state": asdict(state),
-                "curve": curve,
-            }
+            beside = f"({other_source:.3f} beside other sources)"
+            progress.write(f"{state_path.stem}: step {state.step}, validation NLL {val_nll:.3f} {beside}")
+            saved = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
+            saved |= {"scheduler": scheduler.state_dict(), "rng": torch.get_rng_state()}
+            saved |= {"state": asdict(state), "curve": curve}
             write_whole(state_path, lambda temporary: torch.save(saved, temporary))
     progress.close()
     return model, curve
 
 
 def bleu_of(model, data: StudyData, **decoding) -> dict:
-    """sacreBLEU of `model`'s translations of the study's BLEU pairs, beam 4: {"bleu", "bleu_signature", "bleu_pairs"}."""
+    """sacreBLEU of `model`'s beam-4 translations of the BLEU pairs: {"bleu", "bleu_signature", "bleu_pairs"}."""
     sources, references = data.bleu_pairs
     hypotheses = translate(model, data.tokenizer, sources, num_beams=4, **decoding)
     score, signature = corpus_bleu(hypotheses, references.to_pylist())
@@ -208,9 +177,8 @@ def bleu_of(model, data: StudyData, **decoding) -> dict:
 
 
 def write_whole(path: Path, write) -> None:
-    """`write(temporary)`, then the temporary renamed to `path`: the study's other processes, which share its runs/
-    folder, never read a half-written file, and a run stopped while it writes keeps what `path` held before (a
-    result half written would count as finished, and its resume state would be gone)."""
+    """`write(temporary)`, then the temporary renamed to `path`: no process of the study reads a half-written file, and
+    a run stopped while it writes keeps what `path` held (a result half written would count as finished)."""
     temporary = path.with_name(path.name + ".tmp")
     write(temporary)
     os.replace(temporary, path)
@@ -224,34 +192,26 @@ def finish_run(run_path: Path, result: dict, data: StudyData) -> None:
 
 
 def train_run(variant, seed, args, data: StudyData, run_path: Path) -> dict:
-    """One variant from one seed: the curve, then test BLEU; resumable from run_path's .pt state."""
+    """One variant from one seed: its result, the curve and test BLEU; resumable from run_path's .pt state."""
     config = VaswaniConfig.from_preset(args.preset, **tokenizer_ids(data.tokenizer))
     torch.manual_seed(seed)
     model = build_model(variant, config)
     model, curve = train_curve(model, seed, args, data, run_path.with_suffix(".pt"), args.label_smoothing_factor)
-    result = {
-        "variant": variant,
-        "seed": seed,
-        "settings": asdict(args),
-        "parameters": model.num_parameters(),
-        "curve": curve,
-        **harness.environment("torch", "transformers"),
-    }
+    result = {"variant": variant, "seed": seed, "settings": asdict(args), "parameters": model.num_parameters()}
+    result |= {"curve": curve, **harness.environment("torch", "transformers")}
     if args.bleu_samples:
         longest = max(len(ids) for ids in data.tokenizer(data.bleu_pairs[0].to_pylist())["input_ids"])
         # One output limit for every model (the longest test source + 50), and transformers' beam search for every
         # variant (Marian has no other; the paper's GNMT penalty would favour vaswani's scores alone).
         paper_decoding = False if isinstance(model, VaswaniForConditionalGeneration) else None
         scores = bleu_of(model, data, max_new_tokens=longest + 50, paper_decoding=paper_decoding)
-        result.update(
-            test_bleu=scores["bleu"], bleu_signature=scores["bleu_signature"], bleu_pairs=scores["bleu_pairs"]
-        )
-    finish_run(run_path, result, data)
+        result |= {"test_bleu": scores.pop("bleu"), **scores}
     return result
 
 
 # What the source must be worth to a model, in nats per target token, for it to count as reading it: a run on the
-# plateau of the target language alone measures 0.00-0.04 here, one that has left it 0.2 and more by the next evaluation.
+# plateau of the target language alone measures 0.00-0.04 here, one that has left it 0.2 and more by the next
+# evaluation.
 READS_SOURCE_NATS = 0.1
 
 
@@ -262,9 +222,8 @@ def source_worth(point: dict) -> float:
 
 
 def reads_source_from(run: dict) -> str:
-    """The first evaluated step at which the source is worth READS_SOURCE_NATS to `run`'s model (the step it left the
-    plateau of the target language alone), ">LAST" if it never was, "n/a" for runs measured before the other-source
-    NLL was recorded."""
+    """The first evaluated step at which the source is worth READS_SOURCE_NATS to `run`'s model, ">LAST" if it never
+    was, "n/a" for runs measured before the other-source NLL was recorded."""
     curve = run["curve"]
     if "val_nll_other_source" not in curve[0]:
         return "n/a"
@@ -274,37 +233,32 @@ def reads_source_from(run: dict) -> str:
     return f">{curve[-1]['step']}"
 
 
+def mean_and_each(values: list, digits: int) -> str:
+    """The mean of the values and, in brackets, each one; n/a for none."""
+    each = ", ".join(f"{value:.{digits}f}" for value in values)
+    return f"{sum(values) / len(values):.{digits}f} ({each})" if values else "n/a"
+
+
 def write_report(args, output_dir: Path):
     """The table (validation NLL at --report_steps, test BLEU, the step each run starts to read its source; mean and
     each seed) and the plot, from finished runs."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     runs = [json.loads(path.read_text()) for path in sorted((output_dir / "runs").glob("*.json"))]
     if not runs:
         return "no finished runs yet"
     variants = sorted({run["variant"] for run in runs}, key=lambda v: (v == "marian", v))
     header = ["variant", "seeds", *(f"val NLL @ {step}" for step in args.report_steps), "test BLEU (beam 4)"]
-    rows = []
+    rows, plt = [], pyplot()
     figure, (axis, source_axis) = plt.subplots(1, 2, figsize=(13, 6), layout="constrained")
     for color, variant in enumerate(variants):
         mine = [run for run in runs if run["variant"] == variant]
-        cells = []
-        for report_step in args.report_steps:
-            values = [point["val_nll"] for run in mine for point in run["curve"] if point["step"] == report_step]
-            cells.append(
-                f"{sum(values) / len(values):.3f} ({', '.join(f'{v:.3f}' for v in values)})" if values else "n/a"
-            )
-        bleus = [run["test_bleu"] for run in mine if "test_bleu" in run]
-        bleu = f"{sum(bleus) / len(bleus):.2f} ({', '.join(f'{b:.2f}' for b in bleus)})" if bleus else "n/a"
+        points = [point for run in mine for point in run["curve"]]
+        cells = [mean_and_each([p["val_nll"] for p in points if p["step"] == step], 3) for step in args.report_steps]
+        bleu = mean_and_each([run["test_bleu"] for run in mine if "test_bleu" in run], 2)
         seeds = ", ".join(str(run["seed"]) for run in mine)
         reads = ", ".join(reads_source_from(run) for run in mine)
         rows.append([variant, seeds, *cells, bleu, reads])
         for index, run in enumerate(mine):  # one colour per variant, one line style per seed
-            steps = [point["step"] for point in run["curve"]]
-            nll = [point["val_nll"] for point in run["curve"]]
+            steps, nll = zip(*[(point["step"], point["val_nll"]) for point in run["curve"]])
             style = ("-", "--", ":", "-.")[index % 4]
             axis.plot(steps, nll, style, color=f"C{color}", alpha=0.9, label=f"{variant}, seed {run['seed']}")
             read = [(p["step"], source_worth(p)) for p in run["curve"] if "val_nll_other_source" in p]
@@ -338,7 +292,7 @@ def run_study(args, bleu_split: str, runs: dict, train_one, write_report) -> Non
             for name, what in runs.items():
                 run_path = output_dir / "runs" / f"{name}-seed{seed}.json"
                 if not run_path.exists():
-                    train_one(what, seed, args, data, run_path)
+                    finish_run(run_path, train_one(what, seed, args, data, run_path), data)
                     write_report(args, output_dir)
     print(write_report(args, output_dir))
 

@@ -5,8 +5,7 @@ processes of its own, one after the other.
                                     [--fairseq_python PY] [--output docs/benchmarks/preprocess]
 
 CORPUS is a DatasetDict of scripts/prepare_data.py, TOK its shared BPE; fairseq runs in the Python of
-scripts/install_fairseq.sh (--fairseq_python). Steps: the BPE text fairseq reads, fairseq-preprocess, vaswani's
-first tokenization. Writes OUTPUT.json and OUTPUT.md; how it measures: docs/benchmarks/README.md.
+scripts/install_fairseq.sh (--fairseq_python). Writes OUTPUT.json and OUTPUT.md.
 """
 
 import argparse
@@ -18,6 +17,7 @@ import sys
 from pathlib import Path
 
 from benchmarks import harness
+from benchmarks.data_scale_work import cache_files, train_rows
 from benchmarks.harness import folder_bytes, run_measured
 
 
@@ -28,7 +28,7 @@ SPLITS = {"train": "train", "validation": "valid", "test": "test"}  # the Datase
 
 
 def write_bpe(corpus, tokenizer_dir, output, workers, languages):
-    """Step 1: each split's sentences as space-separated BPE tokens, in fairseq's file names (train.en, ...)."""
+    """Step 1: each split's sentences as space-separated BPE tokens, in fairseq's file names (OUTPUT/train.en, ...)."""
     from datasets import load_from_disk
     from transformers import AutoTokenizer
 
@@ -66,15 +66,16 @@ def tokenize_for_training(corpus, tokenizer_dir, workers, languages):
 # --- The comparison. ---
 
 
-def train_pairs_of(corpus):
-    from datasets import load_from_disk
-
-    return load_from_disk(str(corpus))["train"].num_rows
+STEPS = {  # each step's row on the page
+    "bpe": "1. BPE text for fairseq (the tokenizer's encoder)",
+    "fairseq": "2. fairseq-preprocess (dictionary, binarising)",
+    "bpe + fairseq": "1 + 2: fairseq's whole path",
+    "vaswani": "3. vaswani's first tokenization (text to ids)",
+}
 
 
 def fairseq_tokens(log_text, language):
-    """The token count fairseq-preprocess logs for the train split of `language`: "[en] .../train.en: N sents, T
-    tokens, ..."."""
+    """The sentences and tokens fairseq-preprocess logs for train.LANGUAGE: "[en] .../train.en: N sents, T tokens"."""
     match = re.search(rf"\[{language}\] \S*train\.{language}: (\d+) sents, (\d+) tokens", log_text)
     if match is None:
         raise SystemExit(f"fairseq-preprocess logged no token count for train.{language}")
@@ -82,24 +83,15 @@ def fairseq_tokens(log_text, language):
 
 
 def compare(args):
-    corpus, work = Path(args.corpus), Path(args.workdir)
-    train_pairs, (source, target) = train_pairs_of(corpus), args.languages
+    corpus, work = args.corpus, args.workdir
+    train_pairs, (source, target) = train_rows(corpus), args.languages
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
-    for cached in corpus.glob("*/vaswani-*"):  # vaswani's first tokenization, as a new corpus meets it
+    for cached in cache_files(corpus):  # vaswani's first tokenization, as a new corpus meets it
         cached.unlink()
     me = [sys.executable, "-m", "benchmarks.preprocess"]
-    common = ["--corpus", str(corpus), "--tokenizer", str(args.tokenizer), "--workers", str(args.workers)]
-    common += ["--languages", source, target]
-    single_thread = {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "true"}
-
-    rows = {}
-    print("1. BPE text for fairseq", flush=True)
-    rows["bpe"] = run_measured(
-        [*me, "bpe", *common, "--workdir", str(work / "bpe")], env=single_thread, log=work / "bpe.log"
-    )
-    rows["bpe"]["bytes"] = folder_bytes([work / "bpe"])
-    print("2. fairseq-preprocess", flush=True)
+    common = ["--corpus", str(corpus), "--tokenizer", str(args.tokenizer), "--workdir", str(work)]
+    common += ["--workers", str(args.workers), "--languages", source, target]
     prefixes = {name: str(work / "bpe" / name) for name in SPLITS.values()}
     fairseq = [
         args.fairseq_python, "-m", "fairseq_cli.preprocess", "--source-lang", source, "--target-lang", target,
@@ -107,26 +99,22 @@ def compare(args):
         "--destdir", str(work / "fairseq"), "--joined-dictionary", "--dataset-impl", "mmap",
         "--workers", str(args.workers),
     ]  # fmt: skip
-    rows["fairseq"] = run_measured(fairseq, env=single_thread, log=work / "fairseq.log")
+    commands = {"bpe": [*me, "bpe", *common], "fairseq": fairseq, "vaswani": [*me, "vaswani", *common]}
+    single_thread, rows = {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "true"}, {}
+    for name, command in commands.items():
+        print(STEPS[name], flush=True)
+        rows[name] = run_measured(command, env=single_thread, log=work / f"{name}.log")
+    rows["bpe"]["bytes"] = folder_bytes([work / "bpe"])
     rows["fairseq"]["bytes"] = folder_bytes([work / "fairseq"])
-    log_text = (work / "fairseq.log").read_text()
-    sentences, fairseq_source_tokens = fairseq_tokens(log_text, source)
-    print("3. vaswani's first tokenization", flush=True)
-    rows["vaswani"] = run_measured([*me, "vaswani", *common], env=single_thread, log=work / "vaswani.log")
-    rows["vaswani"]["bytes"] = sum(path.stat().st_size for path in corpus.glob("*/vaswani-*"))
+    rows["vaswani"]["bytes"] = sum(path.stat().st_size for path in cache_files(corpus))
+    sentences, fairseq_source_tokens = fairseq_tokens((work / "fairseq.log").read_text(), source)
     counts = json.loads((work / "vaswani.log").read_text().strip().splitlines()[-1])
-
-    bpe, binarised = rows["bpe"], rows["fairseq"]
-    rows["bpe + fairseq"] = {
-        "wall_seconds": bpe["wall_seconds"] + binarised["wall_seconds"],
-        "cpu_seconds": bpe["cpu_seconds"] + binarised["cpu_seconds"],
-        "peak_rss": max(bpe["peak_rss"], binarised["peak_rss"]),
-        "peak_anon": max(bpe["peak_anon"], binarised["peak_anon"]),
-        "bytes": binarised["bytes"],  # what training reads; the BPE text is the step's input
-    }
+    both = {key: rows["bpe"][key] + rows["fairseq"][key] for key in ("wall_seconds", "cpu_seconds")}
+    both |= {key: max(rows["bpe"][key], rows["fairseq"][key]) for key in ("peak_rss", "peak_anon")}
+    rows["bpe + fairseq"] = both | {"bytes": rows["fairseq"]["bytes"]}  # what training reads; the BPE text is input
     for row in rows.values():
         row["pairs_per_second_per_worker"] = train_pairs / row["wall_seconds"] / args.workers
-    result = {
+    return {
         **harness.environment("datasets", "tokenizers", "transformers"),
         "corpus": str(corpus),
         "tokenizer": str(args.tokenizer),
@@ -137,18 +125,11 @@ def compare(args):
         "train_sentences": {"fairseq": sentences, "vaswani": counts["train_pairs"]},
         "rows": rows,
     }
-    return result
 
 
 def render(result):
-    names = {
-        "bpe": "1. BPE text for fairseq (the tokenizer's encoder)",
-        "fairseq": "2. fairseq-preprocess (dictionary, binarising)",
-        "bpe + fairseq": "1 + 2: fairseq's whole path",
-        "vaswani": "3. vaswani's first tokenization (text to ids)",
-    }
     cells = []
-    for key, name in names.items():
+    for key, name in STEPS.items():
         row = result["rows"][key]
         memory = [f"{row[figure] / 1e9:.2f} GB" for figure in ("peak_rss", "peak_anon", "bytes")]
         seconds = [f"{row['wall_seconds']:.0f} s", f"{row['cpu_seconds']:.0f} s"]
@@ -177,9 +158,9 @@ def render(result):
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("step", nargs="?", choices=["compare", "bpe", "vaswani"], default="compare")
-    parser.add_argument("--corpus", required=True, help="a DatasetDict folder (scripts/prepare_data.py)")
+    parser.add_argument("--corpus", type=Path, required=True, help="a DatasetDict folder (scripts/prepare_data.py)")
     parser.add_argument("--tokenizer", required=True, help="its shared BPE (scripts/train_tokenizer.py)")
-    parser.add_argument("--workdir", help="where the BPE text and fairseq's output go (replaced)")
+    parser.add_argument("--workdir", type=Path, required=True, help="the BPE text and fairseq's output (replaced)")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--fairseq_python", default=".fairseq-venv/bin/python", help="a Python with fairseq")
     parser.add_argument("--languages", nargs=2, default=["en", "es"], help="source and target (default: en es)")
@@ -190,11 +171,9 @@ def parse_args(argv=None):
 def main(argv=None):
     args = parse_args(argv)
     if args.step == "bpe":
-        return write_bpe(Path(args.corpus), args.tokenizer, Path(args.workdir), args.workers, args.languages)
+        return write_bpe(args.corpus, args.tokenizer, args.workdir / "bpe", args.workers, args.languages)
     if args.step == "vaswani":
-        return tokenize_for_training(Path(args.corpus), args.tokenizer, args.workers, args.languages)
-    if args.workdir is None:
-        raise SystemExit("--workdir is needed: the BPE text and fairseq's output go there")
+        return tokenize_for_training(args.corpus, args.tokenizer, args.workers, args.languages)
     result = compare(args)
     harness.write_page(args.output, result, render(result))
     return result

@@ -3,11 +3,9 @@
     python -m benchmarks.table3 [--width_divisor 4] [--layer_divisor 2] [--max_steps 1200] [--seeds 1 2]
                                 [--rows base "(A) h=1" ...] [--quick] [--report_only]
 
-Each row is the base model with the row's change (vaswani.configuration.table3), widths divided by --width_divisor
-and layer counts by --layer_divisor, trained with learning_curves' loop on the same batches, then scored by dev
-perplexity and the paper's beam search's dev BLEU. --quick rehearses it (widths / 16, 4 steps, 4 BLEU pairs). Runs
-resume as learning_curves' do; OUTPUT_DIR/table3.{md,json,png} are rewritten as each ends, each row beside the
-paper's figures. The recipe: docs/benchmarks/README.md.
+Runs resume as learning_curves' do; OUTPUT_DIR/table3.{md,json,png} are rewritten as each ends: each row's dev
+perplexity and dev BLEU beside the paper's, and the paper's findings. --quick rehearses it (widths / 16, 4 steps,
+4 BLEU pairs). The rows and the recipe: docs/benchmarks/README.md.
 """
 
 import json
@@ -15,15 +13,17 @@ import math
 import re
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from statistics import mean
 
 import torch
 
 from benchmarks import harness
-from benchmarks.learning_curves import RecipeArguments, bleu_of, finish_run, run_study, train_curve
+from benchmarks.learning_curves import RecipeArguments, bleu_of, run_study, train_curve
 from vaswani import VaswaniForConditionalGeneration
 from vaswani.checks import UsageError, tokenizer_ids
 from vaswani.cli import command, parse_arguments
 from vaswani.configuration.table3 import TABLE3
+from vaswani.inspection.figures import pyplot
 from vaswani.training.schedule import paper_peak_lr
 
 
@@ -70,10 +70,6 @@ FINDINGS = [
 ON_PAR = 0.02
 
 
-def slug(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9=._]+", "_", name).strip("_")
-
-
 def row_peak_lr(config, args: Table3Arguments) -> float:
     """The row's peak learning rate: --peak_lr for the base row's d_model, and for a row of another width what
     equation 3 gives it, d_model^-0.5 (section 5.3: the paper's rows of other widths trained at their own rates)."""
@@ -83,33 +79,19 @@ def row_peak_lr(config, args: Table3Arguments) -> float:
 
 
 def train_row(row, seed: int, args: Table3Arguments, data, run_path: Path) -> dict:
-    """One row from one seed: train, then dev perplexity, dev BLEU of the paper's decoding, and parameters."""
+    """One row from one seed: its result, with dev perplexity, dev BLEU of the paper's decoding, and parameters."""
     config = row.config(args.width_divisor, args.layer_divisor, **tokenizer_ids(data.tokenizer))
-    peak_lr = row_peak_lr(config, args)
+    recipe = replace(args, peak_lr=row_peak_lr(config, args))
     torch.manual_seed(seed)
     model = VaswaniForConditionalGeneration(config)
-    row_recipe = replace(args, peak_lr=peak_lr)
-    model, curve = train_curve(model, seed, row_recipe, data, run_path.with_suffix(".pt"), row.label_smoothing)
-    result = {
-        "row": row.name,
-        "seed": seed,
-        "settings": asdict(args),
-        "config": config.to_diff_dict(),
-        "peak_lr": peak_lr,
-        "label_smoothing": row.label_smoothing,
-        "parameters": model.num_parameters(),
-        "curve": curve,
-        "dev_perplexity": math.exp(curve[-1]["val_nll"]),
-        **harness.environment("torch", "transformers"),
-    }
+    model, curve = train_curve(model, seed, recipe, data, run_path.with_suffix(".pt"), row.label_smoothing)
+    result = {"row": row.name, "seed": seed, "settings": asdict(args), "config": config.to_diff_dict()}
+    result |= {"peak_lr": recipe.peak_lr, "label_smoothing": row.label_smoothing, "parameters": model.num_parameters()}
+    result |= {"curve": curve, "dev_perplexity": math.exp(curve[-1]["val_nll"])}
+    result |= harness.environment("torch", "transformers")
     if args.bleu_samples:
         result.update(bleu_of(model, data, paper_decoding=True))
-    finish_run(run_path, result, data)
     return result
-
-
-def mean(values):
-    return sum(values) / len(values)
 
 
 def findings(runs_by_row: dict) -> list[dict]:
@@ -117,10 +99,8 @@ def findings(runs_by_row: dict) -> list[dict]:
     checks = []
     for claim, worse, better, measure in FINDINGS:
         if worse in runs_by_row and better in runs_by_row:
-            pairs = [
-                (runs_by_row[worse][seed], runs_by_row[better][seed])
-                for seed in sorted(set(runs_by_row[worse]) & set(runs_by_row[better]))
-            ]
+            seeds = sorted(set(runs_by_row[worse]) & set(runs_by_row[better]))
+            pairs = [(runs_by_row[worse][seed], runs_by_row[better][seed]) for seed in seeds]
             if measure == "perplexity":
                 agree, rows = sum(w["dev_perplexity"] > b["dev_perplexity"] for w, b in pairs), f"{worse} > {better}"
             else:
@@ -151,11 +131,6 @@ def separate(labels: list, figure) -> None:
 
 def write_report(args: Table3Arguments, output_dir: Path) -> str:
     """table3.md (each row beside the paper's, then the findings), table3.json and table3.png from finished runs."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     runs = [json.loads(path.read_text()) for path in sorted((output_dir / "runs").glob("*.json"))]
     if not runs:
         return "no finished runs yet"
@@ -186,15 +161,13 @@ def write_report(args: Table3Arguments, output_dir: Path) -> str:
 
     # Each row's change of dev perplexity against the base row, the paper's beside the miniature's (each seed against
     # the base row of its own seed): a point in the shaded quadrants moves the way the paper's row moved.
+    plt = pyplot()
     figure, axis = plt.subplots(figsize=(8, 6.5))
     base, labels = runs_by_row.get("base", {}), []
     for index, entry in enumerate(rows):
         name = entry["row"]
-        changes = [
-            100 * (run["dev_perplexity"] / base[seed]["dev_perplexity"] - 1)
-            for seed, run in runs_by_row[name].items()
-            if seed in base
-        ]
+        seeds = [seed for seed in runs_by_row[name] if seed in base]
+        changes = [100 * (runs_by_row[name][s]["dev_perplexity"] / base[s]["dev_perplexity"] - 1) for s in seeds]
         if name == "base" or not changes:
             continue
         x = 100 * (entry["paper"]["dev_perplexity"] / ROWS["base"].perplexity - 1)
@@ -223,7 +196,8 @@ def write_report(args: Table3Arguments, output_dir: Path) -> str:
 @command
 def main(argv=None):
     (args,) = parse_arguments([Table3Arguments], argv, description=__doc__.split("\n\n")[0])
-    run_study(args, "validation", {slug(name): ROWS[name] for name in args.rows}, train_row, write_report)
+    runs = {re.sub(r"[^A-Za-z0-9=._]+", "_", name).strip("_"): ROWS[name] for name in args.rows}  # by file name
+    run_study(args, "validation", runs, train_row, write_report)
 
 
 if __name__ == "__main__":

@@ -38,18 +38,12 @@ SPECIAL_TOKENS = ("<pad>", "<s>", "</s>", "<unk>")
 PAD_ID, BOS_ID, EOS_ID, UNK_ID = range(len(SPECIAL_TOKENS))
 
 
-def train_bpe_tokenizer(
-    texts, vocab_size, model_max_length=1024, min_frequency=2, show_progress=False, add_prefix_space=False
-):
+def train_bpe_tokenizer(texts, vocab_size, model_max_length=1024, min_frequency=2, show_progress=False):
     """Learn a byte-level BPE vocabulary of at most `vocab_size` tokens from `texts` (an iterable of strings, or of
     lists of strings, read once).
 
     Returns a transformers PreTrainedTokenizerFast with the special tokens above. A small corpus may run out of merges
     before reaching `vocab_size`.
-
-    `add_prefix_space=True` encodes a text's first word as if a space preceded it, as GPT-2's and RoBERTa's byte-level
-    BPEs can: "The" then has one token wherever it stands. Decoding drops that space again, so the round trip holds
-    for every text that does not itself start with a space (all of `vaswani.corpora.dataset`'s output).
     """
     tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
     tokenizer.normalizer = normalizers.NFC()
@@ -57,10 +51,8 @@ def train_bpe_tokenizer(
     # following word, so nothing is lost: decoding concatenates the bytes back, which reproduces the input exactly
     # (accents, "¿", "¡", repeated spaces). No prefix space is added by default, because that would add a space the
     # input did not have. The initial alphabet puts all 256 bytes in the vocabulary, so no text ever needs <unk>.
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=add_prefix_space)
-    # With a prefix space, decoding strips it: that space is not the text's.
-    strip_prefix = [decoders.Strip(" ", left=1, right=0)] if add_prefix_space else []
-    tokenizer.decoder = decoders.Sequence([decoders.ByteLevel(), *strip_prefix])
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
         min_frequency=min_frequency,

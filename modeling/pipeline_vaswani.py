@@ -62,6 +62,7 @@ def hard_alignments(model, input_ids, attention_mask, sequences, layer: int = -1
     return alignments
 
 
+# How many texts are decoded together by default: by the pipeline, and by `vaswani.evaluation.bleu.translate`.
 BATCH_SIZE = 32
 
 
@@ -69,9 +70,6 @@ def longest_first(lengths) -> list[int]:
     """The indices of texts of these lengths, longest first (ties in their order): cut into batches, texts of similar
     length share a batch and so its padding; each answer goes back to its text's index."""
     return sorted(range(len(lengths)), key=lambda index: -lengths[index])
-
-
-"""How many texts are decoded together by default: by the pipeline, and by `vaswani.evaluation.bleu.translate`."""
 
 
 def translate_batch(

@@ -493,18 +493,6 @@ def test_a_study_stopped_while_it_writes_a_result_resumes_that_run(tmp_path, mon
 
 
 @pytest.mark.benchmark
-def test_demo_benchmark_times_the_explorers_start_and_answers(trained_text_model, tmp_path):
-    _, _, folder = trained_text_model
-    run_in_checkout(
-        "-m", "benchmarks.demo", "--model", folder, "--text", PAIRS[0][0], "--requests", "2", "--output_dir", tmp_path
-    )
-    result = json.loads((tmp_path / "demo.json").read_text())
-    assert result["translation"] == PAIRS[0][1]  # the model learnt it by heart
-    assert result["start_s"] > 0 and 0 < result["answer_median_s"] <= result["answer_slowest_s"]
-    assert "| one request" in (tmp_path / "demo.md").read_text() and result["browser"] is None
-
-
-@pytest.mark.benchmark
 def test_preprocess_times_vaswani_and_fairseq_preprocess_on_the_same_tokens(fairseq_python, tmp_path):
     """benchmarks/preprocess.py: the same pairs through fairseq-preprocess (after the BPE text) and vaswani's first
     tokenization, with the same token counts, each step's figures and its page."""
@@ -549,37 +537,3 @@ def test_data_scale_follows_a_user_from_the_hubs_layout_to_the_first_step(tmp_pa
     assert len(steps["first run"]["training_processes"]) == 2
     page = (tmp_path / "data_scale.md").read_text()
     assert "## A user's path at 2,000 pairs" in page and "The first tokenization:" in page
-
-
-def test_verse_blocks_splits_the_bible_in_shuffled_blocks_and_learns_a_prefix_space_bpe(tmp_path, monkeypatch):
-    """benchmarks/verse_blocks.py: whole blocks of consecutive verses, shuffled, the last 2% test and the 2% before
-    them validation; a DatasetDict and a tokenizer that benchmarks.learning_curves loads."""
-    from benchmarks import verse_blocks
-    from vaswani.corpora.tokenizer import load_tokenizer
-    from vaswani.training.data import load_translation_dataset
-
-    verses = [
-        {"id": f"Gen.{i // 20 + 1}.{i % 20 + 1}", "group": "", "translation": {"en": f"{en} {i}", "es": f"{es} {i}"}}
-        for i, (en, es) in enumerate(PAIRS * 250)
-    ]
-    splits = verse_blocks.block_split(verses, block=30, seed=0, valid_fraction=0.02, test_fraction=0.02)
-    assert {name: len(rows) for name, rows in splits.items()} == {"train": 960, "validation": 20, "test": 20}
-    shuffled = [
-        int(e["id"].split(".")[1]) * 20 + int(e["id"].split(".")[2]) - 21 for rows in splits.values() for e in rows
-    ]
-    assert sorted(shuffled) == list(range(1000))
-    starts = [i for i in shuffled if i % 30 == 0]
-    assert starts != sorted(starts)  # the blocks are shuffled...
-    for first in starts:  # ...and each stays whole and in order
-        block = list(range(first, min(first + 30, 1000)))
-        assert shuffled[shuffled.index(first) :][: len(block)] == block
-    assert splits == verse_blocks.block_split(verses, block=30, seed=0, valid_fraction=0.02, test_fraction=0.02)
-
-    monkeypatch.setattr("vaswani.corpora.bible.bible_pairs", lambda cache_dir: (verses, {"empty": 3}))
-    verse_blocks.main(["--output_dir", tmp_path, "--vocab_size", "400"])
-    dataset = load_translation_dataset(tmp_path / "data", "en", "es")
-    assert dataset["test"]["id"] == [e["id"] for e in splits["test"]]
-    tokenizer = load_tokenizer(tmp_path / "tokenizer")
-    first_word = tokenizer.convert_ids_to_tokens(tokenizer("Jesus wept.").input_ids)[0]
-    assert first_word.startswith("\u0120")  # the prefix space
-    assert tokenizer.decode(tokenizer("Jesus wept.").input_ids, skip_special_tokens=True) == "Jesus wept."

@@ -4,8 +4,8 @@ pipeline with the same settings."""
 
 import concurrent.futures
 import html
-import json
 import re
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -159,19 +159,36 @@ def test_a_folder_that_is_not_a_vaswani_model_is_refused_at_start_in_one_sentenc
 
 
 @pytest.mark.browser
-def test_a_reader_translates_in_a_real_browser_and_sees_the_sentences_tokens(trained_text_model, tmp_path):
-    """Headless Chromium (Debian's `chromium` and `chromium-driver`) on the page `vaswani-demo` serves, driven by
-    benchmarks/demo.py as for the docs' screenshot: type, translate, read what the page shows."""
-    model, tokenizer, folder = trained_text_model
+def test_a_reader_translates_in_a_real_browser_and_sees_the_sentences_tokens(served, trained_text_model, tmp_path):
+    """Headless Chromium (Debian's `chromium` and `chromium-driver`) on the page `vaswani-demo` serves: type,
+    translate, read what the page shows, and take its screenshot (as docs/images/demo.png shows the main job's)."""
+    from selenium import webdriver
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    model, tokenizer, _ = trained_text_model
     source, screenshot = PAIRS[0][0], tmp_path / "vaswani-demo.png"
-    command = ["-m", "benchmarks.demo", "--model", folder, "--text", source, "--requests", "1"]
-    run_command([sys.executable, *command, "--output_dir", tmp_path, "--screenshot", screenshot], check=True)
-    shown = json.loads((tmp_path / "demo.json").read_text())["browser"]
+    options = webdriver.ChromeOptions()
+    options.binary_location = shutil.which("chromium")
+    for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1300,1500"):
+        options.add_argument(argument)
+    browser = webdriver.Chrome(options=options, service=webdriver.ChromeService(shutil.which("chromedriver")))
+    try:
+        browser.get(served)
+        wait = WebDriverWait(browser, 120)
+        wait.until(lambda page: page.find_elements(By.CSS_SELECTOR, "#sentence textarea"))[0].send_keys(source)
+        browser.find_element(By.ID, "translate").click()
+        wait.until(lambda page: "<td title=" in page.find_element(By.ID, "attention").get_attribute("innerHTML"))
+        browser.save_screenshot(str(screenshot))
+        translation = browser.find_element(By.CSS_SELECTOR, "#translation textarea").get_property("value")
+        attention = browser.find_element(By.ID, "attention").get_attribute("innerHTML")
+    finally:
+        browser.quit()
     print(f"screenshot: {screenshot}")
     expected = VaswaniTranslationPipeline(model=model, tokenizer=tokenizer)(source, num_beams=4, length_penalty=0.6)
-    assert shown["translation"] == expected[0]["translation_text"]
-    columns, rows = axes(shown["attention_html"])
-    assert spelt(columns) == ascii_only(source + "</s>") and spelt(rows) == ascii_only("<s>" + shown["translation"])
+    assert translation == expected[0]["translation_text"]
+    columns, rows = axes(attention)
+    assert spelt(columns) == ascii_only(source + "</s>") and spelt(rows) == ascii_only("<s>" + translation)
     assert screenshot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and screenshot.stat().st_size > 10_000
 
 

@@ -131,21 +131,6 @@ def test_saved_tokenizer_reloads_with_autotokenizer(tokenizer, tmp_path):
         assert reloaded.decode(reloaded(text).input_ids, skip_special_tokens=True) == text
 
 
-def test_a_prefix_space_gives_a_first_word_its_inner_token_and_decodes_away(tokenizer, tmp_path):
-    english, spanish = parallel_corpus()
-    prefixed = train_bpe_tokenizer(english + spanish, VOCAB_SIZE, add_prefix_space=True)
-    # A word opening a sentence gets the token it has inside one ("The" after a space), not a token of its own.
-    assert prefixed("The king").input_ids[0] == prefixed("Yes, The king").input_ids[-3]
-    assert prefixed.convert_ids_to_tokens(prefixed("The").input_ids) == ["\u0120The", "</s>"]
-    assert tokenizer.convert_ids_to_tokens(tokenizer("The").input_ids) == ["The", "</s>"]  # the default: no space
-    prefixed.save_pretrained(tmp_path)
-    reloaded = AutoTokenizer.from_pretrained(tmp_path)
-    for text in [t for t in ROUND_TRIP if not t.startswith(" ")] + english[:3]:
-        ids = reloaded(text).input_ids
-        assert ids == prefixed(text).input_ids
-        assert reloaded.decode(ids, skip_special_tokens=True) == text
-
-
 def test_script_trains_on_both_sides_of_the_train_split(tmp_path, capsys):
     english, spanish = parallel_corpus()
     rows = [
