@@ -516,6 +516,31 @@ def test_preprocess_times_vaswani_and_fairseq_preprocess_on_the_same_tokens(fair
 
 
 @pytest.mark.benchmark
+def test_data_scale_measures_a_first_and_a_cached_start_on_a_corpus_copied_to_size(tmp_path):
+    """benchmarks/data_scale.py memory: the corpus copied to N pairs (each copy's words shuffled), then per process
+    count a first start of train.py (which tokenizes) and a cached one, each a row of the page."""
+    from datasets import load_from_disk
+
+    bible = make_dataset(tmp_path / "bible", {"train": 300, "validation": 20, "test": 20})
+    run_in_checkout(
+        "-m", "benchmarks.data_scale", "memory", "--dataset_dir", bible, "--workdir", tmp_path / "work",
+        "--sizes", "700", "--processes", "1", "--results", tmp_path / "data_scale", timeout=1200,
+    )  # fmt: skip
+    copied = load_from_disk(str(tmp_path / "work" / "corpus_700"))["train"]
+    assert copied.num_rows == 700 and len(set(copied["id"])) == 700
+    entries = json.loads((tmp_path / "data_scale.json").read_text())["results"]
+    assert [(e["mode"], e["rows"], e["processes"], e["cache"]) for e in entries] == [
+        ("memory", 700, 1, "first run"),
+        ("memory", 700, 1, "cached"),
+    ]
+    for entry in entries:
+        assert entry["status"] == "ok" and entry["peak_rss_anon_per_process"] > 0 and entry["tokens_per_sec"] > 0
+    assert entries[0]["cache_files_before"] == 0 < entries[1]["cache_files_before"]
+    page = (tmp_path / "data_scale.md").read_text()
+    assert "| 700 | 1 | first run |" in page and "| 700 | 1 | cached |" in page
+
+
+@pytest.mark.benchmark
 def test_data_scale_follows_a_user_from_the_hubs_layout_to_the_first_step(tmp_path):
     """benchmarks/data_scale.py pipeline: corpus_N as Parquet shards in a configuration folder, prepare_data.py,
     train_tokenizer.py on a sample, and a first and a cached start of two training processes, with their page."""
