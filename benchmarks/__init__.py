@@ -1,1 +1,1 @@
-"""The benchmarks, the GPU report and the studies behind docs/benchmarks/, run from a checkout: benchmarks/README.md."""
+"""The tools behind docs/benchmarks/: the benchmarks, the GPU report, the studies (benchmarks/README.md)."""
