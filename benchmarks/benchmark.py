@@ -51,13 +51,20 @@ def marian_config(config):
     return MarianConfig(**sizes, **paper, tie_word_embeddings=True, forced_eos_token_id=None)
 
 
+def preset_config(preset: str, max_positions: int):
+    """The benchmarks' VaswaniConfig of a preset: their vocabulary and special ids."""
+    from vaswani import VaswaniConfig
+
+    sizes = {"vocab_size": VOCAB_SIZE, "max_position_embeddings": max_positions}
+    return VaswaniConfig.from_preset(preset, **sizes, **SPECIAL_IDS)
+
+
 def build_model(implementation: str, preset: str, max_positions: int):
     from transformers import MarianMTModel
 
-    from vaswani import VaswaniConfig, VaswaniForConditionalGeneration
+    from vaswani import VaswaniForConditionalGeneration
 
-    sizes = {"vocab_size": VOCAB_SIZE, "max_position_embeddings": max_positions}
-    config = VaswaniConfig.from_preset(preset, **sizes, **SPECIAL_IDS)
+    config = preset_config(preset, max_positions)
     if implementation == "vaswani":
         return VaswaniForConditionalGeneration(config)
     return MarianMTModel(marian_config(config))
@@ -174,6 +181,18 @@ def measure_generation(model, args, num_beams: int, paper_decoding: bool = False
     return {"times": timer.times[-args.repeats :], **amounts}
 
 
+# generate()'s searches: (num_beams, paper_decoding). The paper's beam search is vaswani's alone.
+SEARCHES = {"beam1": (1, False), "beam4": (4, False), "paper_beam4": (4, True)}
+
+
+def measure_searches(model, args) -> dict:
+    """`measure_generation` of each search in `args.searches` (default: every search the model has)."""
+    names = args.searches or [
+        name for name in SEARCHES if model.config.model_type == "vaswani" or not SEARCHES[name][1]
+    ]
+    return {f"generate_{name}": measure_generation(model, args, *SEARCHES[name]) for name in names}
+
+
 def export_for_ctranslate2(args, quantization: str) -> dict:
     """The random-weight model exported for CTranslate2 into --export_dir, with the source batch as token strings
     (`source.json`), for `ctranslate2_timing` to time where torch never ran."""
@@ -222,10 +241,12 @@ def worker(args) -> dict:
         measure = functools.partial(measure_training, model, length=args.train_length, batch_tokens=args.batch_tokens)
         return {"profile": profile_training(measure, args)}
     results = {}
-    if args.measure in ("all", "generate"):
-        results.update({f"generate_beam{beams}": measure_generation(model, args, beams) for beams in (1, 4)})
-        if args.implementation == "vaswani":
-            results["generate_paper_beam4"] = measure_generation(model, args, 4, paper_decoding=True)
+    if args.measure in ("all", "generate") and args.gen_batches:  # the GPU report: several batches in one process
+        results["batches"] = {
+            batch: measure_searches(model, replace(args, gen_batch=batch)) for batch in args.gen_batches
+        }
+    elif args.measure in ("all", "generate"):
+        results.update(measure_searches(model, args))
     if args.measure in ("all", "train"):  # last: it sets the peak memory
         results["train"] = measure_training(model, args, args.train_length, args.batch_tokens)
     return results
@@ -345,6 +366,8 @@ class BenchmarkArguments:
     sweep_point: list[int] | None = field(default=None, metadata=HIDDEN)
     measure: Literal["all", "train", "generate", "profile"] = field(default="all", metadata=HIDDEN)
     compile: bool = field(default=False, metadata=HIDDEN)  # generation: static cache, compiled
+    gen_batches: list[int] | None = field(default=None, metadata=HIDDEN)  # generation at each, in one process
+    searches: list[str] | None = field(default=None, metadata=HIDDEN)  # generation: these of SEARCHES only
     autocast: bool = field(default=False, metadata=HIDDEN)  # training: bf16 mixed precision over float32 weights
     compile_training: bool = field(default=False, metadata=HIDDEN)  # training: compiled before accelerator.prepare
     chunk_elements: int | None = field(default=None, metadata=HIDDEN)

@@ -6,19 +6,21 @@
 On a GPU machine without network access, `bash .gpu_carry/run.sh DIR [--part 2]` (made by
 `benchmarks.gpu_report_prepare`) installs what it needs and runs this. A part's sections (PARTS) run in order within
 its deadline, each for at most its share (Sizes), and write SECTION.json and the page, gpu.md, into --report_dir after
-every measurement, so that a run cut off keeps what it measured. --quick: tiny sizes, figures that mean nothing. What
+every measurement (the page when a section ends), so that a run cut off keeps what it measured
+(`benchmarks.gpu_report_render` draws its page); each section's JSON also records how long each of its measurements
+took (`timings`), which the shares are sized from. --quick: tiny sizes, figures that mean nothing. What
 each section measures: docs/benchmarks/README.md, "GPU report".
 """
 
 import json
 import platform
-import re
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
 import traceback
+import xml.etree.ElementTree as ElementTree
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -32,9 +34,18 @@ from vaswani.cli import command, parse_arguments
 
 
 # Each part's deadline from its start (run.sh's, the install included), and the most a section takes before the next
-# begins (a part's last takes what is left).
+# begins (a part's last takes what is left). Sized from the H200 runs' timings (docs/benchmarks/README.md, "GPU
+# report"): a measuring process starts in about 10 s, compiling a training step takes 35-50 s more, a decoding step
+# about 10 s a search; part 1's time to BLEU needs about 4.8 minutes for its 4 minutes of training.
 PART_MINUTES = {1: 9, 2: 4}
-SECTION_MINUTES = {"training": 3.25, "time_to_bleu": 4.75, "generation": 0.5, "profile": 1.25, "chunk_sweep": 0.9}
+SECTION_MINUTES = {
+    "correctness": 3,
+    "generation": 1.5,
+    "training": 1.25,
+    "compiled_training": 2.25,
+    "profile": 1.25,
+    "chunk_sweep": 0.5,
+}
 
 
 @dataclass(frozen=True)
@@ -46,17 +57,20 @@ class Sizes:
     train_length: int = 64
     repeats: int = 5
     warmup: int = 3
-    chunk_sweep: tuple[int, ...] = (2**22, 2**24, 2**26, 2**28)  # the loss's values per chunk on an accelerator
-    batch_sweep: tuple[int, ...] = (8192, 16384, 32768, 65536)  # source tokens of a batch
+    compiled_presets: tuple[str, ...] = ("base",)  # compiled training (big's was measured on 2026-12-04: 1.01x)
+    chunk_sweep: tuple[int, ...] = (2**24, 2**28)  # the loss's values per chunk (the default, 2^26, is training's)
     generation_preset: str = "base"
     generation_batches: tuple[int, ...] = (1, 64)
+    generation_compiled_batches: tuple[int, ...] = (64,)  # static cache + compile: a compilation a batch and search
     generation_length: int = 32
     bleu_preset: str = "base"
-    bleu_minutes: float = 4  # the most training time, BLEU evaluations not counted
+    bleu_minutes: float = 4  # training time, BLEU evaluations not counted
     bleu_every_minutes: float = 1
     bleu_batch_tokens: int = 50000  # padded source + target tokens of a training batch: the paper's step
     bleu_pairs: int = 300  # one batch: an evaluation every minute costs seconds, not a minute's share
     bleu_eval_batch: int = 300  # test sentences translated at once
+    bleu_calibration_seconds: float = 40  # the most spent timing steps to plan the run
+    bleu_evaluation_seconds: float = 8  # kept for each evaluation until one is measured
     part_minutes: dict = field(default_factory=PART_MINUTES.copy)
     section_minutes: dict = field(default_factory=SECTION_MINUTES.copy)
     generation_tests: str | None = None  # pytest -k selection of the generation tests (None: all of them)
@@ -70,10 +84,11 @@ QUICK = Sizes(
     train_length=16,
     repeats=2,
     warmup=1,
+    compiled_presets=("tiny",),
     chunk_sweep=(2**10, 2**14),
-    batch_sweep=(128, 512),
     generation_preset="tiny",
     generation_batches=(1, 4),
+    generation_compiled_batches=(4,),
     generation_length=5,
     bleu_preset="tiny",
     bleu_minutes=0.5,
@@ -81,33 +96,47 @@ QUICK = Sizes(
     bleu_batch_tokens=2000,
     bleu_pairs=16,
     bleu_eval_batch=16,
+    bleu_calibration_seconds=2,
+    bleu_evaluation_seconds=5,
     part_minutes={1: 20, 2: 10},
-    section_minutes={"training": 6, "time_to_bleu": 3, "generation": 3, "profile": 4, "chunk_sweep": 2},
+    section_minutes={
+        "correctness": 6,
+        "generation": 4,
+        "training": 3,
+        "compiled_training": 5,
+        "profile": 3,
+        "chunk_sweep": 2,
+    },
     generation_tests="padded_batch_gives_each_sentence_alone",  # the whole file takes minutes on a CPU
     ceiling_size=512,
 )
 
 
 class Deadline:
-    """A section's time: measurements ask how much is left, and are skipped (and said so) once it is gone."""
+    """A section's time: measurements ask how much is left, and are skipped (and said so) once it is gone. `timings`
+    records how long each measurement took, by name."""
 
     def __init__(self, seconds: float):
         self.end = time.monotonic() + seconds
+        self.timings = {}
 
     def left(self) -> float:
         return self.end - time.monotonic()
 
 
-def measured(deadline: Deadline, measure) -> dict:
-    """`measure()`'s result, or why there is none."""
+def measured(deadline: Deadline, measure, name: str) -> dict:
+    """`measure()`'s result, or why there is none; its seconds go into `deadline.timings[name]`."""
     if deadline.left() <= 0:
         return {"not_measured": "its section's time ran out before it"}
+    started = time.monotonic()
     try:
         return measure(deadline.left())
     except subprocess.TimeoutExpired:
         return {"not_measured": "its section's time ran out during it"}
     except (RuntimeError, ImportError) as error:
         return {"not_measured": f"it failed: {str(error).strip().splitlines()[-1][:300]}"}
+    finally:
+        deadline.timings[name] = time.monotonic() - started
 
 
 def environment(device: torch.device) -> dict:
@@ -127,6 +156,144 @@ def environment(device: torch.device) -> dict:
 
 # Sections. Each takes (args, sizes, deadline, publish) and returns its results; it hands `publish` its results so
 # far after every measurement, in the same shape.
+
+
+def correctness(args, sizes: Sizes, deadline: Deadline, publish) -> dict:
+    """The GPU tests and the generation tests in bfloat16 on the device, both at once (they time nothing). It runs
+    first, within its own share: the gate the figures stand behind, whatever the part has left."""
+    runs = {
+        "GPU tests (tests/test_gpu.py)": ["tests/test_gpu.py", "-m", "gpu"],
+        "generation tests in bfloat16": ["tests/test_generation.py", "--device", args.device, "--dtype", "bfloat16"]
+        + (["-k", sizes.generation_tests] if sizes.generation_tests else []),
+    }
+    results = {}
+    with tempfile.TemporaryDirectory(prefix="gpu-report-pytest-") as folder:
+        started = {name: PytestRun(arguments, Path(folder) / str(index)) for index, (name, arguments) in
+                   enumerate(runs.items())}  # fmt: skip
+        try:
+            for name, run in started.items():
+                results[name] = measured(deadline, run.outcomes, name) | {"command": " ".join(runs[name])}
+                publish(results)
+        finally:
+            for run in started.values():
+                run.process.kill()
+    return results
+
+
+class PytestRun:
+    """pytest started in a subprocess of the checkout, its output in a file and a JUnit XML report (each test's
+    captured output included) beside it."""
+
+    def __init__(self, pytest_args: list[str], stem: Path):
+        self.report, self.log = stem.with_suffix(".xml"), stem.with_suffix(".log")
+        command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-o", "junit_logging=all"]
+        with self.log.open("w") as log:
+            self.process = subprocess.Popen(
+                [*command, "--junitxml", str(self.report), *pytest_args], cwd=harness.REPO, stdout=log, stderr=log
+            )
+
+    def outcomes(self, timeout: float) -> dict:
+        """How many tests passed, failed (errors included) and were skipped, why each skipped, and for each failure
+        its test, its assertion message and the last lines of its output; waiting at most `timeout` seconds."""
+        self.process.wait(timeout)
+        if not self.report.exists():
+            raise RuntimeError(
+                f"pytest wrote no report (exit {self.process.returncode}): {self.log.read_text()[-500:]}"
+            )
+        outcomes = {"passed": 0, "failed": 0, "skipped": 0, "failures": [], "skip_reasons": set()}
+        for case in ElementTree.parse(self.report).getroot().iter("testcase"):
+            failure = next((case.find(kind) for kind in ("failure", "error") if case.find(kind) is not None), None)
+            if failure is not None:
+                outcomes["failed"] += 1
+                parts = [failure, case.find("system-out"), case.find("system-err")]
+                lines = "\n".join(part.text or "" for part in parts if part is not None).strip().splitlines()
+                test = f"{case.get('classname', '').replace('.', '/')}.py::{case.get('name')}"
+                message = (failure.get("message") or "")[:3000]
+                outcomes["failures"].append({"test": test, "message": message, "output_tail": lines[-40:]})
+            elif case.find("skipped") is not None:
+                outcomes["skipped"] += 1
+                outcomes["skip_reasons"].add((case.find("skipped").get("message") or "")[:200])
+            else:
+                outcomes["passed"] += 1
+        if not outcomes["passed"] + outcomes["failed"] + outcomes["skipped"]:
+            raise RuntimeError(f"pytest ran no test (exit {self.process.returncode}): {self.log.read_text()[-500:]}")
+        return outcomes | {"skip_reasons": sorted(outcomes["skip_reasons"])}
+
+
+def generation(args, sizes: Sizes, deadline: Deadline, publish) -> dict:
+    """Decoding speed: vaswani and Marian eager at each batch size, then vaswani with a static cache and
+    torch.compile (greedy and the paper's beam search; generate() does not compile transformers' beam search); each
+    engine's batches in one process of its own. CTranslate2 where it is installed."""
+    half = "bfloat16" if args.device == "cuda" else "float32"
+    setup = benchmark.BenchmarkArguments(
+        device=args.device,
+        preset=sizes.generation_preset,
+        measure="generate",
+        gen_source_length=sizes.generation_length,
+        gen_length=sizes.generation_length,
+        sweep_lengths=[2 * sizes.generation_length],
+        repeats=sizes.repeats,
+        warmup=sizes.warmup,
+        dtype=half,
+    )
+    results = {"rows": [], "dtype": half, "preset": sizes.generation_preset, "length": sizes.generation_length}
+
+    def rates(result):
+        return {
+            f"{search}_{amount}_per_s": harness.summarise(
+                result[f"generate_{search}"]["times"], result[f"generate_{search}"][amount]
+            )
+            for search in ("beam1", "beam4", "paper_beam4")
+            if f"generate_{search}" in result
+            for amount in ("sentences", "tokens")
+        }
+
+    engines = [
+        ("vaswani", "eager", sizes.generation_batches, None),
+        ("marian", "eager", sizes.generation_batches, None),
+        ("vaswani", "static cache + compile", sizes.generation_compiled_batches, ["beam1", "paper_beam4"]),
+    ]
+    for implementation, engine, batches, searches in engines:
+        worker = replace(setup, gen_batches=list(batches), searches=searches, compile=engine != "eager")
+        measurement = measured(
+            deadline,
+            lambda left, w=worker, i=implementation: benchmark.run_worker(w, i, timeout=left),
+            f"{implementation} {engine}",
+        )
+        for batch in batches:
+            row = {"batch": batch, "model": implementation, "engine": engine}
+            by_batch = measurement.get("batches", {})
+            results["rows"].append(row | (rates(by_batch[str(batch)]) if by_batch else measurement))
+        publish(results)
+    quantizations = ("float16", "int8_float16") if args.device == "cuda" else ("float32", "int8")
+    missing = ctranslate2_missing(args.device)
+    for quantization in quantizations:
+        for batch in sizes.generation_batches:
+
+            def measure(left, batch=batch, quantization=quantization):
+                worker, engine = replace(setup, gen_batch=batch, dtype="float32"), f"ctranslate2:{quantization}"
+                with tempfile.TemporaryDirectory(prefix="gpu-report-ct2-") as folder:
+                    return rates(benchmark.measure_ctranslate2(worker, engine, Path(folder) / "model", timeout=left))
+
+            row = {"batch": batch, "model": "vaswani", "engine": f"CTranslate2 {quantization}"}
+            name = f"CTranslate2 {quantization}, batch {batch}"
+            results["rows"].append(row | ({"not_measured": missing} if missing else measured(deadline, measure, name)))
+            publish(results)
+    return results
+
+
+def ctranslate2_missing(device: str) -> str | None:
+    """Why CTranslate2 cannot be measured here, or None."""
+    try:
+        import ctranslate2
+    except ImportError:
+        return (
+            "CTranslate2 is not installed here (it is not carried to the GPU machine: its wheel, 41 MiB, loads CUDA "
+            "12's cuBLAS, libcublas.so.12, and the machine's torch and libraries are CUDA 13's)"
+        )
+    if device == "cuda" and ctranslate2.get_cuda_device_count() == 0:
+        return "this CTranslate2 sees no CUDA device (a CPU-only build, or one for another CUDA)"
+    return None
 
 
 def training_setup(args, sizes: Sizes) -> benchmark.BenchmarkArguments:
@@ -166,12 +333,14 @@ def train_row(setup, ceiling: dict, deadline: Deadline, implementation: str, **c
             "length": result["length"],
         }
 
-    return measured(deadline, measure)
+    name = " ".join([implementation, *(f"{key}={value}" for key, value in changes.items())])
+    return measured(deadline, measure, name)
 
 
-def training(args, sizes: Sizes, deadline: Deadline, publish) -> dict:
+def training_rows(args, sizes: Sizes, deadline: Deadline, publish, presets: tuple[str, ...], compiled: bool) -> dict:
+    """vaswani beside MarianMTModel at each of `presets`, eager or through torch.compile."""
     setup, ceiling = training_setup(args, sizes), training_ceiling(args, sizes)
-    config = benchmark.build_model("vaswani", sizes.presets[-1], sizes.train_length + 1).config
+    config = benchmark.preset_config(presets[-1], sizes.train_length + 1)
     results = {
         "matmul_ceiling": ceiling,
         "precision": "bf16 mixed precision over float32 weights" if setup.autocast else "float32",
@@ -182,15 +351,20 @@ def training(args, sizes: Sizes, deadline: Deadline, publish) -> dict:
         ),
         "sizes": {"batch_tokens": sizes.batch_tokens, "length": sizes.train_length},
     }
-    # In the order of what matters most, since the deadline may end the list: the eager comparison, largest preset
-    # last; the compiled comparison, largest first.
-    order = [(preset, False) for preset in sizes.presets] + [(preset, True) for preset in reversed(sizes.presets)]
-    for preset, compiled in order:
+    for preset in presets:
         for implementation in ("vaswani", "marian"):
             point = train_row(setup, ceiling, deadline, implementation, preset=preset, compile_training=compiled)
             results["rows"].append({"preset": preset, "implementation": implementation, "compiled": compiled} | point)
             publish(results)
     return results
+
+
+def training(args, sizes: Sizes, deadline: Deadline, publish) -> dict:
+    return training_rows(args, sizes, deadline, publish, sizes.presets, compiled=False)
+
+
+def compiled_training(args, sizes: Sizes, deadline: Deadline, publish) -> dict:
+    return training_rows(args, sizes, deadline, publish, sizes.compiled_presets, compiled=True)
 
 
 def profile(args, sizes: Sizes, deadline: Deadline, publish) -> dict:
@@ -199,7 +373,11 @@ def profile(args, sizes: Sizes, deadline: Deadline, publish) -> dict:
     results = {"runs": []}
     for compiled in (True, False):
         worker = replace(setup, preset=largest, measure="profile", compile_training=compiled)
-        run = measured(deadline, lambda left, w=worker: benchmark.run_worker(w, "vaswani", timeout=left)["profile"])
+        run = measured(
+            deadline,
+            lambda left, w=worker: benchmark.run_worker(w, "vaswani", timeout=left)["profile"],
+            f"{largest} {'compiled' if compiled else 'eager'}",
+        )
         results["runs"].append({"preset": largest, "compiled": compiled, "batch_tokens": sizes.batch_tokens} | run)
         publish(results)
     return results
@@ -216,128 +394,21 @@ def chunk_sweep(args, sizes: Sizes, deadline: Deadline, publish) -> dict:
     return results
 
 
-def batch_sweep(args, sizes: Sizes, deadline: Deadline, publish) -> dict:
-    """Speed, MFU and memory of vaswani's eager step against a batch's tokens, largest preset first: the fastest."""
-    setup, ceiling = training_setup(args, sizes), training_ceiling(args, sizes)
-    results = {"matmul_ceiling": ceiling, "length": sizes.train_length, "points": []}
-    for preset in reversed(sizes.presets):
-        for tokens in sizes.batch_sweep:
-            point = train_row(setup, ceiling, deadline, "vaswani", preset=preset, batch_tokens=tokens)
-            results["points"].append({"preset": preset, "batch_tokens": tokens} | point)
-            publish(results)
-    return results
-
-
-def generation(args, sizes: Sizes, deadline: Deadline, publish) -> dict:
-    half = "bfloat16" if args.device == "cuda" else "float32"
-    setup = benchmark.BenchmarkArguments(
-        device=args.device,
-        preset=sizes.generation_preset,
-        measure="generate",
-        gen_source_length=sizes.generation_length,
-        gen_length=sizes.generation_length,
-        sweep_lengths=[2 * sizes.generation_length],
-        repeats=sizes.repeats,
-        warmup=sizes.warmup,
-        dtype=half,
-    )
-    results = {"rows": [], "dtype": half, "preset": sizes.generation_preset, "length": sizes.generation_length}
-
-    def rates(result):
-        return {
-            f"{search}_{amount}_per_s": harness.summarise(
-                result[f"generate_{search}"]["times"], result[f"generate_{search}"][amount]
-            )
-            for search in ("beam1", "beam4", "paper_beam4")
-            if f"generate_{search}" in result
-            for amount in ("sentences", "tokens")
-        }
-
-    # Eager at every batch size first, then the static cache with torch.compile, whose compilation takes longer; each
-    # vaswani row beside MarianMTModel's of the same sizes, measured the same way.
-    for engine, compiled in (("eager", False), ("static cache + compile", True)):
-        for batch in sizes.generation_batches:
-            for implementation in ("vaswani", "marian"):
-
-                def measure(left, batch=batch, compiled=compiled, implementation=implementation):
-                    worker = replace(setup, gen_batch=batch, compile=compiled)
-                    return rates(benchmark.run_worker(worker, implementation, timeout=left))
-
-                row = {"batch": batch, "model": implementation, "engine": engine}
-                results["rows"].append(row | measured(deadline, measure))
-                publish(results)
-    quantizations = ("float16", "int8_float16") if args.device == "cuda" else ("float32", "int8")
-    missing = ctranslate2_missing(args.device)
-    for quantization in quantizations:
-        for batch in sizes.generation_batches:
-
-            def measure(left, batch=batch, quantization=quantization):
-                worker, engine = replace(setup, gen_batch=batch, dtype="float32"), f"ctranslate2:{quantization}"
-                with tempfile.TemporaryDirectory(prefix="gpu-report-ct2-") as folder:
-                    return rates(benchmark.measure_ctranslate2(worker, engine, Path(folder) / "model", timeout=left))
-
-            row = {"batch": batch, "model": "vaswani", "engine": f"CTranslate2 {quantization}"}
-            results["rows"].append(row | ({"not_measured": missing} if missing else measured(deadline, measure)))
-            publish(results)
-    return results
-
-
-def ctranslate2_missing(device: str) -> str | None:
-    """Why CTranslate2 cannot be measured here, or None."""
-    try:
-        import ctranslate2
-    except ImportError:
-        return (
-            "CTranslate2 is not installed here (it is not carried to the GPU machine: its wheel, 41 MiB, loads CUDA "
-            "12's cuBLAS, libcublas.so.12, and the machine's torch and libraries are CUDA 13's)"
-        )
-    if device == "cuda" and ctranslate2.get_cuda_device_count() == 0:
-        return "this CTranslate2 sees no CUDA device (a CPU-only build, or one for another CUDA)"
-    return None
-
-
-def correctness(args, sizes: Sizes, deadline: Deadline, publish) -> dict:
-    runs = {
-        "GPU tests (tests/test_gpu.py)": ["tests/test_gpu.py", "-m", "gpu"],
-        "generation tests in bfloat16": ["tests/test_generation.py", "--device", args.device, "--dtype", "bfloat16"]
-        + (["-k", sizes.generation_tests] if sizes.generation_tests else []),
-    }
-    results = {}
-    for name, pytest_args in runs.items():
-        results[name] = measured(deadline, lambda left, a=pytest_args: run_pytest(a, left))
-        publish(results)
-    return results
-
-
-def run_pytest(pytest_args: list[str], timeout: float) -> dict:
-    """pytest in a subprocess: how many tests passed, failed (errors included) and were skipped, from its last line,
-    and its short summary line of each failure and skip (`-rfEs`)."""
-    command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rfEs", *pytest_args]
-    done = subprocess.run(command, cwd=harness.REPO, capture_output=True, text=True, timeout=timeout)
-    lines = done.stdout.splitlines() or [""]
-    counts = {
-        word.rstrip("s"): int(n) for n, word in re.findall(r"(\d+) (passed|failed|skipped|errors?)\b", lines[-1])
-    }
-    if not counts:
-        raise RuntimeError(f"pytest ran no test (exit {done.returncode}): {done.stdout[-500:]}{done.stderr[-500:]}")
-    outcomes = {"passed": counts.get("passed", 0), "failed": counts.get("failed", 0) + counts.get("error", 0)}
-    outcomes["skipped"] = counts.get("skipped", 0)
-    outcomes["failures"] = [line[:300] for line in lines if line.startswith(("FAILED ", "ERROR "))]
-    outcomes["skip_reasons"] = sorted({line.split(": ", 1)[-1][:200] for line in lines if line.startswith("SKIPPED ")})
-    return outcomes | {"command": " ".join(pytest_args)}
-
-
 SECTIONS = {
+    "correctness": correctness,
+    "generation": generation,
     "training": training,
     "time_to_bleu": gpu_report_training.time_to_bleu,
-    "generation": generation,
-    "correctness": correctness,
+    "compiled_training": compiled_training,
     "profile": profile,
     "chunk_sweep": chunk_sweep,
-    "batch_sweep": batch_sweep,
 }
-# The report's two commands: the questions a user asks first, then what the next speed-up would be chosen from.
-PARTS = {1: ("training", "time_to_bleu", "generation", "correctness"), 2: ("profile", "chunk_sweep", "batch_sweep")}
+# The report's two commands: whether the model is right on the device and how fast it decodes, trains and learns;
+# then the compiled training beside Marian's and what the next speed-up would be chosen from.
+PARTS = {
+    1: ("correctness", "generation", "training", "time_to_bleu"),
+    2: ("compiled_training", "profile", "chunk_sweep"),
+}
 LISTED = "; ".join(f"part {part}: {', '.join(names)}" for part, names in PARTS.items())
 
 
@@ -364,9 +435,13 @@ def main(argv) -> dict:
     (args,) = parse_arguments([MeasureArguments], argv, description=__doc__.split("\n\n")[0])
     if args.device == "cuda" and not torch.cuda.is_available():
         raise UsageError("--device cuda asked for, but torch sees no CUDA device.")
-    sizes = QUICK if args.quick else FULL
     if args.device == "cuda" and args.quick:
         print("--quick on a GPU: tiny sizes, figures that mean nothing", file=sys.stderr)
+    return measure_part(args, QUICK if args.quick else FULL)
+
+
+def measure_part(args: MeasureArguments, sizes: Sizes) -> dict:
+    """The part's sections in order, each within its share and the part's deadline, each written when measured."""
     end = time.monotonic() + 60 * sizes.part_minutes[args.part] - (time.time() - (args.started_at or time.time()))
     report_dir = Path(args.report_dir)
     report_dir.mkdir(parents=True, exist_ok=True)
@@ -378,7 +453,7 @@ def main(argv) -> dict:
         share = 60 * sizes.section_minutes[name] if index < len(sections) - 1 else float("inf")
         deadline = Deadline(min(end - started, share))
 
-        def save(section_results, complete=False, name=name, started=started):
+        def save(section_results, complete=False, name=name, started=started, deadline=deadline):
             result = {
                 "section": name,
                 "quick": args.quick,
@@ -386,13 +461,15 @@ def main(argv) -> dict:
                 "environment": facts,
                 "sizes": asdict(sizes),
                 "minutes": (time.monotonic() - started) / 60,
+                "timings": deadline.timings,
                 "results": section_results,
             }
             (report_dir / f"{name}.json").write_text(json.dumps(result, indent=1))
-            try:
-                render(report_dir, report_dir)
-            except Exception as error:  # the measurements go on without the page; the JSON holds them
-                print(f"rendering gpu.md failed: {error!r}", file=sys.stderr)
+            if complete:  # drawn once a section ends (seconds of plotting); a run cut off leaves its JSON to render
+                try:
+                    render(report_dir, report_dir)
+                except Exception as error:  # the measurements go on without the page; the JSON holds them
+                    print(f"rendering gpu.md failed: {error!r}", file=sys.stderr)
             return result
 
         try:

@@ -6,6 +6,7 @@ Runs anywhere; `benchmarks.gpu_report_measure` also renders the page after every
 JSON is listed as not measured. The page opens with the targets beside published anchors.
 """
 
+import functools
 import json
 import math
 from dataclasses import dataclass, field
@@ -97,7 +98,7 @@ def saved(figure, plt, output_dir: Path, name: str, title: str) -> str:
     return f"![{title}]({name})"
 
 
-def render_training(results, plt, output_dir):
+def render_training(results, plt, output_dir, picture_name="gpu_training.png"):
     ceiling = results["matmul_ceiling"]["flops_per_s"] / 1e12
     precision, per_token, sizes = results["precision"], results["flops_per_token"], results["sizes"]
     text = (
@@ -140,7 +141,7 @@ def render_training(results, plt, output_dir):
     axis.set(ylabel="training tokens/s (source + target)", title=f"Training speed, {precision}")
     header = ["preset", "implementation", "torch.compile", "tokens/s", "target tokens/s", "vs Marian"]
     header += ["peak memory MiB", "TFLOP/s", "MFU"]
-    picture = saved(figure, plt, output_dir, "gpu_training.png", "training speed")
+    picture = saved(figure, plt, output_dir, picture_name, "training speed")
     return f"{text}\n\n{table(header, cells)}\n\n{picture}", targets
 
 
@@ -201,15 +202,18 @@ def render_generation(results, plt, output_dir):
 
 
 def render_time_to_bleu(results, plt, output_dir):
-    points = results["points"]
+    points, calibration = results["points"], results["calibration"]
+    evaluations = [point["evaluation_seconds"] for point in points]
     text = (
         f"The {results['preset']} preset, eager, batches of about {results['batch_tokens']:,} padded tokens, the "
-        f"paper's schedule scaled to the time left ({results['planned_minutes']:.1f} minutes, "
-        f"{results['planned_steps']:,} steps planned, warmup {results['warmup_steps']}, peak learning rate "
-        f"{results['peak_lr']:.2e}); BLEU of beam 4 on {results['test_pairs']} test pairs, `{results['signature']}`, "
-        f"{results['evaluation_seconds_kept']:.0f} s kept for each evaluation"
-        + (" (training stopped early by the run's deadline)" if results["stopped_by_deadline"] else "")
-        + "."
+        f"paper's schedule planned for {results['planned_minutes']:.1f} minutes of training: "
+        f"{results['planned_steps']:,} steps at the {calibration['seconds_per_step'] * 1000:.0f} ms a step measured "
+        f"first ({calibration['steps']} steps of a calibration run), warmup {results['warmup_steps']}, peak learning "
+        f"rate {results['peak_lr']:.2e}. It took {results.get('taken_steps', 0):,} steps in "
+        f"{results.get('trained_minutes', 0):.1f} minutes"
+        + (", stopped early by the run's deadline" if results["stopped_by_deadline"] else "")
+        + f". BLEU of beam 4 on {results['test_pairs']} test pairs, `{results['signature']}`"
+        + (f"; each evaluation took {min(evaluations):.0f}-{max(evaluations):.0f} s, not counted." if points else ".")
     )
     cells = [[f"{p['minutes']:.1f}", f"{p['steps']:,}", f"{p['train_loss']:.3f}", f"{p['bleu']:.2f}"] for p in points]
     reached = f"{points[-1]['bleu']:.2f} after {points[-1]['minutes']:.1f} min" if points else "n/a"
@@ -223,14 +227,20 @@ def render_time_to_bleu(results, plt, output_dir):
 
 
 def render_correctness(results, plt, output_dir):
-    rows = []
+    rows, details = [], []
     for name, run in results.items():
         if "not_measured" in run:
             rows.append([name, *unmeasured(run, 4)])
             continue
-        notes = "; ".join(run["failures"] + [f"skipped: {reason}" for reason in run["skip_reasons"]])
-        rows.append([name, run["passed"], run["failed"], run["skipped"], notes])
-    return table(["run", "passed", "failed", "skipped", "failures, skip reasons"], rows), []
+        failed = [f"{failure['test']}: {failure['message'].splitlines()[0] if failure['message'] else ''}"[:300]
+                  for failure in run["failures"]]  # fmt: skip
+        notes = "; ".join(failed + [f"skipped: {reason}" for reason in run["skip_reasons"]])
+        rows.append([name, run["passed"], run["failed"], run["skipped"], notes.replace("|", "\\|")])
+        for failure in run["failures"]:
+            details += [f"### {failure['test']}", "", "```", failure["message"], "```", "", "Its output's last lines:"]
+            details += ["", "```", *failure["output_tail"], "```", ""]
+    text = table(["run", "passed", "failed", "skipped", "failures, skip reasons"], rows)
+    return "\n".join([text, "", *details]).rstrip(), []
 
 
 def render_profile(results, plt, output_dir):
@@ -251,7 +261,6 @@ def render_profile(results, plt, output_dir):
 
 POINT_COLUMNS = {
     "tokens/s": lambda point: fmt_rate(point["tokens_per_s"]),
-    "MFU": lambda point: f"{point['mfu']:.1%}",
     "peak memory MiB": lambda point: f"{point['peak_memory_mib']:,.0f}",
 }
 
@@ -273,36 +282,15 @@ def render_chunk_sweep(results, plt, output_dir):
     return f"{text}\n\n{table(['values per chunk', *columns], cells)}", []
 
 
-def render_batch_sweep(results, plt, output_dir):
-    text = (
-        f"vaswani, eager, pairs of {results['length']} tokens, against the source tokens of a batch (as many target "
-        "tokens):"
-    )
-    columns = ("tokens/s", "MFU", "peak memory MiB")
-    cells = [[p["preset"], f"{p['batch_tokens']:,}", *point_cells(p, columns)] for p in results["points"]]
-    figure, axis = plt.subplots(figsize=(6, 4))
-    for preset in dict.fromkeys(point["preset"] for point in results["points"]):
-        shown = [point for point in results["points"] if point["preset"] == preset and "tokens_per_s" in point]
-        axis.plot(
-            [p["batch_tokens"] for p in shown], [p["tokens_per_s"]["median"] for p in shown], marker="o", label=preset
-        )
-    axis.set(
-        xlabel="source tokens a batch", ylabel="training tokens/s", xscale="log", title="Speed against batch size"
-    )
-    axis.legend()
-    picture = saved(figure, plt, output_dir, "gpu_batch_sweep.png", "speed against batch")
-    return f"{text}\n\n{table(['preset', 'source tokens a batch', *columns], cells)}\n\n{picture}", []
-
-
 # The sections in the page's order: the first command's, then the second's (benchmarks.gpu_report_measure.PARTS).
 RENDERERS = {
+    "correctness": render_correctness,
+    "generation": render_generation,
     "training": render_training,
     "time_to_bleu": render_time_to_bleu,
-    "generation": render_generation,
-    "correctness": render_correctness,
+    "compiled_training": functools.partial(render_training, picture_name="gpu_compiled_training.png"),
     "profile": render_profile,
     "chunk_sweep": render_chunk_sweep,
-    "batch_sweep": render_batch_sweep,
 }
 
 

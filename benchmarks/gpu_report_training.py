@@ -6,9 +6,12 @@
 import contextlib
 import copy
 import json
+import math
 import re
 import statistics
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -100,8 +103,19 @@ def profile_training(measure, args) -> dict:
     }
 
 
+@dataclass
+class BleuRun:
+    """What time to BLEU trains and scores: `begin(warmup)` starts a run from the same seed (with the paper's schedule
+    of that warmup; None: a calibration run without one), `step()` trains one step of it (its loss per target token
+    and its seconds), `evaluate()` scores it (test BLEU and sacreBLEU's signature)."""
+
+    begin: Callable[[int | None], None]
+    step: Callable[[], tuple[float, float]]
+    evaluate: Callable[[], tuple[float, str]]
+
+
 def time_to_bleu(args, sizes, deadline, publish) -> dict:
-    """Test BLEU every `sizes.bleu_every_minutes` of the paper's recipe on the carried corpus, for the time left.
+    """Test BLEU every `sizes.bleu_every_minutes` of the paper's recipe on the carried corpus (`scheduled_bleu`).
     Eager: compiling would cost a minute of a few minutes' run."""
     import sacrebleu
     from accelerate import Accelerator
@@ -122,95 +136,111 @@ def time_to_bleu(args, sizes, deadline, publish) -> dict:
     tokenizer = AutoTokenizer.from_pretrained(corpus_dir / "tokenizer")
     test = json.loads((corpus_dir / "test.json").read_text())
     test_sources, references = test["sources"][: sizes.bleu_pairs], test["references"][: sizes.bleu_pairs]
-    size = sizes.bleu_eval_batch  # test sentences translated at once
     config = VaswaniConfig.from_preset(sizes.bleu_preset, **tokenizer_ids(tokenizer))
     pairs = CarriedPairs(corpus_dir / "train.npz", config.pad_token_id, config.decoder_start_token_id)
     sampler = TokenBucketSampler(
         pairs.lengths["source"], pairs.lengths["target"], sizes.bleu_batch_tokens, seed=0, batches_per_step=1
     )
     loader = torch.utils.data.DataLoader(pairs, sampler=sampler, batch_size=None)
+    peak = paper_peak_lr(config.d_model, 4000)
+    metric = sacrebleu.metrics.BLEU()
+    run = {}  # the run being trained: its model, optimizer, schedule, state and batches
 
-    def fresh_run(warmup=None, peak=None):
-        """A new model from the same seed with Adam (and the paper's schedule, given a warmup), state and batches."""
+    def begin(warmup):
+        run.clear()
+        accelerator.free_memory()  # the calibration run's model and optimizer
         torch.manual_seed(0)
         model = VaswaniForConditionalGeneration(config)
         optimizer = recipe_adam(accelerator, model.parameters(), lr=1.0 if warmup else 1e-4)
         scheduler = inverse_sqrt_schedule(optimizer, warmup, peak) if warmup else None
         model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
         state = TrainState()
-        return model.train(), optimizer, scheduler, state, StepBatches(loader, state, 1)
+        run.update(model=model.train(), optimizer=optimizer, scheduler=scheduler, state=state)
+        run["batches"] = StepBatches(loader, state, 1)
 
-    def step(model, optimizer, scheduler, state, batches):
-        """One step of the recipe, counted in `state`: its loss per target token, and its seconds."""
+    def step():
         start = time.perf_counter()
-        result = train_step(accelerator, model, optimizer, scheduler, next(batches), 0.1)
+        result = train_step(accelerator, run["model"], run["optimizer"], run["scheduler"], next(run["batches"]), 0.1)
         seconds = time.perf_counter() - start  # train_step ends in a sync: the time is its own
-        state.add_step(result, seconds)
+        run["state"].add_step(result, seconds)
         return result.loss / result.target_tokens, seconds
 
     # The pipeline (longest first, in batches), not vaswani.evaluation's translate(): that imports `evaluate`, which
     # the carry leaves out.
-    def translated(model, sources) -> list[str]:
-        pipeline = VaswaniTranslationPipeline(model=model.eval(), tokenizer=tokenizer, device=model.device)
+    def evaluate():
+        model = accelerator.unwrap_model(run["model"]).eval()
+        pipeline = VaswaniTranslationPipeline(model=model, tokenizer=tokenizer, device=model.device)
         with torch.no_grad(), accelerator.autocast():
-            answers = pipeline(sources, batch_size=size, num_beams=4, length_penalty=0.6, do_sample=False)
+            answers = pipeline(test_sources, batch_size=sizes.bleu_eval_batch, num_beams=4, length_penalty=0.6)
         model.train()
-        return [answer["translation_text"] for answer in answers]
+        score = metric.corpus_score([answer["translation_text"] for answer in answers], [references])
+        return score.score, str(metric.get_signature())
 
-    # Calibration: a step's time plans the run's steps (and so its warmup); the untrained model's translation of the
-    # longest batch, the time kept for each evaluation.
-    calibration = fresh_run()
-    step_times = [step(*calibration)[1] for _ in range(10)]
-    started = time.perf_counter()
-    translated(accelerator.unwrap_model(calibration[0]), sorted(test_sources, key=len)[-size:])
-    batches = -(-len(test_sources) // size)
-    evaluation_seconds = (time.perf_counter() - started) * batches  # at most: untrained, the longest batch
-    del calibration
-    accelerator.free_memory()  # the calibration's model and optimizer
+    results = {"preset": sizes.bleu_preset, "batch_tokens": sizes.bleu_batch_tokens, "peak_lr": peak}
+    results |= {"test_pairs": len(test_sources)}
+    return scheduled_bleu(BleuRun(begin, step, evaluate), sizes, deadline, publish, results)
 
-    # Training time: what is left once every evaluation (one every bleu_every_minutes, and the last) is kept aside.
+
+SETTLED = 25  # calibration steps whose median is compared with the median of those before them
+
+
+def scheduled_bleu(run: BleuRun, sizes, deadline, publish, results: dict) -> dict:
+    """Time to BLEU's clock, whatever trains: `results` with the plan, and BLEU at each minute of training.
+
+    The step time is measured first, on a calibration run, once it has settled: a fresh process's first step of
+    each new batch shape is slow (on an H200 on 2026-12-04 the first 40 or so took 0.39 s against 0.06 s after them),
+    so the calibration steps until the median of its last SETTLED steps is within 10% of the SETTLED before them (or
+    for `bleu_calibration_seconds`), and takes that median. The training time is `bleu_minutes`, or less where the
+    deadline, with the evaluations' time kept aside, leaves less. Their quotient is the planned steps, of which the
+    paper's schedule warms up for 4%. The run then trains for that time, with an evaluation every
+    `bleu_every_minutes` of training and at its end; it stops early only where the deadline would leave no time for
+    the last evaluation.
+    """
+    run.begin(None)
+    times, begun = [], time.monotonic()
+    while time.monotonic() - begun < sizes.bleu_calibration_seconds:
+        times.append(run.step()[1])
+        recent, before = statistics.median(times[-SETTLED:]), statistics.median(times[-2 * SETTLED : -SETTLED] or [0])
+        if len(times) >= 2 * SETTLED and abs(recent - before) <= 0.1 * recent:
+            break
+    step_seconds = statistics.median(times[-SETTLED:])
     every = 60 * sizes.bleu_every_minutes
-    available = deadline.left() - evaluation_seconds
-    available -= int(available / (every + evaluation_seconds)) * evaluation_seconds
-    seconds = min(60 * sizes.bleu_minutes, available)
-    step_seconds = statistics.median(step_times[2:])
-    planned_steps = max(1, int(seconds / step_seconds))
-    warmup = max(1, round(0.04 * planned_steps))
-    peak = paper_peak_lr(config.d_model, 4000)
-    metric = sacrebleu.metrics.BLEU()
-    results = {
-        "points": [],
-        "preset": sizes.bleu_preset,
-        "batch_tokens": sizes.bleu_batch_tokens,
+    evaluation_seconds = [sizes.bleu_evaluation_seconds]  # kept for each evaluation: a guess, then the longest seen
+    evaluations = math.ceil(sizes.bleu_minutes / sizes.bleu_every_minutes)
+    seconds = max(0.0, min(60 * sizes.bleu_minutes, deadline.left() - evaluations * evaluation_seconds[0]))
+    planned = max(1, round(seconds / step_seconds))
+    warmup = max(1, round(0.04 * planned))
+    results |= {
+        "calibration": {"steps": len(times), "seconds_per_step": step_seconds},
         "planned_minutes": seconds / 60,
-        "planned_steps": planned_steps,
+        "planned_steps": planned,
         "warmup_steps": warmup,
-        "peak_lr": peak,
-        "test_pairs": len(test_sources),
-        "evaluation_seconds_kept": evaluation_seconds,
+        "points": [],
         "stopped_by_deadline": False,
         "signature": "n/a (no evaluation yet)",
     }
-
-    run = fresh_run(warmup, peak)
-    model, state = accelerator.unwrap_model(run[0]), run[3]
-    losses, next_evaluation = [], every
+    run.begin(warmup)
+    trained, steps, losses, next_evaluation = 0.0, 0, [], every
 
     def evaluate():
-        score = metric.corpus_score(translated(model, test_sources), [references])
-        point = {"minutes": state.train_seconds / 60, "steps": state.step, "bleu": score.score}
-        results["points"].append(point | {"train_loss": statistics.mean(losses[-50:])})
-        results["signature"] = str(metric.get_signature())
+        started = time.monotonic()
+        bleu, results["signature"] = run.evaluate()
+        evaluation_seconds.append(time.monotonic() - started)
+        point = {"minutes": trained / 60, "steps": steps, "bleu": bleu, "train_loss": statistics.mean(losses[-50:])}
+        results["points"].append(point | {"evaluation_seconds": evaluation_seconds[-1]})
+        results.update(taken_steps=steps, trained_minutes=trained / 60)
         publish(results)
 
-    while state.train_seconds < seconds:
-        if deadline.left() < evaluation_seconds + step_seconds:
+    while trained < seconds:
+        if deadline.left() < max(evaluation_seconds) + step_seconds:
             results["stopped_by_deadline"] = True
             break
-        losses.append(step(*run)[0])
-        if state.train_seconds >= next_evaluation:
+        loss, spent = run.step()
+        trained, steps = trained + spent, steps + 1
+        losses.append(loss)
+        if next_evaluation <= trained < seconds:
             evaluate()
             next_evaluation += every
-    if losses and (not results["points"] or results["points"][-1]["steps"] != state.step):
+    if steps:
         evaluate()
     return results

@@ -5,6 +5,7 @@ generation and numerics tests run on the device too: `python -m pytest tests/tes
 --dtype bfloat16`. The GPU report (`python -m benchmarks.gpu_report_measure --section correctness`) runs both.
 """
 
+import copy
 import importlib.util
 
 import pytest
@@ -104,7 +105,8 @@ def test_bfloat16_autocast_training_step_on_the_gpu(trained_tiny_model, translat
 
 def test_train_compiles_the_model_on_a_gpu_by_default_and_trains_with_eagers_losses(tmp_path):
     """vaswani-train on a GPU with no --torch_compile: the model trains through torch.compile, the log states the
-    compile time, and the losses of token-bucket batches of changing shapes are eager's to 1% (dropout off)."""
+    compile time, and the losses of token-bucket batches of changing shapes are eager's to 1% (dropout off). Each
+    assertion names what failed, with the run's output."""
     data = make_dataset(tmp_path / "data", {"train": 600, "validation": 20})
     tokenizer = word_tokenizer(tmp_path / "tokenizer")
     flags = [*FAST, "--config_overrides", "dropout=0.0,attention_dropout=0.0,activation_dropout=0.0"]
@@ -114,7 +116,35 @@ def test_train_compiles_the_model_on_a_gpu_by_default_and_trains_with_eagers_los
     for name, extra in (("default", []), ("eager", ["--torch_compile", False])):
         output_dir = tmp_path / name
         result = run_script("train", *train_arguments(data, tokenizer, output_dir, *flags, *extra))
-        assert "on cuda" in result.stdout
-        assert ("torch.compile: the first step, compiling the model, took" in result.stdout) == (name == "default")
+        output = f"its output ends:\n{result.stdout[-2500:]}\n{result.stderr[-2500:]}"
+        assert "on cuda" in result.stdout, f"the {name} run did not say it trains on cuda; {output}"
+        stated = "torch.compile: the first step, compiling the model, took" in result.stdout
+        assert stated == (name == "default"), (
+            f"the {name} run {'states' if stated else 'lacks'} a compile time; {output}"
+        )
         losses[name] = [record["loss"] for record in read_log(output_dir) if "loss" in record]
-    assert len(losses["default"]) == 6 and losses["default"] == pytest.approx(losses["eager"], rel=1e-2)
+    assert len(losses["default"]) == 6, f"the default run logged {len(losses['default'])} losses, not 6"
+    assert losses["default"] == pytest.approx(losses["eager"], rel=1e-2), (
+        f"compiled losses {losses['default']} are not eager's {losses['eager']} to 1%"
+    )
+
+
+def test_sdpas_flash_kernel_gives_float32s_logits_and_translations(trained_tiny_model, translation_pairs):
+    """FlashAttention as PyTorch ships it: with only SDPA's flash kernel allowed, a batch without padding (the kernel
+    takes no mask: the model must pass none, and ask for causality with `is_causal`) gives float32's logits to 3
+    roundings of bfloat16 and its greedy translations."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    shortest = min(len(source) for source, _ in translation_pairs), min(len(target) for _, target in translation_pairs)
+    input_ids = torch.tensor([source[: shortest[0]] for source, _ in translation_pairs])
+    decoder_input_ids = torch.tensor([target[: shortest[1]] for _, target in translation_pairs])
+    expected = trained_tiny_model(input_ids, decoder_input_ids=decoder_input_ids).logits
+    expected_tokens = trained_tiny_model.generate(input_ids, num_beams=1, max_new_tokens=12)
+    model = copy.deepcopy(trained_tiny_model).to(device="cuda", dtype=torch.bfloat16)
+    model.set_attn_implementation("sdpa")
+    with torch.no_grad(), sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+        logits = model(input_ids.cuda(), decoder_input_ids=decoder_input_ids.cuda()).logits
+        tokens = model.generate(input_ids.cuda(), num_beams=1, max_new_tokens=12)
+    tolerance = 3 * torch.finfo(torch.bfloat16).eps * expected.abs().max().item()
+    torch.testing.assert_close(logits.float().cpu(), expected.detach(), atol=tolerance, rtol=0)
+    assert torch.equal(tokens.cpu(), expected_tokens)
