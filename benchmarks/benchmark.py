@@ -10,6 +10,7 @@ generation, then the training step against length and batch tokens. How it measu
 
 import argparse
 import functools
+import gc
 import json
 import re
 import statistics
@@ -225,7 +226,16 @@ def measure_ctranslate2(args, implementation: str, folder: Path, timeout=None) -
 
 
 def worker(args) -> dict:
-    """One fresh process: one implementation's measurements (or one sweep point)."""
+    """One fresh process: one implementation's measurements (or one sweep point); with `rows`, one measurement per
+    row (its settings replacing these), one after another, each with a model of its own."""
+    if args.rows:
+        results = []
+        for row in args.rows:
+            results.append(worker(replace(args, rows=None, **row)))
+            gc.collect()  # the row's model and optimizer, before the next row's
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+        return {"rows": results}
     Path("/proc/self/clear_refs").write_text("5")  # the peak resident memory (VmHWM) measured afresh from here
     args.baseline_rss = memory_status("VmRSS")
     torch.manual_seed(0)
@@ -241,11 +251,7 @@ def worker(args) -> dict:
         measure = functools.partial(measure_training, model, length=args.train_length, batch_tokens=args.batch_tokens)
         return {"profile": profile_training(measure, args)}
     results = {}
-    if args.measure in ("all", "generate") and args.gen_batches:  # the GPU report: several batches in one process
-        results["batches"] = {
-            batch: measure_searches(model, replace(args, gen_batch=batch)) for batch in args.gen_batches
-        }
-    elif args.measure in ("all", "generate"):
+    if args.measure in ("all", "generate"):
         results.update(measure_searches(model, args))
     if args.measure in ("all", "train"):  # last: it sets the peak memory
         results["train"] = measure_training(model, args, args.train_length, args.batch_tokens)
@@ -366,7 +372,7 @@ class BenchmarkArguments:
     sweep_point: list[int] | None = field(default=None, metadata=HIDDEN)
     measure: Literal["all", "train", "generate", "profile"] = field(default="all", metadata=HIDDEN)
     compile: bool = field(default=False, metadata=HIDDEN)  # generation: static cache, compiled
-    gen_batches: list[int] | None = field(default=None, metadata=HIDDEN)  # generation at each, in one process
+    rows: list[dict] | None = field(default=None, metadata=HIDDEN)  # several measurements in one process
     searches: list[str] | None = field(default=None, metadata=HIDDEN)  # generation: these of SEARCHES only
     autocast: bool = field(default=False, metadata=HIDDEN)  # training: bf16 mixed precision over float32 weights
     compile_training: bool = field(default=False, metadata=HIDDEN)  # training: compiled before accelerator.prepare

@@ -1,15 +1,15 @@
-"""The GPU report's sections, measured on a GPU (or, with --quick, anywhere), into JSON and the page as they go.
+"""The GPU report's sections, measured on a GPU (or, with --quick, anywhere), into JSON as they go, then the page.
 
     python -m benchmarks.gpu_report_measure [--part 1|2] [--device cuda] [--quick] [--report_dir DIR]
                                             [--corpus_dir .gpu_carry/corpus] [--section NAME ...]
 
 On a GPU machine without network access, `bash .gpu_carry/run.sh DIR [--part 2]` (made by
 `benchmarks.gpu_report_prepare`) installs what it needs and runs this. A part's sections (PARTS) run in order within
-its deadline, each for at most its share (Sizes), and write SECTION.json and the page, gpu.md, into --report_dir after
-every measurement (the page when a section ends), so that a run cut off keeps what it measured
-(`benchmarks.gpu_report_render` draws its page); each section's JSON also records how long each of its measurements
-took (`timings`), which the shares are sized from. --quick: tiny sizes, figures that mean nothing. What
-each section measures: docs/benchmarks/README.md, "GPU report".
+its deadline, each for at most its share (Sizes), and write SECTION.json into --report_dir after every measurement,
+so that a run cut off keeps what it measured; the page, gpu.md, is drawn once the part ends (or anywhere, by
+`benchmarks.gpu_report_render`). Each section's JSON also records how long each of its measurements took (`timings`),
+which the shares are sized from. --quick: tiny sizes, figures that mean nothing. What each section measures:
+docs/benchmarks/README.md, "GPU report".
 """
 
 import json
@@ -34,17 +34,17 @@ from vaswani.cli import command, parse_arguments
 
 
 # Each part's deadline from its start (run.sh's, the install included), and the most a section takes before the next
-# begins (a part's last takes what is left). Sized from the H200 runs' timings (docs/benchmarks/README.md, "GPU
-# report"): a measuring process starts in about 10 s, compiling a training step takes 35-50 s more, a decoding step
-# about 10 s a search; part 1's time to BLEU needs about 4.8 minutes for its 4 minutes of training.
-PART_MINUTES = {1: 9, 2: 4}
+# begins (a part's last takes what is left): about a fifth more than each took at the H200's timings of 2026-12-04
+# (tests/test_gpu_report_schedule.py replays them), where part 1 took 8.7 minutes and part 2 4.4. There, starting a
+# measuring process took about 11 s, compiling a training step 35-60 s more, and time to BLEU 5.2 minutes for its 4
+# minutes of training.
+PART_MINUTES = {1: 9, 2: 4.5}
 SECTION_MINUTES = {
     "correctness": 3,
     "generation": 1.5,
     "training": 1.25,
-    "compiled_training": 2.25,
-    "profile": 1.25,
-    "chunk_sweep": 0.5,
+    "compiled_training": 2.5,
+    "profile": 1.5,
 }
 
 
@@ -69,7 +69,7 @@ class Sizes:
     bleu_batch_tokens: int = 50000  # padded source + target tokens of a training batch: the paper's step
     bleu_pairs: int = 300  # one batch: an evaluation every minute costs seconds, not a minute's share
     bleu_eval_batch: int = 300  # test sentences translated at once
-    bleu_calibration_seconds: float = 40  # the most spent timing steps to plan the run
+    bleu_calibration_seconds: float = 25  # the least spent timing steps to plan the run (the most: twice that)
     bleu_evaluation_seconds: float = 8  # kept for each evaluation until one is measured
     part_minutes: dict = field(default_factory=PART_MINUTES.copy)
     section_minutes: dict = field(default_factory=SECTION_MINUTES.copy)
@@ -105,7 +105,6 @@ QUICK = Sizes(
         "training": 3,
         "compiled_training": 5,
         "profile": 3,
-        "chunk_sweep": 2,
     },
     generation_tests="padded_batch_gives_each_sentence_alone",  # the whole file takes minutes on a CPU
     ceiling_size=512,
@@ -162,7 +161,13 @@ def correctness(args, sizes: Sizes, deadline: Deadline, publish) -> dict:
     """The GPU tests and the generation tests in bfloat16 on the device, both at once (they time nothing). It runs
     first, within its own share: the gate the figures stand behind, whatever the part has left."""
     runs = {
-        "GPU tests (tests/test_gpu.py)": ["tests/test_gpu.py", "-m", "gpu"],
+        "GPU tests (tests/test_gpu.py)": [
+            "tests/test_gpu.py",
+            "-m",
+            "gpu",
+            "-n",
+            "6",
+        ],  # its 5 compiling tests at once
         "generation tests in bfloat16": ["tests/test_generation.py", "--device", args.device, "--dtype", "bfloat16"]
         + (["-k", sizes.generation_tests] if sizes.generation_tests else []),
     }
@@ -221,9 +226,9 @@ class PytestRun:
 
 
 def generation(args, sizes: Sizes, deadline: Deadline, publish) -> dict:
-    """Decoding speed: vaswani and Marian eager at each batch size, then vaswani with a static cache and
-    torch.compile (greedy and the paper's beam search; generate() does not compile transformers' beam search); each
-    engine's batches in one process of its own. CTranslate2 where it is installed."""
+    """Decoding speed: vaswani eager at each batch size, then with a static cache and torch.compile (greedy and the
+    paper's beam search; generate() does not compile transformers' beam search), in one process; Marian eager in
+    another. CTranslate2 where it is installed."""
     half = "bfloat16" if args.device == "cuda" else "float32"
     setup = benchmark.BenchmarkArguments(
         device=args.device,
@@ -248,22 +253,19 @@ def generation(args, sizes: Sizes, deadline: Deadline, publish) -> dict:
             for amount in ("sentences", "tokens")
         }
 
-    engines = [
-        ("vaswani", "eager", sizes.generation_batches, None),
-        ("marian", "eager", sizes.generation_batches, None),
-        ("vaswani", "static cache + compile", sizes.generation_compiled_batches, ["beam1", "paper_beam4"]),
-    ]
-    for implementation, engine, batches, searches in engines:
-        worker = replace(setup, gen_batches=list(batches), searches=searches, compile=engine != "eager")
-        measurement = measured(
-            deadline,
-            lambda left, w=worker, i=implementation: benchmark.run_worker(w, i, timeout=left),
-            f"{implementation} {engine}",
-        )
-        for batch in batches:
-            row = {"batch": batch, "model": implementation, "engine": engine}
-            by_batch = measurement.get("batches", {})
-            results["rows"].append(row | (rates(by_batch[str(batch)]) if by_batch else measurement))
+    compiled = {"compile": True, "searches": ["beam1", "paper_beam4"]}
+    processes = {
+        "vaswani": [{"gen_batch": batch} for batch in sizes.generation_batches]
+        + [{"gen_batch": batch} | compiled for batch in sizes.generation_compiled_batches],
+        "marian": [{"gen_batch": batch} for batch in sizes.generation_batches],
+    }
+    for implementation, rows in processes.items():
+        for row, result in zip(
+            rows, worker_rows(deadline, setup, implementation, rows, f"{implementation} generation")
+        ):
+            engine = "static cache + compile" if row.get("compile") else "eager"
+            label = {"batch": row["gen_batch"], "model": implementation, "engine": engine}
+            results["rows"].append(label | (result if "not_measured" in result else rates(result)))
         publish(results)
     quantizations = ("float16", "int8_float16") if args.device == "cuda" else ("float32", "int8")
     missing = ctranslate2_missing(args.device)
@@ -317,33 +319,48 @@ def training_ceiling(args, sizes: Sizes) -> dict:
     return benchmark.matmul_ceiling(torch.device(args.device), precision, sizes.ceiling_size)
 
 
-def train_row(setup, ceiling: dict, deadline: Deadline, implementation: str, **changes) -> dict:
-    """One training measurement in a worker of its own: speed, memory, MFU; or why it was not measured."""
+def worker_rows(deadline: Deadline, setup, implementation: str, rows: list[dict], name: str) -> list[dict]:
+    """`rows` (settings replacing `setup`'s) measured one after another in one worker process of `implementation`:
+    each row's result, or for every row why there is none. One process per implementation, not per row: starting
+    one (Python, torch, transformers, CUDA) takes about 11 s of a part's minutes on the GPU machine."""
+    work = replace(setup, rows=rows)
+    outcome = measured(deadline, lambda left: benchmark.run_worker(work, implementation, timeout=left), name)
+    return outcome["rows"] if "rows" in outcome else [outcome] * len(rows)
 
-    def measure(left):
-        result = benchmark.run_worker(replace(setup, **changes), implementation, timeout=left)["train"]
-        flops = harness.summarise(result["times"], result["flops"])["median"]
-        return {
-            "tokens_per_s": harness.summarise(result["times"], result["tokens"]),
-            "target_tokens_per_s": harness.summarise(result["times"], result["batch"] * result["length"]),
-            "peak_memory_mib": result["peak_memory"] / 2**20,
-            "tflops_per_s": flops / 1e12,
-            "mfu": flops / ceiling["flops_per_s"],
-            "batch": result["batch"],
-            "length": result["length"],
-        }
 
-    name = " ".join([implementation, *(f"{key}={value}" for key, value in changes.items())])
-    return measured(deadline, measure, name)
+def training_figures(result: dict, ceiling: dict) -> dict:
+    """A training measurement's speed, memory and MFU, from a worker's `train` result."""
+    flops = harness.summarise(result["times"], result["flops"])["median"]
+    return {
+        "tokens_per_s": harness.summarise(result["times"], result["tokens"]),
+        "target_tokens_per_s": harness.summarise(result["times"], result["batch"] * result["length"]),
+        "peak_memory_mib": result["peak_memory"] / 2**20,
+        "tflops_per_s": flops / 1e12,
+        "mfu": flops / ceiling["flops_per_s"],
+        "batch": result["batch"],
+        "length": result["length"],
+        "losses": result["losses"],  # per step, on the same batch from the same weights: compiled against eager
+    }
+
+
+def training_points(args, sizes: Sizes, deadline: Deadline, implementation: str, rows: list[dict], ceiling) -> list:
+    """`rows` of training settings measured in one worker of `implementation`: each row with its figures."""
+    measured_rows = worker_rows(
+        deadline, training_setup(args, sizes), implementation, rows, f"{implementation} training"
+    )
+    return [
+        row | (result if "not_measured" in result else training_figures(result["train"], ceiling))
+        for row, result in zip(rows, measured_rows)
+    ]
 
 
 def training_rows(args, sizes: Sizes, deadline: Deadline, publish, presets: tuple[str, ...], compiled: bool) -> dict:
     """vaswani beside MarianMTModel at each of `presets`, eager or through torch.compile."""
-    setup, ceiling = training_setup(args, sizes), training_ceiling(args, sizes)
+    ceiling = training_ceiling(args, sizes)
     config = benchmark.preset_config(presets[-1], sizes.train_length + 1)
     results = {
         "matmul_ceiling": ceiling,
-        "precision": "bf16 mixed precision over float32 weights" if setup.autocast else "float32",
+        "precision": "bf16 mixed precision over float32 weights" if args.device == "cuda" else "float32",
         "rows": [],
         "flops_per_token": dict(
             zip(("per_source_token", "per_target_token"), benchmark.flops_per_token(config, sizes.train_length)),
@@ -351,11 +368,14 @@ def training_rows(args, sizes: Sizes, deadline: Deadline, publish, presets: tupl
         ),
         "sizes": {"batch_tokens": sizes.batch_tokens, "length": sizes.train_length},
     }
-    for preset in presets:
-        for implementation in ("vaswani", "marian"):
-            point = train_row(setup, ceiling, deadline, implementation, preset=preset, compile_training=compiled)
-            results["rows"].append({"preset": preset, "implementation": implementation, "compiled": compiled} | point)
-            publish(results)
+    rows = [{"preset": preset, "compile_training": compiled} for preset in presets]
+    for implementation in ("vaswani", "marian"):
+        for point in training_points(args, sizes, deadline, implementation, rows, ceiling):
+            results["rows"].append(
+                {"implementation": implementation, "compiled": point.pop("compile_training")} | point
+            )
+        results["rows"].sort(key=lambda row: presets.index(row["preset"]))  # each preset's two rows together
+        publish(results)
     return results
 
 
@@ -369,28 +389,24 @@ def compiled_training(args, sizes: Sizes, deadline: Deadline, publish) -> dict:
 
 def profile(args, sizes: Sizes, deadline: Deadline, publish) -> dict:
     """Where the time of a training step of the largest preset goes (`profile_training`), compiled then eager."""
-    setup, largest = training_setup(args, sizes), sizes.presets[-1]
+    largest, rows = sizes.presets[-1], [{"compile_training": True}, {"compile_training": False}]
+    setup = replace(training_setup(args, sizes), preset=largest, measure="profile")
+    runs = worker_rows(deadline, setup, "vaswani", rows, f"{largest} profiles")
     results = {"runs": []}
-    for compiled in (True, False):
-        worker = replace(setup, preset=largest, measure="profile", compile_training=compiled)
-        run = measured(
-            deadline,
-            lambda left, w=worker: benchmark.run_worker(w, "vaswani", timeout=left)["profile"],
-            f"{largest} {'compiled' if compiled else 'eager'}",
-        )
-        results["runs"].append({"preset": largest, "compiled": compiled, "batch_tokens": sizes.batch_tokens} | run)
-        publish(results)
+    for row, run in zip(rows, runs):
+        row = {"preset": largest, "compiled": row["compile_training"], "batch_tokens": sizes.batch_tokens}
+        results["runs"].append(row | run.get("profile", run))
+    publish(results)
     return results
 
 
 def chunk_sweep(args, sizes: Sizes, deadline: Deadline, publish) -> dict:
     """Speed and memory of the largest preset's eager step against the loss's `accelerator_chunk_elements`."""
-    setup, ceiling = training_setup(args, sizes), training_ceiling(args, sizes)
-    results = {"preset": sizes.presets[-1], "batch_tokens": sizes.batch_tokens, "points": []}
-    for elements in sizes.chunk_sweep:
-        point = train_row(setup, ceiling, deadline, "vaswani", preset=sizes.presets[-1], chunk_elements=elements)
-        results["points"].append({"chunk_elements": elements} | point)
-        publish(results)
+    ceiling, largest = training_ceiling(args, sizes), sizes.presets[-1]
+    rows = [{"preset": largest, "chunk_elements": elements} for elements in sizes.chunk_sweep]
+    points = training_points(args, sizes, deadline, "vaswani", rows, ceiling)
+    results = {"preset": largest, "batch_tokens": sizes.batch_tokens, "points": points}
+    publish(results)
     return results
 
 
@@ -414,7 +430,9 @@ LISTED = "; ".join(f"part {part}: {', '.join(names)}" for part, names in PARTS.i
 
 @dataclass
 class MeasureArguments:
-    part: int = field(default=1, metadata={"help": "1 (9 minutes on a GPU) or 2 (4 minutes)", "choices": list(PARTS)})
+    part: int = field(
+        default=1, metadata={"help": "1 (9 minutes on a GPU) or 2 (4.5 minutes)", "choices": list(PARTS)}
+    )
     section: list[str] | None = field(default=None, metadata={"help": f"only these of the part's sections ({LISTED})"})
     device: str = field(default="cuda", metadata={"help": "cuda, or cpu (with --quick, to test the code)"})
     quick: bool = field(default=False, metadata={"help": "every section on tiny sizes"})
@@ -465,11 +483,6 @@ def measure_part(args: MeasureArguments, sizes: Sizes) -> dict:
                 "results": section_results,
             }
             (report_dir / f"{name}.json").write_text(json.dumps(result, indent=1))
-            if complete:  # drawn once a section ends (seconds of plotting); a run cut off leaves its JSON to render
-                try:
-                    render(report_dir, report_dir)
-                except Exception as error:  # the measurements go on without the page; the JSON holds them
-                    print(f"rendering gpu.md failed: {error!r}", file=sys.stderr)
             return result
 
         try:
@@ -478,7 +491,9 @@ def measure_part(args: MeasureArguments, sizes: Sizes) -> dict:
             traceback.print_exc()
             section_results = {"not_measured": f"it failed: {error!r}"[:500]}
         results[name] = save(section_results, complete=True)
-        print(f"{name}: {results[name]['minutes']:.1f} min, written {report_dir / name}.json and gpu.md")
+        print(f"{name}: {results[name]['minutes']:.1f} min, written {report_dir / name}.json")
+    render(report_dir, report_dir)
+    print(f"written {report_dir / 'gpu.md'}")
     return results
 
 

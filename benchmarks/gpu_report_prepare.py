@@ -28,18 +28,22 @@ from packaging.utils import canonicalize_name
 from benchmarks.harness import REPO, folder_bytes
 from vaswani.checks import UsageError
 from vaswani.cli import command, parse_arguments
+from vaswani.scripts.train import NEEDS
 
 
 # The GPU machine the report is measured on: CPython 3.12.3 (its `python3`), torch 2.11.0 built for CUDA 13, and the
-# packages of gpu_machine_packages.txt, as its `pip list` read them in November 2026: NAME==VERSION where a version
-# was read, the name alone where only the name was (taken to be a version the report accepts: `--check` verifies
+# packages of gpu_machine_packages.txt, as its `pip list --format=freeze` read them on 2026-12-04 (names normalised):
+# NAME==VERSION, or the name alone where no version was read (taken to be one the report accepts: `--check` verifies
 # that on the machine). `python3 -m pip list --format=freeze` there gives the file anew.
 GPU_MACHINE_PYTHON = "3.12"
 LISTING = Path(__file__).with_name("gpu_machine_packages.txt").read_text().split()
-GPU_MACHINE_PACKAGES = {name: version or None for name, _, version in (entry.partition("==") for entry in LISTING)}
-# What the report runs with beyond the package's own requirements, from its extras (their ranges): the training
-# measurement's Accelerator, sacreBLEU for time_to_bleu, matplotlib for the page, pytest for the GPU tests.
-REPORT_PACKAGES = ("accelerate", "sacrebleu", "matplotlib", "pytest")
+GPU_MACHINE_PACKAGES = {
+    canonicalize_name(name): version or None for name, _, version in (entry.partition("==") for entry in LISTING)
+}
+# What the report runs with beyond the package's own requirements, from its extras (their ranges): what
+# vaswani-train needs (the GPU tests train with it; the training measurement's Accelerator, sacreBLEU for
+# time_to_bleu), matplotlib for the page, pytest and pytest-xdist for the GPU tests.
+REPORT_PACKAGES = (*NEEDS, "matplotlib", "pytest", "pytest-xdist")
 
 
 @dataclass

@@ -66,8 +66,8 @@ def profile_training(measure, args) -> dict:
     warm, once = copy.copy(args), copy.copy(args)  # copies keep the worker's memory baseline
     warm.repeats, once.warmup, once.repeats = 1, 0, 1
     on_cuda = args.device == "cuda"
-    # A range around the loss, eager only: a compiled graph would break at it.
-    with contextlib.nullcontext() if args.compile_training else loss_ranged():
+    # A range around the loss, compiled or not: the loss is computed outside the model, which is what is compiled.
+    with loss_ranged():
         measure(warm)  # warm-up (and compilation)
         with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_cuda else [])) as profiler:
             measure(once)
@@ -187,21 +187,21 @@ SETTLED = 25  # calibration steps whose median is compared with the median of th
 def scheduled_bleu(run: BleuRun, sizes, deadline, publish, results: dict) -> dict:
     """Time to BLEU's clock, whatever trains: `results` with the plan, and BLEU at each minute of training.
 
-    The step time is measured first, on a calibration run, once it has settled: a fresh process's first step of
-    each new batch shape is slow (on an H200 on 2026-12-04 the first 40 or so took 0.39 s against 0.06 s after them),
-    so the calibration steps until the median of its last SETTLED steps is within 10% of the SETTLED before them (or
-    for `bleu_calibration_seconds`), and takes that median. The training time is `bleu_minutes`, or less where the
-    deadline, with the evaluations' time kept aside, leaves less. Their quotient is the planned steps, of which the
-    paper's schedule warms up for 4%. The run then trains for that time, with an evaluation every
-    `bleu_every_minutes` of training and at its end; it stops early only where the deadline would leave no time for
-    the last evaluation.
+    The step time is measured first, on a calibration run, after a fresh process's slow start: on an H200 its first
+    50 or so steps took 0.40 s each against 0.06 s after them (2026-12-04; most likely the first use of each batch
+    shape, for which cuDNN's attention, the kernels the profile shows, builds its plans). So the calibration steps for at least `bleu_calibration_seconds`, and on while the median
+    of its last SETTLED steps is still falling by more than 10% against the SETTLED before them (for at most twice
+    that time), and takes that median. The training time is `bleu_minutes`, or less where the deadline, with the
+    evaluations' time kept aside, leaves less. Their quotient is the planned steps, of which the paper's schedule
+    warms up for 4%. The run then trains for that time, with an evaluation every `bleu_every_minutes` of training and
+    at its end; it stops early only where the deadline would leave no time for the last evaluation.
     """
     run.begin(None)
     times, begun = [], time.monotonic()
-    while time.monotonic() - begun < sizes.bleu_calibration_seconds:
+    while (spent := time.monotonic() - begun) < 2 * sizes.bleu_calibration_seconds:
         times.append(run.step()[1])
         recent, before = statistics.median(times[-SETTLED:]), statistics.median(times[-2 * SETTLED : -SETTLED] or [0])
-        if len(times) >= 2 * SETTLED and abs(recent - before) <= 0.1 * recent:
+        if spent >= sizes.bleu_calibration_seconds and len(times) >= 2 * SETTLED and recent >= 0.9 * before:
             break
     step_seconds = statistics.median(times[-SETTLED:])
     every = 60 * sizes.bleu_every_minutes
@@ -241,6 +241,6 @@ def scheduled_bleu(run: BleuRun, sizes, deadline, publish, results: dict) -> dic
         if next_evaluation <= trained < seconds:
             evaluate()
             next_evaluation += every
-    if steps:
+    if steps and (not results["points"] or results["points"][-1]["steps"] != steps):
         evaluate()
     return results

@@ -33,7 +33,11 @@ from vaswani.training.arguments import TrainArguments
 logging.getLogger("accelerate.utils.other").setLevel(logging.ERROR)
 
 
-@command(extra="train", needs=("accelerate", "datasets", "sacrebleu", "sacremoses"))
+# The modules vaswani-train needs beyond the model's (the train extra brings them); the GPU report carries them too.
+NEEDS = ("accelerate", "datasets", "sacrebleu", "sacremoses", "evaluate")
+
+
+@command(extra="train", needs=NEEDS)
 def main(argv, callbacks=()):
     """vaswani-train; `callbacks` (`vaswani.training.run.TrainingCallback`) watch the run from Python."""
     (args,) = parse_arguments([TrainArguments], argv, description=__doc__.split("\n\n")[0])

@@ -10,7 +10,17 @@ import importlib.util
 
 import pytest
 import torch
-from helpers import FAST, make_dataset, pad_pairs, read_log, run_script, train_arguments, word_tokenizer
+from helpers import (
+    FAST,
+    finish,
+    make_dataset,
+    pad_pairs,
+    read_log,
+    start,
+    train_arguments,
+    train_command,
+    word_tokenizer,
+)
 from transformers import CompileConfig
 
 from vaswani import VaswaniForConditionalGeneration
@@ -105,24 +115,28 @@ def test_bfloat16_autocast_training_step_on_the_gpu(trained_tiny_model, translat
 
 def test_train_compiles_the_model_on_a_gpu_by_default_and_trains_with_eagers_losses(tmp_path):
     """vaswani-train on a GPU with no --torch_compile: the model trains through torch.compile, the log states the
-    compile time, and the losses of token-bucket batches of changing shapes are eager's to 1% (dropout off). Each
-    assertion names what failed, with the run's output."""
+    compile time, and the losses of token-bucket batches of changing shapes are eager's to 1% (dropout off). The
+    compiled and the eager run train at once; each assertion names what failed, with the run's output."""
     data = make_dataset(tmp_path / "data", {"train": 600, "validation": 20})
     tokenizer = word_tokenizer(tmp_path / "tokenizer")
     flags = [*FAST, "--config_overrides", "dropout=0.0,attention_dropout=0.0,activation_dropout=0.0"]
     flags += ["--max_steps", 6, "--save_steps", 6, "--average_last", 1, "--logging_steps", 1, "--report_to", "none"]
     flags += ["--eval_steps", 6, "--eval_bleu_samples", 4]
+    runs = {"default": [], "eager": ["--torch_compile", False]}
+    started = [
+        start(train_command(*train_arguments(data, tokenizer, tmp_path / name, *flags, *extra)))
+        for name, extra in runs.items()
+    ]
     losses = {}
-    for name, extra in (("default", []), ("eager", ["--torch_compile", False])):
-        output_dir = tmp_path / name
-        result = run_script("train", *train_arguments(data, tokenizer, output_dir, *flags, *extra))
-        output = f"its output ends:\n{result.stdout[-2500:]}\n{result.stderr[-2500:]}"
-        assert "on cuda" in result.stdout, f"the {name} run did not say it trains on cuda; {output}"
-        stated = "torch.compile: the first step, compiling the model, took" in result.stdout
+    for (name, process), (stdout, stderr) in zip(zip(runs, started), finish(*started, timeout=600)):
+        output = f"its output ends:\n{stdout[-2500:]}\n{stderr[-2500:]}"
+        assert process.returncode == 0, f"the {name} run failed; {output}"
+        assert "on cuda" in stdout, f"the {name} run did not say it trains on cuda; {output}"
+        stated = "torch.compile: the first step, compiling the model, took" in stdout
         assert stated == (name == "default"), (
             f"the {name} run {'states' if stated else 'lacks'} a compile time; {output}"
         )
-        losses[name] = [record["loss"] for record in read_log(output_dir) if "loss" in record]
+        losses[name] = [record["loss"] for record in read_log(tmp_path / name) if "loss" in record]
     assert len(losses["default"]) == 6, f"the default run logged {len(losses['default'])} losses, not 6"
     assert losses["default"] == pytest.approx(losses["eager"], rel=1e-2), (
         f"compiled losses {losses['default']} are not eager's {losses['eager']} to 1%"

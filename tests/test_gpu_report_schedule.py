@@ -14,31 +14,34 @@ from benchmarks import benchmark, gpu_report_measure, gpu_report_training
 
 SCALE = 1 / 100  # simulated seconds per H200 second
 
-# Seconds each measurement took on one H200, by the name the report's JSON records its timings under; the
-# sections' own costs below them.
-H200_SECONDS = {
-    "GPU tests (tests/test_gpu.py)": 60,
-    "generation tests in bfloat16": 35,
-    "vaswani eager": 20,
-    "marian eager": 16,
-    "vaswani static cache + compile": 34,
-    "vaswani preset=base compile_training=False": 13,
-    "marian preset=base compile_training=False": 13,
-    "vaswani preset=big compile_training=False": 16,
-    "marian preset=big compile_training=False": 16,
-    "vaswani preset=base compile_training=True": 50,
-    "marian preset=base compile_training=True": 50,
-    "big compiled": 50,
-    "big eager": 16,
-    "vaswani preset=big chunk_elements=16777216": 16,
-    "vaswani preset=big chunk_elements=268435456": 16,
+# What each measurement took on one H200 on 2026-12-04 (docs/benchmarks/gpu_h200_2026-12-04b/*.json, `timings`; a
+# measuring process then measured one row, and starting one took about STARTUP of it): a process's start, then each
+# of its rows. Where a row was not measured there, the nearest that was, named beside it.
+STARTUP = 11
+ROW_SECONDS = {
+    ("generate", "vaswani", False): 7.3,  # per batch size: greedy, beam 4, the paper's beam 4
+    ("generate", "marian", False): 6.6,
+    ("generate", "vaswani", True): 23.1,  # compiling and timing greedy and the paper's beam search
+    ("train", "vaswani", "base", False): 3.3,
+    ("train", "marian", "base", False): 2.0,
+    ("train", "vaswani", "big", False): 8.4,  # the chunk sweep's rows too
+    ("train", "marian", "big", False): 5.4,
+    ("train", "vaswani", "base", True): 47.0,
+    ("train", "marian", "base", True): 60.1,
+    ("profile", "vaswani", "big", True): 53.2,
+    ("profile", "vaswani", "big", False): 11.0,  # cut off there: the eager training row and the profiler's pass
 }
-RUN_SH_SECONDS = 30  # run.sh's offline install and check, before the measuring starts
+# The two pytest runs of correctness, at once: the GPU tests on 6 workers (their slowest, vaswani-train compiled
+# beside eager, about a minute: it failed at its start there, for want of `datasets`), the generation tests in
+# bfloat16 (2026-11-27: both runs, one after the other, 76 s).
+PYTEST_SECONDS = {"tests/test_gpu.py": 65, "tests/test_generation.py": 45}
+RUN_SH_SECONDS = 21  # run.sh's offline install and check, and the measuring's start
 CEILING_SECONDS = 3  # the matmul peak, measured by each training section
-PAGE_SECONDS = 2  # gpu.md and its PNGs, drawn when a section ends
-# Time to BLEU, base preset: a run's start, its first steps (kernels loading, the allocator's pool growing), the
-# steps after them, and one evaluation of 300 test pairs.
-BLEU_START_SECONDS, FIRST_STEPS, FIRST_STEP_SECONDS, STEP_SECONDS, EVALUATION_SECONDS = 5, 30, 0.4, 0.062, 6
+PAGE_SECONDS = 4  # gpu.md and its PNGs, drawn when the part ends
+# Time to BLEU, base preset: a run's start, its first steps (0.40 s: a fresh process's first use of each batch
+# shape), the steps after them (0.062 s), and its evaluations of 300 test pairs (12.4 s at 1 minute, then 7.7 and 6.6).
+BLEU_START_SECONDS, FIRST_STEPS, FIRST_STEP_SECONDS, STEP_SECONDS = 5, 50, 0.40, 0.062
+EVALUATION_SECONDS = [12.4, 7.7, 6.6, 6.6]
 
 
 def wait(seconds: float, timeout: float | None = None) -> None:
@@ -50,24 +53,28 @@ def wait(seconds: float, timeout: float | None = None) -> None:
 
 
 def simulated_worker(args, implementation, sweep_point=None, timeout=None, export_dir=None):
-    """benchmark.run_worker at the H200's timings, with results of the shape the real one returns."""
-    if args.measure == "generate":
-        engine = "static cache + compile" if args.compile else "eager"
-        wait(H200_SECONDS[f"{implementation} {engine}"], timeout)
-        searches = args.searches or ["beam1", "beam4"] + (["paper_beam4"] if implementation == "vaswani" else [])
-        timed = {"times": [0.1, 0.1], "sentences": 1, "tokens": 32}
-        return {
-            "batches": {str(batch): {f"generate_{search}": timed for search in searches} for batch in args.gen_batches}
-        }
-    if args.measure == "profile":
-        wait(H200_SECONDS[f"{args.preset} {'compiled' if args.compile_training else 'eager'}"], timeout)
-        return {"profile": {"total_ms": 100.0, "timed": "device time", "shares": {"matrix products": 1.0}, "top": []}}
-    setting = (
-        f"chunk_elements={args.chunk_elements}" if args.chunk_elements else f"compile_training={args.compile_training}"
-    )
-    wait(H200_SECONDS[f"{implementation} preset={args.preset} {setting}"], timeout)
-    trained = {"times": [0.1, 0.1], "flops": 1e13, "tokens": 50000, "batch": 390, "length": 64}
-    return {"train": trained | {"peak_memory": 2**34}}
+    """benchmark.run_worker of `args.rows` at the H200's timings, with results of the shape the real one returns."""
+    rows = [replace(args, rows=None, **row) for row in args.rows]
+    costs = []
+    for row in rows:
+        if row.measure == "generate":
+            costs.append(ROW_SECONDS[("generate", implementation, row.compile)])
+        else:
+            costs.append(ROW_SECONDS[(row.measure, implementation, row.preset, row.compile_training)])
+    wait(STARTUP + sum(costs), timeout)
+    results = []
+    for row in rows:
+        if row.measure == "generate":
+            searches = row.searches or ["beam1", "beam4"] + (["paper_beam4"] if implementation == "vaswani" else [])
+            results.append(
+                {f"generate_{search}": {"times": [0.1], "sentences": 1, "tokens": 32} for search in searches}
+            )
+        elif row.measure == "profile":
+            results.append({"profile": {"total_ms": 1.0, "timed": "device time", "shares": {"loss": 1.0}, "top": []}})
+        else:
+            trained = {"times": [0.1], "flops": 1e13, "tokens": 50000, "batch": 390, "length": 64, "losses": [9.0]}
+            results.append({"train": trained | {"peak_memory": 2**34}})
+    return {"rows": results}
 
 
 class SimulatedPytest:
@@ -78,25 +85,19 @@ class SimulatedPytest:
             pass
 
     def __init__(self, pytest_args, stem):
-        self.name = (
-            "GPU tests (tests/test_gpu.py)"
-            if pytest_args[0] == "tests/test_gpu.py"
-            else "generation tests in bfloat16"
-        )
-        self.started, self.process = time.monotonic(), self.Process()
+        self.seconds, self.started, self.process = PYTEST_SECONDS[pytest_args[0]], time.monotonic(), self.Process()
 
     def outcomes(self, timeout):
-        wait(max(0.0, H200_SECONDS[self.name] - (time.monotonic() - self.started) / SCALE), timeout)
+        wait(max(0.0, self.seconds - (time.monotonic() - self.started) / SCALE), timeout)
         return {"passed": 10, "failed": 0, "skipped": 0, "failures": [], "skip_reasons": []}
 
 
 def simulated_time_to_bleu(args, sizes, deadline, publish):
     """The real section's clock (`scheduled_bleu`) over a run that waits the H200's times."""
-    steps = []
+    steps, evaluations = [], []
 
     def begin(warmup):
         wait(BLEU_START_SECONDS)
-        steps.clear()
 
     def step():
         started = time.perf_counter()
@@ -105,7 +106,8 @@ def simulated_time_to_bleu(args, sizes, deadline, publish):
         return 5.0, steps[-1]
 
     def evaluate():
-        wait(EVALUATION_SECONDS)
+        wait(EVALUATION_SECONDS[min(len(evaluations), len(EVALUATION_SECONDS) - 1)])
+        evaluations.append(1)
         return 10.0, "signature"
 
     run = gpu_report_training.BleuRun(begin, step, evaluate)
