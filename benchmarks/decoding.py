@@ -5,7 +5,7 @@
                                   [--output_dir docs/benchmarks]
 
 Writes `decoding_cpu.{json,md}` in --output_dir: the time of vaswani's
-three decodings in float32 and two in int8, `MarianMTModel` holding the same weights, CTranslate2 float32 and int8
+three decodings in float32, two in int8 and two in bfloat16, `MarianMTModel` holding the same weights, CTranslate2 float32 and int8
 and ONNX Runtime where installed, on the first --samples test sentences; how many translations equal the default
 decoding's, their BLEU and chrF. How it measures: docs/benchmarks/README.md.
 """
@@ -38,6 +38,8 @@ VASWANI_DECODINGS = {
     "vaswani, greedy": GREEDY,
     "vaswani int8, the paper's beam search": {**BEAM, "int8": True},
     "vaswani int8, greedy": {**GREEDY, "int8": True},
+    "vaswani bfloat16, the paper's beam search": {**BEAM, "dtype": "bfloat16"},
+    "vaswani bfloat16, greedy": {**GREEDY, "dtype": "bfloat16"},
 }
 
 
@@ -121,6 +123,8 @@ def engine(name: str, args, model, tokenizer):
         options = {"batch_size": args.batch_size, **VASWANI_DECODINGS[name]}
         if options.pop("int8", False):
             model = int8_linear_layers(model)
+        elif "dtype" in options:  # as `--dtype` loads it
+            model = model.to(getattr(torch, options.pop("dtype")))
         return lambda sentences: translate(model, tokenizer, sentences, **options)
     marian = marian_twin(model)
     options = BEAM if name.endswith("beam 4") else GREEDY

@@ -29,18 +29,39 @@ from ..progress import progress_bar
 from ..training.data import load_translation_dataset, text_pairs
 
 
-def load_translation_model(model_dir, tokenizer_dir=None, device=None, int8=False):
+def load_translation_model(model_dir, tokenizer_dir=None, device=None, int8=False, dtype="float32"):
     """The model of a saved folder (safetensors only) on `device` (default: cuda if available; the CPU with `int8`),
-    in evaluation mode, and its tokenizer (or `tokenizer_dir`'s), checked to match it. `int8`: every linear layer
-    quantized (`int8_linear_layers`)."""
+    its weights in `dtype` (`check_decoding_dtype`), in evaluation mode, and its tokenizer (or `tokenizer_dir`'s),
+    checked to match it. `int8`: every linear layer quantized (`int8_linear_layers`)."""
     check_safetensors_weights(model_dir)
     if int8 and device not in (None, "cpu"):
         raise UsageError(f"int8 decoding runs on the CPU only (torch's dynamic quantization), not on {device}.")
-    device = device or ("cuda" if torch.cuda.is_available() and not int8 else "cpu")
+    if int8 and dtype != "float32":
+        raise UsageError(f"--int8 quantizes float32 weights: leave out --dtype {dtype}.")
+    device = torch.device(device or ("cuda" if torch.cuda.is_available() and not int8 else "cpu"))
+    check_decoding_dtype(dtype, device)
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir or model_dir)
-    model = AutoModelForSeq2SeqLM.from_pretrained(model_dir, use_safetensors=True).to(device).eval()
+    model = AutoModelForSeq2SeqLM.from_pretrained(model_dir, use_safetensors=True, dtype=getattr(torch, dtype))
     check_tokenizer_matches_config(tokenizer, model.config, model_dir)
+    model = model.to(device).eval()
     return (int8_linear_layers(model) if int8 else model), tokenizer
+
+
+def check_decoding_dtype(dtype: str, device: torch.device) -> None:
+    """Refuse a weights' type that `device` cannot compute in: bfloat16 on a GPU older than NVIDIA's Ampere (which
+    torch would only emulate), or any type a matrix product on the device fails in."""
+    if device.type == "cuda" and dtype == "bfloat16" and not torch.cuda.is_bf16_supported(including_emulation=False):
+        raise UsageError(
+            f"--dtype bfloat16 needs a GPU that computes in it (NVIDIA Ampere or newer); "
+            f"{torch.cuda.get_device_name(device)} does not: decode with --dtype float16 or float32."
+        )
+    try:
+        ones = torch.ones(2, 2, dtype=getattr(torch, dtype), device=device)
+        (ones @ ones).sum().item()
+    except (RuntimeError, NotImplementedError) as error:
+        raise UsageError(
+            f"--dtype {dtype} does not run on {device} ({str(error).splitlines()[0]}): decode in float32."
+        ) from error
 
 
 def int8_linear_layers(model):

@@ -59,7 +59,9 @@ def main(argv):
     check_output_file(output)
     from vaswani.evaluation.bleu import load_metric, load_pairs, load_translation_model, translate
 
-    model, tokenizer = load_translation_model(args.model, args.tokenizer, decoding.device, decoding.int8)
+    model, tokenizer = load_translation_model(
+        args.model, args.tokenizer, decoding.device, decoding.int8, decoding.dtype
+    )
     sources, references, without_text = load_pairs(
         args.dataset_dir, args.split, args.source_lang, args.target_lang, args.max_samples
     )
@@ -84,7 +86,7 @@ def main(argv):
     print(
         f"Translated {len(sources)} sentences of {args.split} in {seconds:.1f}s "
         f"(num_beams={decoding.num_beams}, length_penalty={decoding.length_penalty}, "
-        f"paper_decoding={decoding.paper_decoding}); hypotheses in {output}"
+        f"paper_decoding={decoding.paper_decoding}, {decoding.dtype} on {model.device.type}); hypotheses in {output}"
     )
     print(bleu_line(bleu))  # "BLEU = 27.30 58.1/33.0/20.9/13.6 (BP = ... ratio = ... hyp_len = ... ref_len = ...)"
     print(f"sacreBLEU signature: {bleu['signature']}")
@@ -110,6 +112,7 @@ def main(argv):
         "seconds": round(seconds, 1),
         "sentences_per_sec": round(len(sources) / seconds, 2),
         "device": model.device.type,
+        "dtype": decoding.dtype,
         "int8": decoding.int8,
     }
     results_file.write_text(json.dumps(results, indent=2))

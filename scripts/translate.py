@@ -103,6 +103,8 @@ def translate_with_ctranslate2(args: TranslateArguments, decoding: DecodingArgum
                    ("--alignments", args.alignments), ("--prefixes", args.prefixes)) if used]  # fmt: skip
     if unsupported:
         raise UsageError(f"--ctranslate2 writes one translation a line: leave out {', '.join(unsupported)}.")
+    if decoding.dtype != "float32":
+        raise UsageError("--ctranslate2 decodes in its model's own type (--int8 for int8): leave out --dtype.")
     if not (Path(args.ctranslate2) / "model.bin").is_file():
         raise UsageError(
             f"--ctranslate2 {args.ctranslate2} holds no CTranslate2 model (model.bin): write one with "
@@ -162,7 +164,9 @@ def main(argv):
         return translate_with_ctranslate2(args, decoding, sources)
     from vaswani.evaluation.bleu import load_translation_model, translations
 
-    model, tokenizer = load_translation_model(args.model, device=decoding.device, int8=decoding.int8)
+    model, tokenizer = load_translation_model(
+        args.model, device=decoding.device, int8=decoding.int8, dtype=decoding.dtype
+    )
     limit = getattr(model.config, "max_position_embeddings", None)
     check_source_lengths(tokenizer, sources, limit, decoding.max_source_length)
 

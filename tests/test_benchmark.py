@@ -86,7 +86,8 @@ def test_decoding_benchmark_times_every_engine_on_the_same_sentences(trained_tex
     rows = results["rows"]
     assert results["sentences"] == len(PAIRS)
     assert rows["vaswani, the paper's beam search (default)"]["bleu"] == pytest.approx(100.0)
-    assert rows["vaswani int8, the paper's beam search"]["chrf"] == pytest.approx(100.0)  # what it learnt, in int8 too
+    for quantized in ("int8", "bfloat16"):  # what it learnt, in int8 and bfloat16 too
+        assert rows[f"vaswani {quantized}, the paper's beam search"]["chrf"] == pytest.approx(100.0), quantized
     assert rows["MarianMTModel, beam 4"]["bleu"] == pytest.approx(rows["vaswani, transformers' beam search"]["bleu"])
     assert rows["CTranslate2 float32, greedy"]["same_as_default"] == len(PAIRS)
     # Each engine alone: CTranslate2 timed in processes where torch never ran (no export, no other engine before it).
@@ -168,11 +169,13 @@ facts["help"] = shown.getvalue()
 Deadline, measured_in = gpu_report_measure.Deadline, gpu_report_measure.measured
 def broken(left):
     raise ImportError("ctranslate2 is not installed here")
+deadline = Deadline(60)
 facts["budget"] = [
-    measured_in(Deadline(0), lambda left: {"x": 1}),
-    measured_in(Deadline(60), lambda left: {"x": left}),
-    measured_in(Deadline(60), broken),
+    measured_in(Deadline(0), lambda left: {"x": 1}, "spent"),
+    measured_in(deadline, lambda left: {"x": left}, "in time"),
+    measured_in(deadline, broken, "broken"),
 ]
+facts["timings"] = sorted(deadline.timings)
 
 # The GPU report's corpus, prepared from the dataset and tokenizer given, and its batches for the rows given.
 data, tokenizer, carry, rows = *sys.argv[1:4], json.loads(sys.argv[4])
@@ -232,6 +235,7 @@ def test_a_measurement_past_the_budget_or_failing_is_reported_as_not_measured(pr
     assert spent == {"not_measured": "its section's time ran out before it"}
     assert in_time["x"] > 50
     assert failed == {"not_measured": "it failed: ctranslate2 is not installed here"}
+    assert probed[0]["timings"] == ["broken", "in time"]  # how long each took, failed or not, for the sizing
 
 
 def test_the_gpu_reports_batches_are_the_collators(carried_corpus):

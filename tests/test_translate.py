@@ -8,6 +8,8 @@ from helpers import PAIRS, run_command, script_command
 from transformers import pipeline
 
 from vaswani import VaswaniTranslationPipeline
+from vaswani.checks import UsageError
+from vaswani.evaluation import bleu as evaluation_bleu
 from vaswani.modeling.pipeline_vaswani import translate_batch
 from vaswani.scripts import translate
 
@@ -156,3 +158,40 @@ def test_an_empty_input_file_is_refused(trained_text_model, tmp_path):
         translate.main(["--model", folder, "--input", tmp_path / "in.txt", "--output", tmp_path / "out.txt"])
     assert "in.txt is empty" in str(exit_info.value.code)  # the message the command exits with (status 1)
     assert not (tmp_path / "out.txt").exists()
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_dtype_decodes_in_half_precision_to_float32s_translations(trained_text_model, tmp_path, dtype):
+    """--dtype loads the weights in that type (the GPU's decoding precision; bfloat16 and float16 run on the CPU too):
+    the translations of a model that learnt them by heart are float32's."""
+    model, tokenizer, folder = trained_text_model
+    answers, lines = run(folder, tmp_path, SOURCES, "--dtype", dtype, "--scores")
+    assert [line.split("\t")[3] for line in lines] == [target for _, target in PAIRS]
+    loaded, _ = evaluation_bleu.load_translation_model(folder, device="cpu", dtype=dtype)
+    assert {parameter.dtype for parameter in loaded.parameters()} == {getattr(torch, dtype)}
+
+
+@pytest.mark.parametrize(
+    ("flags", "named"),
+    [
+        (["--dtype", "bfloat16", "--int8"], "--int8 quantizes float32 weights: leave out --dtype bfloat16"),
+        (["--dtype", "float16", "--ctranslate2", "ct2"], "--ctranslate2 decodes in its model's own type"),
+        (["--dtype", "float64"], "invalid choice: 'float64'"),
+    ],
+)
+def test_a_dtype_that_cannot_decode_is_refused_by_name(trained_text_model, tmp_path, capsys, flags, named):
+    _, _, folder = trained_text_model
+    with pytest.raises(SystemExit) as exit_info:
+        run(folder, tmp_path, SOURCES[:1], *flags)
+    assert named in f"{exit_info.value.code} {capsys.readouterr().err}"
+    assert not (tmp_path / "out.txt").exists()
+
+
+def test_a_dtype_the_device_cannot_compute_in_is_refused_before_loading(monkeypatch):
+    """bfloat16 on a GPU without it (torch would emulate it), and a type whose matrix product fails on the device."""
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: False)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Tesla V100")
+    with pytest.raises(UsageError, match="Tesla V100 does not: decode with --dtype float16 or float32"):
+        evaluation_bleu.check_decoding_dtype("bfloat16", torch.device("cuda"))
+    with pytest.raises(UsageError, match="--dtype float16 does not run on meta"):
+        evaluation_bleu.check_decoding_dtype("float16", torch.device("meta"))
