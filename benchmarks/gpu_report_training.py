@@ -196,14 +196,16 @@ def scheduled_bleu(run: BleuRun, sizes, deadline, publish, results: dict) -> dic
     warms up for 4%. The run then trains for that time, with an evaluation every `bleu_every_minutes` of training and
     at its end; it stops early only where the deadline would leave no time for the last evaluation.
     """
+    started = time.monotonic()
     run.begin(None)
-    times, begun = [], time.monotonic()
+    times, begun = [], time.monotonic()  # the least time counts steps only, not the model's making
     while (spent := time.monotonic() - begun) < 2 * sizes.bleu_calibration_seconds:
         times.append(run.step()[1])
         recent, before = statistics.median(times[-SETTLED:]), statistics.median(times[-2 * SETTLED : -SETTLED] or [0])
         if spent >= sizes.bleu_calibration_seconds and len(times) >= 2 * SETTLED and recent >= 0.9 * before:
             break
     step_seconds = statistics.median(times[-SETTLED:])
+    deadline.timings["calibration"] = time.monotonic() - started
     every = 60 * sizes.bleu_every_minutes
     evaluation_seconds = [sizes.bleu_evaluation_seconds]  # kept for each evaluation: a guess, then the longest seen
     evaluations = math.ceil(sizes.bleu_minutes / sizes.bleu_every_minutes)
@@ -243,4 +245,5 @@ def scheduled_bleu(run: BleuRun, sizes, deadline, publish, results: dict) -> dic
             next_evaluation += every
     if steps and (not results["points"] or results["points"][-1]["steps"] != steps):
         evaluate()
+    deadline.timings |= {"training": trained, "evaluations": sum(evaluation_seconds[1:])}
     return results
