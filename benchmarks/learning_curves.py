@@ -277,8 +277,31 @@ def write_report(args, output_dir: Path):
     figure.savefig(output_dir / "learning_curves.png", dpi=120)
     plt.close(figure)
     table = harness.table([*header, "reads its source from step"], rows)
-    (output_dir / "learning_curves.md").write_text(table + "\n")
-    return table
+    report = f"{table}\n\n{bias_effects(runs, args.report_steps[-1])}"
+    (output_dir / "learning_curves.md").write_text(report + "\n")
+    return report
+
+
+def bias_effects(runs: list, step: int) -> str:
+    """Each initialisation's runs with attention biases against its runs without them, seed by seed: the difference
+    of their validation NLL at `step`."""
+
+    def nll(variant):
+        return {
+            run["seed"]: p["val_nll"]
+            for run in runs
+            if run["variant"] == variant
+            for p in run["curve"]
+            if p["step"] == step
+        }
+
+    rows = []
+    for variant in sorted({run["variant"] for run in runs if run["variant"].endswith("+bias")}):
+        with_biases, without = nll(variant), nll(variant.removesuffix("+bias"))
+        effects = {seed: with_biases[seed] - without[seed] for seed in sorted(with_biases.keys() & without.keys())}
+        cells = [f"seed {seed}: {abs(d):.3f} {'behind' if d > 0 else 'ahead'}" for seed, d in effects.items()]
+        rows.append([variant.removesuffix("+bias"), "; ".join(cells)])
+    return harness.table([f"with attention biases, validation NLL at {step} against without", "each seed"], rows)
 
 
 def run_study(args, bleu_split: str, runs: dict, train_one, write_report) -> None:

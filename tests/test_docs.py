@@ -3,8 +3,10 @@ names a file or folder that exists, every command line of a ```bash block that r
 uses only flags that command takes, and every ```python block compiles."""
 
 import argparse
+import functools
 import importlib
 import importlib.metadata
+import json
 import re
 import shlex
 
@@ -178,3 +180,110 @@ def test_the_option_lines_of_a_help_are_its_flags():
         "--dataset-dir",
         "--long_name_that_pushes_its_help_to_the_next_line_of_the_help",
     }
+
+
+# --- Figures: each one a page quotes is held by a record. ---
+
+RECORDS = REPO_ROOT / "docs" / "benchmarks"
+# A figure: a number with a decimal point or a thousands separator, maybe a percentage or a ratio ("1.13x"), maybe
+# approximate ("~3,800", "about 5,750": two significant digits). Whole numbers without a separator are counts and
+# settings as often as figures, and are left alone; so are versions ("torch 2.13").
+FIGURE = re.compile(r"(?<![\w.\-/])(~|about )?(\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+\.\d+)(%|x)?(?![\w.\-/])")
+VERSION = re.compile(r"(torch|Python|CUDA|transformers) $")
+
+
+def numbers(value):
+    """Every number in a record, however deep."""
+    if isinstance(value, dict):
+        value = list(value.values())
+    if isinstance(value, list):
+        return [number for item in value for number in numbers(item)]
+    return [float(value)] if isinstance(value, (int, float)) and not isinstance(value, bool) else []
+
+
+@functools.cache
+def recorded():
+    """What the records hold: the numbers of each JSON under docs/benchmarks/ (a list per file, since a ratio's two
+    figures come from one record), and the figures of the pages the benchmark tools rendered from them."""
+    values = [numbers(json.loads(path.read_text())) for path in sorted(RECORDS.rglob("*.json"))]
+    rendered = {match[1] + match[2] for path in RECORDS.rglob("*.md") for match in FIGURE.findall(path.read_text())}
+    return values, rendered
+
+
+@functools.cache
+def recorded_values(decimals: int, kind: str) -> set:
+    """The records' numbers as a page would print them with `decimals` (negative: rounded to tens, hundreds, ...):
+    as they are, as percentages of fractions (kind "%"), or as ratios of two measurements of one record (kind "x")."""
+    values, _ = recorded()
+    if kind == "x":  # measurements are fractional; whole numbers are counts and settings
+        measured = [[value for value in record if not value.is_integer()] for record in values]
+        return {round(a / b, decimals) for record in measured for a in record for b in record}
+    flat = [value for record in values for value in record]
+    return {round(value, decimals) for value in flat + ([100 * value for value in flat] if kind == "%" else [])}
+
+
+def held(figure: str, approximate: bool, kind: str) -> bool:
+    """Whether some record holds `figure` as a page prints it: rounded to its decimals (to two significant digits
+    where approximate), as a percentage of a fraction, or as the ratio of two numbers of one record."""
+    if not approximate and figure + kind in recorded()[1]:
+        return True
+    number = float(figure.replace(",", ""))
+    decimals = 1 - len(str(int(number))) if approximate else len(figure.partition(".")[2])
+    return round(number, decimals) in recorded_values(decimals, kind)
+
+
+def quoted_figures(page):
+    """(line number, figure as printed) of each figure a page quotes outside code."""
+    text = re.sub(r"```.*?```", lambda block: "\n" * block[0].count("\n"), page.read_text(), flags=re.DOTALL)
+    for number, line in enumerate(text.splitlines(), 1):
+        line = re.sub(r"`[^`]*`|\]\([^)]*\)", "", line)
+        for match in FIGURE.finditer(line):
+            if not VERSION.search(line[: match.start()]):
+                yield number, match
+
+
+@pytest.mark.parametrize("page", PAGES, ids=page_id)
+def test_every_figure_a_page_quotes_is_held_by_a_record(page):
+    """A figure a page quotes comes from docs/benchmarks/: its JSON records, or a page rendered from them. A figure
+    no record holds is stale or unrecorded: measure it into a record, or move it to CHANGELOG.md as history."""
+    unheld = [
+        f"line {number}: {match[0]}"
+        for number, match in quoted_figures(page)
+        if not held(match[2], bool(match[1]), match[3] or "")
+    ]
+    assert not unheld, f"{page_id(page)} quotes figures no record holds: {unheld}"
+
+
+# --- Sentences a reader takes in at once. ---
+
+LONGEST_SENTENCE = 45  # words
+
+
+def sentences(text):
+    """The sentences of a page's prose, list items and table cells (code, headings and table rules left out)."""
+    blocks, block = [], []
+    for line in re.sub(r"```.*?```", "", text, flags=re.DOTALL).splitlines():
+        line = line.strip()
+        starts_item = re.match(r"([-*]|\d+\.) ", line)
+        if not line or line.startswith(("#", "|")) or starts_item:
+            blocks.append(" ".join(block))
+            block = []
+        if line.startswith("|") and not re.match(r"\|?\s*-{3}", line):
+            blocks += line.strip("|").split("|")
+        elif line and not line.startswith(("#", "|")):
+            block.append(line[starts_item.end() :] if starts_item else line)
+    blocks.append(" ".join(block))
+    return [sentence for block in blocks for sentence in re.split(r"(?<=[.!?])\s+(?=[A-Z`(\[*])", block.strip())]
+
+
+@pytest.mark.parametrize("page", [*PAGES, REPO_ROOT / "configs" / "README.md"], ids=page_id)
+def test_no_sentence_runs_past_45_words(page):
+    long = [sentence[:80] for sentence in sentences(page.read_text()) if len(sentence.split()) > LONGEST_SENTENCE]
+    assert not long, f"{page_id(page)} has sentences of more than {LONGEST_SENTENCE} words: {long}"
+
+
+def test_the_readmes_extras_table_names_every_extra_of_pyproject():
+    declared = set(importlib.metadata.metadata("vaswani").get_all("Provides-Extra"))
+    table = (REPO_ROOT / "README.md").read_text().split("| extra | adds | for |")[1].split("\n\n")[0]
+    listed = {name for row in table.strip().splitlines() for name in re.findall(r"`([a-z0-9]+)`", row.split("|")[1])}
+    assert listed == declared, f"README's extras table lists {sorted(listed)}; pyproject.toml has {sorted(declared)}"
