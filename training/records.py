@@ -206,16 +206,30 @@ def write_plots(output_dir, schedule, max_steps, warmup_steps, peak_lr, bleu_sam
 
 
 def hardware_description(accelerator):
+    """The devices a run trained on. On the CPU its model and the kernels torch runs on it (AVX512, AVX2, ...) are
+    recorded, because float32 sums round by them: the same run gives other figures in the third decimal elsewhere."""
     import torch
 
     device = accelerator.device
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or platform.machine()
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_model()
     return {
         "device": str(device),
         "device_name": name,
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "num_processes": accelerator.num_processes,
         "distributed_type": str(accelerator.distributed_type).split(".")[-1],
         "mixed_precision": accelerator.mixed_precision,
         "torch_threads": torch.get_num_threads(),
         "cpu_count": os.cpu_count(),
     }
+
+
+def cpu_model() -> str:
+    """The CPU's model name, as Linux reports it; elsewhere what `platform` knows."""
+    cpuinfo = Path("/proc/cpuinfo")
+    names = (
+        [line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines() if line.startswith("model name")]
+        if cpuinfo.exists()
+        else []
+    )
+    return names[0] if names else platform.processor() or platform.machine()
