@@ -276,8 +276,10 @@ def main(argv=None):
         model = with_adapters(model, adapter_args)
     trainer = build_trainer(data_args, training_args, model, tokenizer, train_raw, eval_raw)
     train_result = trainer.train(resume_from_checkpoint=resume_from)
-    trainer.log_metrics("train", train_result.metrics)
-    trainer.save_metrics("train", train_result.metrics)
+    trainable = sum(parameter.numel() for parameter in model.parameters() if parameter.requires_grad)
+    train_metrics = {**train_result.metrics, "trainable_parameters": trainable}
+    trainer.log_metrics("train", train_metrics)
+    trainer.save_metrics("train", train_metrics)  # OUTPUT_DIR/train_results.json
 
     metrics = trainer.evaluate()
     trainer.log_metrics("eval", metrics)

@@ -560,6 +560,9 @@ def test_lora_trains_the_attention_adapters_saves_them_and_merges_to_a_plain_mod
         "v_proj",
         "out_proj",
     }
+    # The adapters alone train, and the run's record says how many numbers that is.
+    trained = json.loads((output_dir / "train_results.json").read_text())["trainable_parameters"]
+    assert trained == sum(tensor.numel() for tensor in adapter.values())
 
     tokenizer = AutoTokenizer.from_pretrained(output_dir)
     sources = ["the dog sings every day", "the bird reads every day"]
