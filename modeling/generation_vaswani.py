@@ -16,7 +16,28 @@ from dataclasses import dataclass
 
 import torch
 from torch import distributed
-from transformers import CompileConfig, LogitsProcessor, LogitsProcessorList
+from transformers import (
+    CompileConfig,
+    EncoderNoRepeatNGramLogitsProcessor,
+    EncoderRepetitionPenaltyLogitsProcessor,
+    EosTokenCriteria,
+    ForcedBOSTokenLogitsProcessor,
+    ForcedEOSTokenLogitsProcessor,
+    LogitNormalization,
+    LogitsProcessor,
+    LogitsProcessorList,
+    MaxLengthCriteria,
+    MaxTimeCriteria,
+    MinLengthLogitsProcessor,
+    MinNewTokensLengthLogitsProcessor,
+    NoBadWordsLogitsProcessor,
+    NoRepeatNGramLogitsProcessor,
+    PrefixConstrainedLogitsProcessor,
+    RepetitionPenaltyLogitsProcessor,
+    StopStringCriteria,
+    SuppressTokensAtBeginLogitsProcessor,
+    SuppressTokensLogitsProcessor,
+)
 from transformers.cache_utils import DynamicCache, DynamicLayer, EncoderDecoderCache
 from transformers.generation import GenerateBeamEncoderDecoderOutput, GenerateEncoderDecoderOutput
 from transformers.modeling_outputs import BaseModelOutput
@@ -59,9 +80,10 @@ def gnmt_length_penalty(length: torch.Tensor | int, alpha: float) -> torch.Tenso
 class SourceLengthLimit(LogitsProcessor):
     """Forces `</s>` once a hypothesis holds its source's length + 50 tokens, each sentence of the batch its own.
 
-    `limits` holds one limit per source sentence; the rows a decoding method scores (beams, returned sequences) are
-    that sentence's rows in order, as `generate()` lays them out. The model's own log-probability of `</s>` is kept, so
-    a forced ending is scored like any other.
+    `limits` holds one limit per source sentence, in positions of the decoder input: the start token, then its prompt's
+    left padding (which takes no position, `positions_of`) and forced prefix, then the tokens generated. The rows a
+    decoding method scores (beams, returned sequences) are that sentence's rows in order, as `generate()` lays them
+    out. The model's own log-probability of `</s>` is kept, so a forced ending is scored like any other.
     """
 
     def __init__(self, limits: torch.Tensor, eos_token_id: int):
@@ -79,6 +101,82 @@ class SourceLengthLimit(LogitsProcessor):
         forced = torch.full_like(scores, -float("inf"))
         forced[:, self.eos_token_id] = scores[:, self.eos_token_id]
         return torch.where(at_limit[:, None], forced, scores)
+
+
+def end_tokens(generation_config) -> list[int]:
+    """The config's end tokens (`eos_token_id`, one id or a list), as a list."""
+    eos = generation_config.eos_token_id
+    return list(eos) if isinstance(eos, list) else [] if eos is None else [eos]
+
+
+def end_filler(generation_config) -> int | None:
+    """The token written after a sequence's end, as transformers' decoding methods write it: the padding token, else
+    the first end token; None without either."""
+    if generation_config.pad_token_id is not None:
+        return generation_config.pad_token_id
+    return next(iter(end_tokens(generation_config)), None)
+
+
+def greedy_filler(generation_config, stopping_criteria) -> int | None:
+    """The token greedy search writes after a row's end, as transformers' greedy search writes it: `end_filler`
+    where a stopping criterion ends rows at end tokens; else none, and a row that another criterion ended goes on
+    taking its most probable token."""
+    if any(hasattr(criterion, "eos_token_id") for criterion in stopping_criteria):
+        return end_filler(generation_config)
+    return None
+
+
+@dataclass
+class DecoderPrompt:
+    """The decoder prompt `generate()` decodes from: its width (the start token included, which generate() puts in
+    front of a prompt that lacks it) and each row's left padding (the zeros of its `decoder_attention_mask`)."""
+
+    width: int
+    padding: torch.Tensor | int
+
+    @classmethod
+    def of(cls, decoder_input_ids, decoder_attention_mask, generation_config) -> "DecoderPrompt":
+        if decoder_input_ids is None:
+            return cls(1, 0)
+        start = generation_config.decoder_start_token_id
+        start = generation_config.bos_token_id if start is None else start
+        lacks_start = start is not None and bool((decoder_input_ids[:, 0] != torch.as_tensor(start)).all())
+        padding = 0
+        if decoder_attention_mask is not None and decoder_attention_mask.dim() == 2:
+            padding = (decoder_attention_mask == 0).sum(1)
+        return cls(decoder_input_ids.shape[1] + lacks_start, padding)
+
+
+@dataclass
+class DefaultLimit:
+    """What `generate()` decodes to where no limit is given: `max_new_tokens` for the batch and, for the paper's
+    decoding, each sentence's own limit (None where the batch's is the only one)."""
+
+    max_new_tokens: int
+    per_sentence: SourceLengthLimit | None
+
+
+def section_6_1_limit(source_lengths, padded_length, prompt, generation_config, paper_decoding, config, synced_gpus):
+    """Section 6.1's "maximum output length [of] input length + 50", where no other limit is given.
+
+    With the paper's decoding and an end token to close a sentence with, each sentence's own: its unpadded source
+    length + 50 tokens after the start token, a forced prefix included (`SourceLengthLimit`, forcing the first end
+    token `generate()` was given); otherwise the padded batch's, as transformers' methods decode. Either way no more
+    new tokens than the positions the padded prompt leaves; under `synced_gpus` the most of every process, so that
+    all of them make the same steps and size their buffers (a static cache) alike.
+    """
+    eos_token_id = next(iter(end_tokens(generation_config)), None)
+    per_sentence = paper_decoding and eos_token_id is not None
+    longest, width = int(source_lengths.max()) if per_sentence else padded_length, prompt.width
+    if synced_gpus:
+        most = torch.tensor([longest, width], device=source_lengths.device)
+        distributed.all_reduce(most, op=distributed.ReduceOp.MAX)
+        longest, width = most.tolist()
+    max_new_tokens = max(min(longest + EXTRA_OUTPUT_TOKENS, config.max_position_embeddings - width), 1)
+    if not per_sentence:
+        return DefaultLimit(max_new_tokens, None)
+    limits = source_lengths + EXTRA_OUTPUT_TOKENS + prompt.padding
+    return DefaultLimit(max_new_tokens, SourceLengthLimit(limits, eos_token_id))
 
 
 def rounding_as_eager(compile_config: CompileConfig | None) -> CompileConfig:
@@ -212,13 +310,19 @@ def select_batch_rows(model_kwargs: dict, sentences: torch.Tensor, num_beams: in
         model_kwargs["cache"].cross_attention_cache.reorder_cache(sentences)
 
 
-def sentences_can_leave(model_kwargs, logits_processor, compile_steps, synced_gpus, recorded) -> bool:
+# transformers' stopping criteria that judge each row by its own tokens alone, whatever rows a step holds.
+ROW_BY_ROW_CRITERIA = (MaxLengthCriteria, MaxTimeCriteria, EosTokenCriteria, StopStringCriteria)
+
+
+def sentences_can_leave(
+    model_kwargs, logits_processor, stopping_criteria, compile_steps, synced_gpus, recorded
+) -> bool:
     """Whether a finished sentence may leave the search, as CTranslate2 drops it: the model, the length limit and the
     search's own tensors then hold the sentences still searched. The batch stays whole where that cannot be: a static
     cache keeps its shape (one compiled graph), sharded models (synced_gpus) run every step on every process, the
     per-step attentions and hidden states are returned for every row, and logits processors other than the length
-    limit may count on the batch's rows (a finished sentence then gets no continuation: its log-probabilities are
-    -inf)."""
+    limit and stopping criteria other than transformers' row-by-row ones may count on the batch's rows (a finished
+    sentence then gets no continuation: its log-probabilities are -inf)."""
     cache = model_kwargs.get("cache")
     return not (
         synced_gpus
@@ -227,6 +331,7 @@ def sentences_can_leave(model_kwargs, logits_processor, compile_steps, synced_gp
         or recorded["decoder_attentions"] is not None
         or recorded["decoder_hidden_states"] is not None
         or any(not isinstance(processor, SourceLengthLimit) for processor in logits_processor)
+        or any(not isinstance(criterion, ROW_BY_ROW_CRITERIA) for criterion in stopping_criteria)
     )
 
 
@@ -283,10 +388,12 @@ class BeamSearchState:
     finished_beams: torch.Tensor
 
     @classmethod
-    def start(cls, input_ids, num_beams, max_length, pad_token_id, longest) -> "BeamSearchState":
+    def start(cls, input_ids, num_beams, max_length, fill, longest) -> "BeamSearchState":
         """One live hypothesis per sentence, the prompt (the others start at -inf, so that the first step does not
-        pick k copies of one continuation); no finished one."""
+        pick k copies of one continuation); no finished one. `fill` pads the finished ones (`end_filler`; -1 where
+        there is none, as transformers' beam search pads)."""
         rows, prompt_length = input_ids.shape
+        fill = -1 if fill is None else fill
         batch_size, device = rows // num_beams, input_ids.device
         live_scores = torch.full((batch_size, num_beams), -float("inf"), device=device)
         live_scores[:, 0] = 0.0
@@ -296,7 +403,7 @@ class BeamSearchState:
             live=input_ids.view(batch_size, num_beams, prompt_length),
             live_scores=live_scores,
             live_beams=torch.zeros((batch_size, num_beams, 0), dtype=torch.long, device=device),
-            finished=torch.full((batch_size, num_beams, max_length), pad_token_id, device=device),
+            finished=torch.full((batch_size, num_beams, max_length), fill, device=device),
             finished_scores=torch.full((batch_size, num_beams), -float("inf"), device=device),
             finished_beams=torch.full((batch_size, num_beams, max_length - prompt_length), -1, device=device),
         )
@@ -318,13 +425,13 @@ class BeamSearchState:
         beams = torch.cat((history, (origin + self.active[:, None] * num_beams)[:, :, None]), 2)
         return Candidates(scores, origin, sequences, beams)
 
-    def settle_finished(self, candidates: Candidates, ends: torch.Tensor, length: int, alpha: float, pad_id: int):
+    def settle_finished(self, candidates: Candidates, ends: torch.Tensor, length: int, alpha: float, fill: int | None):
         """The candidates that end (`ends`) join the finished hypotheses with their score divided by the GNMT length
         penalty lp(|Y|) (Wu et al., 2016), and the k best finished ones are kept."""
         num_beams, max_length = self.finished.shape[1:]
         padding = max_length - candidates.sequences.shape[2]
         penalised = (candidates.scores / gnmt_length_penalty(length, alpha)).masked_fill(~ends, -float("inf"))
-        padded = torch.nn.functional.pad(candidates.sequences, (0, padding), value=pad_id)
+        padded = torch.nn.functional.pad(candidates.sequences, (0, padding), value=-1 if fill is None else fill)
         padded_beams = torch.nn.functional.pad(candidates.beams, (0, padding), value=-1)
         self.finished_scores, keep = torch.cat((self.finished_scores, penalised), 1).topk(num_beams, dim=1)
         self.finished = torch.cat((self.finished, padded), 1).gather(1, keep[:, :, None].expand(-1, -1, max_length))
@@ -341,21 +448,23 @@ class BeamSearchState:
         self.live_beams = candidates.beams.gather(1, keep[:, :, None].expand(-1, -1, candidates.beams.shape[2]))
         return keep
 
-    def settled(self, length: int, alpha: float, num_return: int) -> torch.Tensor:
+    def settled(self, length: int, alpha: float, num_return: int, scores_fall: bool) -> torch.Tensor:
         """Which sentences are done: the hypotheses they return are finished, and no live one can still beat the
         worst of them, so no later step can change what they return (or no live hypothesis is left).
 
-        Log-probabilities only fall as a hypothesis grows, and lp is monotonic in |Y|, so a live hypothesis' best
-        possible score is reached at one end: now, or at the longest the sentence allows. The search thus ends
-        exactly, not on a heuristic."""
+        Log-probabilities only fall as a hypothesis grows (`scores_fall`: no logits processor lifts a score above 0),
+        and lp is monotonic in |Y|, so a live hypothesis' best possible score is reached at one end: now, or at the
+        longest the sentence allows. The search thus ends exactly, not on a heuristic; where a processor may lift a
+        score, no bound holds, and a sentence is searched until no live hypothesis is left."""
+        no_live = self.live_scores[:, 0] == -float("inf")
+        if not scores_fall:
+            return no_live
         best_live = torch.maximum(
             self.live_scores[:, 0] / gnmt_length_penalty(length, alpha),
             self.live_scores[:, 0] / gnmt_length_penalty(self.longest, alpha),
         )
         worst_returned = self.finished_scores[:, num_return - 1]
-        return (worst_returned > -float("inf")) & (best_live < worst_returned) | (
-            self.live_scores[:, 0] == -float("inf")
-        )
+        return (worst_returned > -float("inf")) & (best_live < worst_returned) | no_live
 
     def leave(self, done: torch.Tensor, results: list[torch.Tensor]) -> torch.Tensor:
         """The done sentences leave the search: what they return is written into `results` (finished hypotheses,
@@ -409,6 +518,26 @@ def step_records(generation_config) -> dict:
             ("decoder_hidden_states", "output_hidden_states"),
         )
     }
+
+
+# transformers' logits processors that leave a log-probability at or below 0: they mask tokens, scale scores by a
+# positive penalty (keeping their sign) or renormalise them; the paper's limit masks too.
+SCORE_LOWERING_PROCESSORS = (
+    SourceLengthLimit,
+    EncoderNoRepeatNGramLogitsProcessor,
+    EncoderRepetitionPenaltyLogitsProcessor,
+    ForcedBOSTokenLogitsProcessor,
+    ForcedEOSTokenLogitsProcessor,
+    LogitNormalization,
+    MinLengthLogitsProcessor,
+    MinNewTokensLengthLogitsProcessor,
+    NoBadWordsLogitsProcessor,
+    NoRepeatNGramLogitsProcessor,
+    PrefixConstrainedLogitsProcessor,
+    RepetitionPenaltyLogitsProcessor,
+    SuppressTokensAtBeginLogitsProcessor,
+    SuppressTokensLogitsProcessor,
+)
 
 
 def longest_hypotheses(logits_processor, batch_size: int, batch_limit: int, prompt_length: int, device):
@@ -490,13 +619,17 @@ def gnmt_beam_search(
     )
     # Where sentences leave, their hypotheses share one encoder output (`share_encoder_output`); FlashAttention would
     # take a sentence's hypotheses, one sequence of queries, for a sequence to mask with the source's padding mask.
-    can_drop = sentences_can_leave(model_kwargs, logits_processor, compile_steps, synced_gpus, recorded)
+    can_drop = sentences_can_leave(
+        model_kwargs, logits_processor, stopping_criteria, compile_steps, synced_gpus, recorded
+    )
     can_drop &= not is_flash_attention_requested(model.config)
     encoder_outputs = model_kwargs.get("encoder_outputs")
     if can_drop:
         share_encoder_output(model_kwargs, num_beams)
     longest = longest_hypotheses(logits_processor, batch_size, max_length - prompt_length, prompt_length, device)
-    state = BeamSearchState.start(input_ids, num_beams, max_length, generation_config.pad_token_id, longest)
+    scores_fall = all(isinstance(processor, SCORE_LOWERING_PROCESSORS) for processor in logits_processor)
+    fill = end_filler(generation_config)
+    state = BeamSearchState.start(input_ids, num_beams, max_length, fill, longest)
     results = [tensor.clone() for tensor in state.returned]  # what each sentence returns, written as it leaves
     done = torch.zeros(batch_size, dtype=torch.bool, device=device)  # sentences kept in the batch once finished
     step_scores = ()
@@ -538,13 +671,13 @@ def gnmt_beam_search(
         candidates = state.continuations(log_probs)
         ends = stopping_criteria(candidates.sequences.view(-1, cur_len + 1), step_scores or None).view(searched, -1)
         ends &= candidates.scores > -float("inf")
-        state.settle_finished(candidates, ends, cur_len + 1 - prompt_length, alpha, generation_config.pad_token_id)
+        state.settle_finished(candidates, ends, cur_len + 1 - prompt_length, alpha, fill)
         kept = state.keep_live(candidates, ends)
         # Each kept hypothesis continues the cache row of the live hypothesis it extends.
         source_beams, positions = candidates.origin.gather(1, kept), torch.arange(searched, device=device)
         if beam_steps is not None:
             beam_steps.append(BeamStep.of(state, candidates, ends, kept, prompt_length))
-        done_now = state.settled(cur_len + 1 - prompt_length, alpha, num_return)
+        done_now = state.settled(cur_len + 1 - prompt_length, alpha, num_return, scores_fall)
         if not can_drop:
             done |= done_now
             this_peer_finished = bool(done.all())
@@ -590,15 +723,15 @@ def greedy_search(
     recorded = step_records(generation_config)
     return_scores = generation_config.return_dict_in_generate and generation_config.output_scores
     rows, prompt_length = input_ids.shape
-    device, pad_token_id = input_ids.device, generation_config.pad_token_id
+    device, fill = input_ids.device, greedy_filler(generation_config, stopping_criteria)
     # Per-step scores and logits are returned for every row, as transformers' greedy search returns them.
-    can_drop = not (return_scores or recorded["logits"] is not None)
-    can_drop &= sentences_can_leave(model_kwargs, logits_processor, False, synced_gpus, recorded)
+    can_drop = fill is not None and not (return_scores or recorded["logits"] is not None)
+    can_drop &= sentences_can_leave(model_kwargs, logits_processor, stopping_criteria, False, synced_gpus, recorded)
     if can_drop:
         share_encoder_output(model_kwargs, 1)
     active = torch.arange(rows, device=device)  # the rows still decoded, as indices in the batch
     sequences, unfinished = input_ids, torch.ones(rows, dtype=torch.bool, device=device)
-    results = input_ids.new_full((rows, generation_config.max_length), pad_token_id)
+    results = input_ids.new_full((rows, generation_config.max_length), fill) if can_drop else None
     step_scores = ()
 
     this_peer_finished = False
@@ -621,7 +754,7 @@ def greedy_search(
         scores = logits_processor(sequences, logits)
         if return_scores:
             step_scores += (scores,)
-        tokens = torch.where(unfinished, scores.argmax(dim=-1), pad_token_id)
+        tokens = scores.argmax(dim=-1) if fill is None else torch.where(unfinished, scores.argmax(dim=-1), fill)
         sequences = torch.cat((sequences, tokens[:, None]), dim=-1)
         unfinished &= ~stopping_criteria(sequences, step_scores or None)
         if not can_drop:
@@ -639,13 +772,13 @@ def greedy_search(
             select_batch_rows(model_kwargs, still, 1)
             if model_kwargs.get("cache") is not None:
                 reorder_self_attention_cache(model_kwargs["cache"], still, cur_len)
-    # The rows decoded last are the longest: every row grew by one token a step until it left.
-    results[active, : sequences.shape[1]] = sequences
-    results = results[:, : sequences.shape[1]]
+    if can_drop:  # the rows decoded last are the longest: every row grew by one token a step until it left
+        results[active, : sequences.shape[1]] = sequences
+        sequences = results[:, : sequences.shape[1]]
     if not generation_config.return_dict_in_generate:
-        return results
+        return sequences
     return GenerateEncoderDecoderOutput(
-        sequences=results,
+        sequences=sequences,
         scores=step_scores if return_scores else None,
         logits=recorded["logits"],
         cache=returned_cache(model_kwargs.get("cache")),
