@@ -175,8 +175,30 @@ def section_6_1_limit(source_lengths, padded_length, prompt, generation_config, 
     max_new_tokens = max(min(longest + EXTRA_OUTPUT_TOKENS, config.max_position_embeddings - width), 1)
     if not per_sentence:
         return DefaultLimit(max_new_tokens, None)
-    limits = source_lengths + EXTRA_OUTPUT_TOKENS + prompt.padding
-    return DefaultLimit(max_new_tokens, SourceLengthLimit(limits, eos_token_id))
+    limit = SourceLengthLimit(source_lengths + EXTRA_OUTPUT_TOKENS + prompt.padding, eos_token_id)
+    refuse_what_keeps_the_limit_from_ending(limit, generation_config, prompt.width)
+    return DefaultLimit(max_new_tokens, limit)
+
+
+def refuse_what_keeps_the_limit_from_ending(limit: SourceLengthLimit, generation_config, width: int) -> None:
+    """The paper's limit ends a sentence by forcing its end token: an argument that forbids that token there would
+    leave the sentence no token to take, and is refused before any work."""
+    if limit.eos_token_id in (generation_config.suppress_tokens or ()):
+        raise ValueError(
+            f"suppress_tokens holds {limit.eos_token_id}, the end token the paper's limit ends each sentence with: "
+            "pass max_new_tokens, a limit that needs no end token."
+        )
+    # `limit.earliest` counts the decoder input's tokens, as min_length does (min_new_tokens counts those after it).
+    earliest_ends = {
+        "min_length": generation_config.min_length or 0,
+        "min_new_tokens": width + (generation_config.min_new_tokens or 0),
+    }
+    for name, earliest_end in earliest_ends.items():
+        if earliest_end > limit.earliest:
+            raise ValueError(
+                f"{name}={getattr(generation_config, name)} keeps a sentence from ending at the paper's limit of its "
+                "source length + 50 tokens: pass max_new_tokens, a limit for every sentence."
+            )
 
 
 def rounding_as_eager(compile_config: CompileConfig | None) -> CompileConfig:

@@ -905,6 +905,12 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
                 raise ValueError(
                     "A streamer shows one sequence as it grows, and beam search keeps several: pass num_beams=1."
                 )
+            if config.early_stopping is True:
+                raise ValueError(
+                    "early_stopping=True ends transformers' beam search at its first num_beams finished hypotheses, "
+                    "where the paper's search ends once none can change a sentence's result: pass "
+                    "paper_decoding=False for transformers' search."
+                )
             return gnmt_beam_search
         if mode != GenerationMode.GREEDY_SEARCH:
             return None

@@ -33,8 +33,8 @@ class Rules:
     max_new_tokens: the most tokens after the decoder prompt (`max_new_tokens`, or what `max_length` leaves).
     limit: the paper's limit, the most tokens after the start token (a forced prefix included), or None; at it the
         first end token is the only token left.
-    min_length, min_new_tokens, repetition_penalty, no_repeat_ngram_size, bad_words_ids: as `GenerationConfig`
-        documents them.
+    min_length, min_new_tokens, repetition_penalty, no_repeat_ngram_size, bad_words_ids, suppress_tokens: as
+        `GenerationConfig` documents them.
     processors: the caller's logits processors, each a function of (tokens, scores) for this sentence alone.
     stops: the caller's stopping criteria, each a function of (tokens, prompt length): whether the sequence ends.
     """
@@ -47,6 +47,7 @@ class Rules:
     repetition_penalty: float = 1.0
     no_repeat_ngram_size: int = 0
     bad_words_ids: tuple[tuple[int, ...], ...] = ()
+    suppress_tokens: tuple[int, ...] = ()
     processors: tuple = field(default=())
     stops: tuple = field(default=())
 
@@ -81,6 +82,8 @@ def processed(rules: Rules, tokens: list[int], prompt_length: int, scores: torch
             continue  # transformers never bans an end token by itself
         if len(bad) == 1 or tokens[len(tokens) - len(bad) + 1 :] == list(bad[:-1]):
             scores[bad[-1]] = NEG_INF
+    for token in rules.suppress_tokens:
+        scores[token] = NEG_INF
     if len(tokens) < rules.min_length or len(tokens) - prompt_length < rules.min_new_tokens:
         for token in rules.eos:
             scores[token] = NEG_INF

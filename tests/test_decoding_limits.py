@@ -105,7 +105,9 @@ def test_a_forced_prefix_takes_positions_from_the_limit(short_model, num_beams):
     encoder_runs = []
     hook = short_model.model.encoder.register_forward_hook(lambda *_: encoder_runs.append(1))
     try:
-        with pytest.raises(ValueError, match=r"^Generating up to 13 decoder positions \(the decoder prompt and the new"):
+        with pytest.raises(
+            ValueError, match=r"^Generating up to 13 decoder positions \(the decoder prompt and the new"
+        ):
             short_model.generate(SOURCE, max_new_tokens=8, **options)
     finally:
         hook.remove()
