@@ -319,6 +319,8 @@ def check_oracle(call: Call, output) -> None:
             expected = greedy(model, list(source), prompt, sentence_rules)
             new = expected.tokens[len(prompt) :]
             assert generated(call, output, sentence) == new, f"sentence {sentence}"
+            after_end = sequences_of(output)[sentence, max(map(len, prompts(call))) + len(new) :]
+            assert set(after_end.tolist()) <= {pads_with(call)}, f"sentence {sentence}"
             if as_dict(call) and call.settings.get("output_scores"):
                 steps = torch.stack([step[sentence] for step in output.scores[: len(new)]])
                 torch.testing.assert_close(steps, torch.stack(expected.scores), **TOLERANCE)
@@ -333,6 +335,11 @@ def check_oracle(call: Call, output) -> None:
             if as_dict(call) and call.settings.get("output_scores"):
                 assert output.sequences_scores[row].item() == pytest.approx(score, abs=1e-5)
             longest = max(longest, len(tokens) - len(prompt))
+        for rank in range(len(expected), returned(call)):  # fewer finished than asked for: padding, scored -inf
+            row = sentence * returned(call) + rank
+            assert set(sequences_of(output)[row, max(map(len, prompts(call))) :].tolist()) <= {pads_with(call)}
+            if as_dict(call) and call.settings.get("output_scores"):
+                assert output.sequences_scores[row].item() == -math.inf
     assert sequences_of(output).shape[1] == max(map(len, prompts(call))) + longest
 
 
