@@ -15,28 +15,16 @@ import copy
 from dataclasses import dataclass
 
 import torch
+import transformers
 from torch import distributed
 from transformers import (
     CompileConfig,
-    EncoderNoRepeatNGramLogitsProcessor,
-    EncoderRepetitionPenaltyLogitsProcessor,
     EosTokenCriteria,
-    ForcedBOSTokenLogitsProcessor,
-    ForcedEOSTokenLogitsProcessor,
-    LogitNormalization,
     LogitsProcessor,
     LogitsProcessorList,
     MaxLengthCriteria,
     MaxTimeCriteria,
-    MinLengthLogitsProcessor,
-    MinNewTokensLengthLogitsProcessor,
-    NoBadWordsLogitsProcessor,
-    NoRepeatNGramLogitsProcessor,
-    PrefixConstrainedLogitsProcessor,
-    RepetitionPenaltyLogitsProcessor,
     StopStringCriteria,
-    SuppressTokensAtBeginLogitsProcessor,
-    SuppressTokensLogitsProcessor,
 )
 from transformers.cache_utils import DynamicCache, DynamicLayer, EncoderDecoderCache
 from transformers.generation import GenerateBeamEncoderDecoderOutput, GenerateEncoderDecoderOutput
@@ -443,25 +431,23 @@ class BeamSearchState:
         pick k copies of one continuation); no finished one. The finished ones are padded as transformers pads
         (`end_filler`; -1 where there is nothing to pad with, as its beam search does)."""
         rows, prompt_length = input_ids.shape
-        num_beams, max_length, fill = (
-            generation_config.num_beams,
-            generation_config.max_length,
-            end_filler(generation_config),
-        )
+        num_beams, max_length = generation_config.num_beams, generation_config.max_length
+        fill = end_filler(generation_config)
+        fill = -1 if fill is None else fill
         batch_size, device = rows // num_beams, input_ids.device
         live_scores = torch.full((batch_size, num_beams), -float("inf"), device=device)
         live_scores[:, 0] = 0.0
         longest = longest_hypotheses(logits_processor, batch_size, max_length - prompt_length, prompt_length, device)
         return cls(
             batch_size=batch_size,
-            fill=-1 if fill is None else fill,
+            fill=fill,
             scores_fall=all(isinstance(processor, SCORE_LOWERING_PROCESSORS) for processor in logits_processor),
             active=torch.arange(batch_size, device=device),
             longest=longest,
             live=input_ids.view(batch_size, num_beams, prompt_length),
             live_scores=live_scores,
             live_beams=torch.zeros((batch_size, num_beams, 0), dtype=torch.long, device=device),
-            finished=torch.full((batch_size, num_beams, max_length), -1 if fill is None else fill, device=device),
+            finished=torch.full((batch_size, num_beams, max_length), fill, device=device),
             finished_scores=torch.full((batch_size, num_beams), -float("inf"), device=device),
             finished_beams=torch.full((batch_size, num_beams, max_length - prompt_length), -1, device=device),
         )
@@ -592,19 +578,19 @@ def step_records(generation_config) -> dict:
 # positive penalty (keeping their sign) or renormalise them; the paper's limit masks too.
 SCORE_LOWERING_PROCESSORS = (
     SourceLengthLimit,
-    EncoderNoRepeatNGramLogitsProcessor,
-    EncoderRepetitionPenaltyLogitsProcessor,
-    ForcedBOSTokenLogitsProcessor,
-    ForcedEOSTokenLogitsProcessor,
-    LogitNormalization,
-    MinLengthLogitsProcessor,
-    MinNewTokensLengthLogitsProcessor,
-    NoBadWordsLogitsProcessor,
-    NoRepeatNGramLogitsProcessor,
-    PrefixConstrainedLogitsProcessor,
-    RepetitionPenaltyLogitsProcessor,
-    SuppressTokensAtBeginLogitsProcessor,
-    SuppressTokensLogitsProcessor,
+    transformers.EncoderNoRepeatNGramLogitsProcessor,
+    transformers.EncoderRepetitionPenaltyLogitsProcessor,
+    transformers.ForcedBOSTokenLogitsProcessor,
+    transformers.ForcedEOSTokenLogitsProcessor,
+    transformers.LogitNormalization,
+    transformers.MinLengthLogitsProcessor,
+    transformers.MinNewTokensLengthLogitsProcessor,
+    transformers.NoBadWordsLogitsProcessor,
+    transformers.NoRepeatNGramLogitsProcessor,
+    transformers.PrefixConstrainedLogitsProcessor,
+    transformers.RepetitionPenaltyLogitsProcessor,
+    transformers.SuppressTokensAtBeginLogitsProcessor,
+    transformers.SuppressTokensLogitsProcessor,
 )
 
 
