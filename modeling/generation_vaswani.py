@@ -176,17 +176,17 @@ def refuse_what_keeps_the_limit_from_ending(limit: SourceLengthLimit, generation
             f"suppress_tokens holds {limit.eos_token_id}, the end token the paper's limit ends each sentence with: "
             "pass max_new_tokens, a limit that needs no end token."
         )
-    # `limit.earliest` counts the decoder input's tokens, as min_length does (min_new_tokens counts those after it).
-    earliest_ends = {
-        "min_length": generation_config.min_length or 0,
-        "min_new_tokens": width + (generation_config.min_new_tokens or 0),
-    }
-    for name, earliest_end in earliest_ends.items():
-        if earliest_end > limit.earliest:
-            raise ValueError(
-                f"{name}={getattr(generation_config, name)} keeps a sentence from ending at the paper's limit of its "
-                "source length + 50 tokens: pass max_new_tokens, a limit for every sentence."
-            )
+    # `limit.earliest` counts the decoder input's tokens, as min_length does; min_new_tokens counts those after it,
+    # and takes min_length's place where both are given (transformers' `_prepare_generated_length`).
+    if generation_config.min_new_tokens is None:
+        name, earliest_end = "min_length", generation_config.min_length or 0
+    else:
+        name, earliest_end = "min_new_tokens", width + generation_config.min_new_tokens
+    if earliest_end > limit.earliest:
+        raise ValueError(
+            f"{name}={getattr(generation_config, name)} keeps a sentence from ending at the paper's limit of its "
+            "source length + 50 tokens: pass max_new_tokens, a limit for every sentence."
+        )
 
 
 def rounding_as_eager(compile_config: CompileConfig | None) -> CompileConfig:

@@ -240,14 +240,21 @@ def paper_limit(call: Call, sentence: int) -> int | None:
     return len(call.sources[sentence]) + EXTRA_OUTPUT_TOKENS
 
 
+def min_length(call: Call, sentence: int) -> int:
+    """min_length in the sentence's own tokens: transformers counts the padded prompt, its left padding included,
+    and min_new_tokens, where given, takes min_length's place."""
+    if "min_new_tokens" in call.settings:
+        return 0
+    return call.settings.get("min_length", 0) - (max(map(len, prompts(call))) - len(prompts(call)[sentence]))
+
+
 def rules(call: Call, sentence: int) -> Rules:
     settings = call.settings
     return Rules(
         eos=end_tokens(call),
         max_new_tokens=batch_new_tokens(call),
         limit=paper_limit(call, sentence),
-        # transformers counts min_length in tokens of the padded prompt, its left padding included.
-        min_length=settings.get("min_length", 0) - (max(map(len, prompts(call))) - len(prompts(call)[sentence])),
+        min_length=min_length(call, sentence),
         min_new_tokens=settings.get("min_new_tokens", 0),
         repetition_penalty=settings.get("repetition_penalty", 1.0),
         no_repeat_ngram_size=settings.get("no_repeat_ngram_size", 0),
@@ -474,7 +481,7 @@ def calls(draw) -> Call:
         options["max_length"] = width + draw(st.integers(1, 12))
     optional = {
         "min_new_tokens": st.sampled_from([1, 2, 4, 60]),
-        "min_length": st.integers(2, 6),
+        "min_length": st.sampled_from([2, 4, 6, 60]),
         "eos_token_id": st.sampled_from([5, [EOS, 5], [5, EOS]]),
         "bad_words_ids": st.lists(st.lists(words, min_size=1, max_size=2), min_size=1, max_size=2),
         "repetition_penalty": st.sampled_from([1.5, 0.7]),
@@ -544,6 +551,8 @@ PROFILE = {"deadline": None, "suppress_health_check": [HealthCheck.too_slow, Hea
 @example(
     call=Call(sources=((9, 6, 2), (22, 2)), prefixes=((13, 22, 11), ()), prompt_mask=True, boosts=((EOS, -30.0),))
 )
+# min_new_tokens takes min_length's place where both are given.
+@example(call=Call(sources=((2,),), options=(("min_length", 4), ("min_new_tokens", 1), ("num_beams", 1))))
 # A logits processor that lifts </s> above 0: no bound on what a live hypothesis may still score.
 @example(call=Call(sources=((9, 6, 23, 6, 14, 14, 12, 2),), model=ModelSpec(max_positions=40), boosts=((EOS, 2.0),)))
 # A model without a padding token: its sources' lengths, and what follows a sentence's end.
