@@ -4,7 +4,7 @@ the search is the same, and every argument honoured or refused in one sentence b
 
 The model is a tiny one trained on a few pairs of a 24-token vocabulary, so that its translations end at different
 lengths, and run in float64: a batch and a sentence alone, or a cached and an uncached step, then give the same float32
-scores, and no near-tie of two hypotheses can make the comparisons flaky. The default suite runs a short, reproducible
+scores, and a near-tie of two hypotheses that could make the comparisons flaky is most unlikely. The default suite runs a short, reproducible
 profile; the slow stage runs thousands of examples. Each defect these properties found is kept as an `@example`.
 """
 
@@ -170,6 +170,11 @@ def prompts(call: Call) -> list[list[int]]:
     return [[START, *prefix] for prefix in prefixes]
 
 
+def width(call: Call) -> int:
+    """The padded decoder prompt's width."""
+    return max(map(len, prompts(call)))
+
+
 def arguments(call: Call) -> dict:
     """generate()'s keyword arguments for the call (new processors and criteria: some keep state)."""
     input_ids, attention_mask = padded(call.sources, call.padding_side, PAD)
@@ -225,12 +230,12 @@ def pads_with(call: Call) -> int:
 def batch_new_tokens(call: Call) -> int:
     """The most new tokens of any sequence: max_new_tokens, or what max_length leaves after the padded prompt, or
     the paper's longest source + 50 within the positions the padded prompt leaves."""
-    settings, width = call.settings, max(map(len, prompts(call)))
+    settings = call.settings
     if "max_new_tokens" in settings:
         return settings["max_new_tokens"]
     if "max_length" in settings:
-        return settings["max_length"] - width
-    return min(max(map(len, call.sources)) + EXTRA_OUTPUT_TOKENS, call.model.max_positions - width)
+        return settings["max_length"] - width(call)
+    return min(max(map(len, call.sources)) + EXTRA_OUTPUT_TOKENS, call.model.max_positions - width(call))
 
 
 def paper_limit(call: Call, sentence: int) -> int | None:
@@ -245,7 +250,7 @@ def min_length(call: Call, sentence: int) -> int:
     and min_new_tokens, where given, takes min_length's place."""
     if "min_new_tokens" in call.settings:
         return 0
-    return call.settings.get("min_length", 0) - (max(map(len, prompts(call))) - len(prompts(call)[sentence]))
+    return call.settings.get("min_length", 0) - (width(call) - len(prompts(call)[sentence]))
 
 
 def rules(call: Call, sentence: int) -> Rules:
@@ -291,7 +296,7 @@ def ended(call: Call, sentence: int, new_tokens: list[int]) -> bool:
 def generated(call: Call, output, row: int) -> list[int]:
     """A returned row's tokens after the prompt, up to its end."""
     sentence = row // returned(call)
-    sequence = sequences_of(output)[row, max(map(len, prompts(call))) :].tolist()
+    sequence = sequences_of(output)[row, width(call) :].tolist()
     for length in range(1, len(sequence) + 1):
         if ended(call, sentence, sequence[:length]):
             return sequence[:length]
@@ -326,7 +331,7 @@ def check_oracle(call: Call, output) -> None:
             expected = greedy(model, list(source), prompt, sentence_rules)
             new = expected.tokens[len(prompt) :]
             assert generated(call, output, sentence) == new, f"sentence {sentence}"
-            after_end = sequences_of(output)[sentence, max(map(len, prompts(call))) + len(new) :]
+            after_end = sequences_of(output)[sentence, width(call) + len(new) :]
             assert set(after_end.tolist()) <= {pads_with(call)}, f"sentence {sentence}"
             if as_dict(call) and call.settings.get("output_scores"):
                 steps = torch.stack([step[sentence] for step in output.scores[: len(new)]])
@@ -344,10 +349,10 @@ def check_oracle(call: Call, output) -> None:
             longest = max(longest, len(tokens) - len(prompt))
         for rank in range(len(expected), returned(call)):  # fewer finished than asked for: padding, scored -inf
             row = sentence * returned(call) + rank
-            assert set(sequences_of(output)[row, max(map(len, prompts(call))) :].tolist()) <= {pads_with(call)}
+            assert set(sequences_of(output)[row, width(call) :].tolist()) <= {pads_with(call)}
             if as_dict(call) and call.settings.get("output_scores"):
                 assert output.sequences_scores[row].item() == -math.inf
-    assert sequences_of(output).shape[1] == max(map(len, prompts(call))) + longest
+    assert sequences_of(output).shape[1] == width(call) + longest
 
 
 def effective_new_tokens(call: Call, sentence: int) -> int:
@@ -474,11 +479,11 @@ def calls(draw) -> Call:
         options["num_return_sequences"] = draw(st.integers(1, k))
         options["length_penalty"] = draw(st.sampled_from([0.6, 0.0, 1.0, -0.5]))
     limit = draw(st.sampled_from([None, "max_new_tokens", "max_length"]))
-    width = 1 + max(map(len, prefixes or [()]))
+    prompt_width = 1 + max(map(len, prefixes or [()]))
     if limit == "max_new_tokens":
         options["max_new_tokens"] = draw(st.integers(1, 12))
     elif limit == "max_length":
-        options["max_length"] = width + draw(st.integers(1, 12))
+        options["max_length"] = prompt_width + draw(st.integers(1, 12))
     optional = {
         "min_new_tokens": st.sampled_from([1, 2, 4, 60]),
         "min_length": st.sampled_from([2, 4, 6, 60]),
