@@ -15,8 +15,17 @@ import copy
 from dataclasses import dataclass
 
 import torch
+import transformers
 from torch import distributed
-from transformers import CompileConfig, LogitsProcessor, LogitsProcessorList
+from transformers import (
+    CompileConfig,
+    EosTokenCriteria,
+    LogitsProcessor,
+    LogitsProcessorList,
+    MaxLengthCriteria,
+    MaxTimeCriteria,
+    StopStringCriteria,
+)
 from transformers.cache_utils import DynamicCache, DynamicLayer, EncoderDecoderCache
 from transformers.generation import GenerateBeamEncoderDecoderOutput, GenerateEncoderDecoderOutput
 from transformers.modeling_outputs import BaseModelOutput
@@ -59,9 +68,10 @@ def gnmt_length_penalty(length: torch.Tensor | int, alpha: float) -> torch.Tenso
 class SourceLengthLimit(LogitsProcessor):
     """Forces `</s>` once a hypothesis holds its source's length + 50 tokens, each sentence of the batch its own.
 
-    `limits` holds one limit per source sentence; the rows a decoding method scores (beams, returned sequences) are
-    that sentence's rows in order, as `generate()` lays them out. The model's own log-probability of `</s>` is kept, so
-    a forced ending is scored like any other.
+    `limits` holds one limit per source sentence, in positions of the decoder input: the start token, then its prompt's
+    left padding (which takes no position, `positions_of`) and forced prefix, then the tokens generated. The rows a
+    decoding method scores (beams, returned sequences) are that sentence's rows in order, as `generate()` lays them
+    out. The model's own log-probability of `</s>` is kept, so a forced ending is scored like any other.
     """
 
     def __init__(self, limits: torch.Tensor, eos_token_id: int):
@@ -79,6 +89,104 @@ class SourceLengthLimit(LogitsProcessor):
         forced = torch.full_like(scores, -float("inf"))
         forced[:, self.eos_token_id] = scores[:, self.eos_token_id]
         return torch.where(at_limit[:, None], forced, scores)
+
+
+def end_tokens(generation_config) -> list[int]:
+    """The config's end tokens (`eos_token_id`, one id or a list), as a list."""
+    eos = generation_config.eos_token_id
+    return list(eos) if isinstance(eos, list) else [] if eos is None else [eos]
+
+
+def end_filler(generation_config) -> int | None:
+    """The token written after a sequence's end, as transformers' decoding methods write it: the padding token, else
+    the first end token; None without either."""
+    if generation_config.pad_token_id is not None:
+        return generation_config.pad_token_id
+    return next(iter(end_tokens(generation_config)), None)
+
+
+def greedy_filler(generation_config, stopping_criteria) -> int | None:
+    """The token greedy search writes after a row's end, as transformers' greedy search writes it: `end_filler`
+    where a stopping criterion ends rows at end tokens; else none, and a row that another criterion ended goes on
+    taking its most probable token."""
+    if any(hasattr(criterion, "eos_token_id") for criterion in stopping_criteria):
+        return end_filler(generation_config)
+    return None
+
+
+@dataclass
+class DecoderPrompt:
+    """The decoder prompt `generate()` decodes from: its width (the start token included, which generate() puts in
+    front of a prompt that lacks it) and each row's left padding (the zeros of its `decoder_attention_mask`)."""
+
+    width: int
+    padding: torch.Tensor | int
+
+    @classmethod
+    def of(cls, decoder_input_ids, decoder_attention_mask, generation_config) -> "DecoderPrompt":
+        if decoder_input_ids is None:
+            return cls(1, 0)
+        start = generation_config.decoder_start_token_id
+        start = generation_config.bos_token_id if start is None else start
+        lacks_start = start is not None and bool((decoder_input_ids[:, 0] != torch.as_tensor(start)).all())
+        padding = 0
+        if decoder_attention_mask is not None and decoder_attention_mask.dim() == 2:
+            padding = (decoder_attention_mask == 0).sum(1)
+        return cls(decoder_input_ids.shape[1] + lacks_start, padding)
+
+
+@dataclass
+class DefaultLimit:
+    """What `generate()` decodes to where no limit is given: `max_new_tokens` for the batch and, for the paper's
+    decoding, each sentence's own limit (None where the batch's is the only one)."""
+
+    max_new_tokens: int
+    per_sentence: SourceLengthLimit | None
+
+
+def section_6_1_limit(source_lengths, padded_length, prompt, generation_config, paper_decoding, config, synced_gpus):
+    """Section 6.1's "maximum output length [of] input length + 50", where no other limit is given.
+
+    With the paper's decoding and an end token to close a sentence with, each sentence's own: its unpadded source
+    length + 50 tokens after the start token, a forced prefix included (`SourceLengthLimit`, forcing the first end
+    token `generate()` was given); otherwise the padded batch's, as transformers' methods decode. Either way no more
+    new tokens than the positions the padded prompt leaves; under `synced_gpus` the most of every process, so that
+    all of them make the same steps and size their buffers (a static cache) alike.
+    """
+    eos_token_id = next(iter(end_tokens(generation_config)), None)
+    per_sentence = paper_decoding and eos_token_id is not None
+    longest, width = int(source_lengths.max()) if per_sentence else padded_length, prompt.width
+    if synced_gpus:
+        most = torch.tensor([longest, width], device=source_lengths.device)
+        distributed.all_reduce(most, op=distributed.ReduceOp.MAX)
+        longest, width = most.tolist()
+    max_new_tokens = max(min(longest + EXTRA_OUTPUT_TOKENS, config.max_position_embeddings - width), 1)
+    if not per_sentence:
+        return DefaultLimit(max_new_tokens, None)
+    limit = SourceLengthLimit(source_lengths + EXTRA_OUTPUT_TOKENS + prompt.padding, eos_token_id)
+    refuse_what_keeps_the_limit_from_ending(limit, generation_config, prompt.width)
+    return DefaultLimit(max_new_tokens, limit)
+
+
+def refuse_what_keeps_the_limit_from_ending(limit: SourceLengthLimit, generation_config, width: int) -> None:
+    """The paper's limit ends a sentence by forcing its end token: an argument that forbids that token there would
+    leave the sentence no token to take, and is refused before any work."""
+    if limit.eos_token_id in (generation_config.suppress_tokens or ()):
+        raise ValueError(
+            f"suppress_tokens holds {limit.eos_token_id}, the end token the paper's limit ends each sentence with: "
+            "pass max_new_tokens, a limit that needs no end token."
+        )
+    # `limit.earliest` counts the decoder input's tokens, as min_length does; min_new_tokens counts those after it,
+    # and takes min_length's place where both are given (transformers' `_prepare_generated_length`).
+    if generation_config.min_new_tokens is None:
+        name, earliest_end = "min_length", generation_config.min_length or 0
+    else:
+        name, earliest_end = "min_new_tokens", width + generation_config.min_new_tokens
+    if earliest_end > limit.earliest:
+        raise ValueError(
+            f"{name}={getattr(generation_config, name)} keeps a sentence from ending at the paper's limit of its "
+            "source length + 50 tokens: pass max_new_tokens, a limit for every sentence."
+        )
 
 
 def rounding_as_eager(compile_config: CompileConfig | None) -> CompileConfig:
@@ -212,22 +320,46 @@ def select_batch_rows(model_kwargs: dict, sentences: torch.Tensor, num_beams: in
         model_kwargs["cache"].cross_attention_cache.reorder_cache(sentences)
 
 
-def sentences_can_leave(model_kwargs, logits_processor, compile_steps, synced_gpus, recorded) -> bool:
+# transformers' stopping criteria that judge each row by its own tokens alone, whatever rows a step holds.
+ROW_BY_ROW_CRITERIA = (MaxLengthCriteria, MaxTimeCriteria, EosTokenCriteria, StopStringCriteria)
+
+
+def sentences_can_leave(
+    model, model_kwargs, logits_processor, stopping_criteria, synced_gpus, recorded, num_beams
+) -> bool:
     """Whether a finished sentence may leave the search, as CTranslate2 drops it: the model, the length limit and the
     search's own tensors then hold the sentences still searched. The batch stays whole where that cannot be: a static
     cache keeps its shape (one compiled graph), sharded models (synced_gpus) run every step on every process, the
     per-step attentions and hidden states are returned for every row, and logits processors other than the length
-    limit may count on the batch's rows (a finished sentence then gets no continuation: its log-probabilities are
-    -inf)."""
+    limit and stopping criteria other than transformers' row-by-row ones may count on the batch's rows (a finished
+    sentence then gets no continuation: its log-probabilities are -inf). Where sentences leave, their hypotheses
+    share one encoder output (`share_encoder_output`), which FlashAttention would take, a sentence's hypotheses being
+    one sequence of queries, for a sequence to mask with the source's padding mask."""
     cache = model_kwargs.get("cache")
     return not (
         synced_gpus
-        or compile_steps
         or (cache is not None and cache.is_compileable)
         or recorded["decoder_attentions"] is not None
         or recorded["decoder_hidden_states"] is not None
         or any(not isinstance(processor, SourceLengthLimit) for processor in logits_processor)
+        or any(not isinstance(criterion, ROW_BY_ROW_CRITERIA) for criterion in stopping_criteria)
+        or (num_beams > 1 and is_flash_attention_requested(model.config))
     )
+
+
+def rows_kept(logits_processor, rows: torch.Tensor) -> LogitsProcessorList:
+    """The length limits (`sentences_can_leave`: the only processors where sentences leave) of the rows kept."""
+    return LogitsProcessorList(
+        SourceLengthLimit(processor.limits[rows], processor.eos_token_id) for processor in logits_processor
+    )
+
+
+def decoding_step(model, model_kwargs, generation_config):
+    """What runs the steps after the first: one compiled graph where transformers' greedy search and sampling compile
+    theirs (a static cache on an accelerator, or a `compile_config` that asks for it everywhere), else the model."""
+    if not model._valid_auto_compile_criteria(model_kwargs, generation_config):  # TRANSFORMERS_PRIVATE_NAMES
+        return model.__call__
+    return model.get_compiled_call(rounding_as_eager(generation_config.compile_config))
 
 
 def returned_cache(cache):
@@ -266,13 +398,24 @@ class Candidates:
     sequences: torch.Tensor  # (sentences, 2k, length)
     beams: torch.Tensor  # (sentences, 2k, steps)
 
+    def end(self, stopping_criteria, step_scores: tuple) -> torch.Tensor:
+        """Which candidates end: where a stopping criterion says so (an end token, a limit) and a score is left."""
+        searched, width, length = self.sequences.shape
+        ends = stopping_criteria(self.sequences.view(-1, length), step_scores or None).view(searched, width)
+        return ends & (self.scores > -float("inf"))
+
 
 @dataclass
 class BeamSearchState:
     """The hypotheses of the sentences still searched, one row per sentence: `active` holds their indices in the
     batch, `longest` the longest hypothesis each may grow to; the k live ones (their tokens, summed log-probabilities
-    and source rows) and the k best finished ones (padded to max_length, their scores divided by lp(|Y|))."""
+    and source rows) and the k best finished ones (padded to max_length with `fill`, their scores divided by
+    lp(|Y|)). `batch_size` counts every sentence of the batch; `scores_fall` says whether log-probabilities only fall
+    as a hypothesis grows (`settled`)."""
 
+    batch_size: int
+    fill: int
+    scores_fall: bool
     active: torch.Tensor
     longest: torch.Tensor
     live: torch.Tensor
@@ -283,20 +426,28 @@ class BeamSearchState:
     finished_beams: torch.Tensor
 
     @classmethod
-    def start(cls, input_ids, num_beams, max_length, pad_token_id, longest) -> "BeamSearchState":
+    def start(cls, input_ids, generation_config, logits_processor) -> "BeamSearchState":
         """One live hypothesis per sentence, the prompt (the others start at -inf, so that the first step does not
-        pick k copies of one continuation); no finished one."""
+        pick k copies of one continuation); no finished one. The finished ones are padded as transformers pads
+        (`end_filler`; -1 where there is nothing to pad with, as its beam search does)."""
         rows, prompt_length = input_ids.shape
+        num_beams, max_length = generation_config.num_beams, generation_config.max_length
+        fill = end_filler(generation_config)
+        fill = -1 if fill is None else fill
         batch_size, device = rows // num_beams, input_ids.device
         live_scores = torch.full((batch_size, num_beams), -float("inf"), device=device)
         live_scores[:, 0] = 0.0
+        longest = longest_hypotheses(logits_processor, batch_size, max_length - prompt_length, prompt_length, device)
         return cls(
+            batch_size=batch_size,
+            fill=fill,
+            scores_fall=all(isinstance(processor, SCORE_LOWERING_PROCESSORS) for processor in logits_processor),
             active=torch.arange(batch_size, device=device),
             longest=longest,
             live=input_ids.view(batch_size, num_beams, prompt_length),
             live_scores=live_scores,
             live_beams=torch.zeros((batch_size, num_beams, 0), dtype=torch.long, device=device),
-            finished=torch.full((batch_size, num_beams, max_length), pad_token_id, device=device),
+            finished=torch.full((batch_size, num_beams, max_length), fill, device=device),
             finished_scores=torch.full((batch_size, num_beams), -float("inf"), device=device),
             finished_beams=torch.full((batch_size, num_beams, max_length - prompt_length), -1, device=device),
         )
@@ -318,13 +469,13 @@ class BeamSearchState:
         beams = torch.cat((history, (origin + self.active[:, None] * num_beams)[:, :, None]), 2)
         return Candidates(scores, origin, sequences, beams)
 
-    def settle_finished(self, candidates: Candidates, ends: torch.Tensor, length: int, alpha: float, pad_id: int):
+    def settle_finished(self, candidates: Candidates, ends: torch.Tensor, length: int, alpha: float):
         """The candidates that end (`ends`) join the finished hypotheses with their score divided by the GNMT length
         penalty lp(|Y|) (Wu et al., 2016), and the k best finished ones are kept."""
         num_beams, max_length = self.finished.shape[1:]
         padding = max_length - candidates.sequences.shape[2]
         penalised = (candidates.scores / gnmt_length_penalty(length, alpha)).masked_fill(~ends, -float("inf"))
-        padded = torch.nn.functional.pad(candidates.sequences, (0, padding), value=pad_id)
+        padded = torch.nn.functional.pad(candidates.sequences, (0, padding), value=self.fill)
         padded_beams = torch.nn.functional.pad(candidates.beams, (0, padding), value=-1)
         self.finished_scores, keep = torch.cat((self.finished_scores, penalised), 1).topk(num_beams, dim=1)
         self.finished = torch.cat((self.finished, padded), 1).gather(1, keep[:, :, None].expand(-1, -1, max_length))
@@ -345,17 +496,19 @@ class BeamSearchState:
         """Which sentences are done: the hypotheses they return are finished, and no live one can still beat the
         worst of them, so no later step can change what they return (or no live hypothesis is left).
 
-        Log-probabilities only fall as a hypothesis grows, and lp is monotonic in |Y|, so a live hypothesis' best
-        possible score is reached at one end: now, or at the longest the sentence allows. The search thus ends
-        exactly, not on a heuristic."""
+        Log-probabilities only fall as a hypothesis grows (`scores_fall`: no logits processor lifts one above 0),
+        and lp is monotonic in |Y|, so a live hypothesis' best possible score is reached at one end: now, or at the
+        longest the sentence allows. The search thus ends exactly, not on a heuristic; where a processor may lift a
+        score, no bound holds, and a sentence is searched until no live hypothesis is left."""
+        no_live = self.live_scores[:, 0] == -float("inf")
+        if not self.scores_fall:
+            return no_live
         best_live = torch.maximum(
             self.live_scores[:, 0] / gnmt_length_penalty(length, alpha),
             self.live_scores[:, 0] / gnmt_length_penalty(self.longest, alpha),
         )
         worst_returned = self.finished_scores[:, num_return - 1]
-        return (worst_returned > -float("inf")) & (best_live < worst_returned) | (
-            self.live_scores[:, 0] == -float("inf")
-        )
+        return (worst_returned > -float("inf")) & (best_live < worst_returned) | no_live
 
     def leave(self, done: torch.Tensor, results: list[torch.Tensor]) -> torch.Tensor:
         """The done sentences leave the search: what they return is written into `results` (finished hypotheses,
@@ -364,8 +517,18 @@ class BeamSearchState:
         for result, state in zip(results, self.returned):
             result[self.active[gone]] = state[gone]
         for name, value in vars(self).items():
-            setattr(self, name, value[still])
+            if isinstance(value, torch.Tensor):
+                setattr(self, name, value[still])
         return still
+
+    def whole_batch(self, tensor: torch.Tensor) -> torch.Tensor:
+        """A per-row tensor of the sentences searched as one of every row of the batch (-inf for the others)."""
+        num_beams = self.live.shape[1]
+        if tensor.shape[0] == self.batch_size * num_beams:
+            return tensor
+        rows = (self.active[:, None] * num_beams + torch.arange(num_beams, device=tensor.device)).view(-1)
+        whole = tensor.new_full((self.batch_size * num_beams, *tensor.shape[1:]), -float("inf"))
+        return whole.index_copy_(0, rows, tensor)
 
 
 @dataclass
@@ -409,6 +572,37 @@ def step_records(generation_config) -> dict:
             ("decoder_hidden_states", "output_hidden_states"),
         )
     }
+
+
+# transformers' logits processors that leave a log-probability at or below 0: they mask tokens, scale scores by a
+# positive penalty (keeping their sign) or renormalise them; the paper's limit masks too.
+SCORE_LOWERING_PROCESSORS = (
+    SourceLengthLimit,
+    transformers.EncoderNoRepeatNGramLogitsProcessor,
+    transformers.EncoderRepetitionPenaltyLogitsProcessor,
+    transformers.ForcedBOSTokenLogitsProcessor,
+    transformers.ForcedEOSTokenLogitsProcessor,
+    transformers.LogitNormalization,
+    transformers.MinLengthLogitsProcessor,
+    transformers.MinNewTokensLengthLogitsProcessor,
+    transformers.NoBadWordsLogitsProcessor,
+    transformers.NoRepeatNGramLogitsProcessor,
+    transformers.PrefixConstrainedLogitsProcessor,
+    transformers.RepetitionPenaltyLogitsProcessor,
+    transformers.SuppressTokensAtBeginLogitsProcessor,
+    transformers.SuppressTokensLogitsProcessor,
+)
+
+
+def record_step(recorded: dict, outputs, logits: torch.Tensor, finished_rows, state: BeamSearchState) -> None:
+    """Records what `step_records` asks for of a step: the logits of every row (-inf for a sentence finished or
+    gone), the decoder's attentions and hidden states (of every row: the batch stays whole where they are asked for)."""
+    if recorded["logits"] is not None:
+        step = logits.clone() if finished_rows is None else logits.masked_fill(finished_rows, -float("inf"))
+        recorded["logits"] += (state.whole_batch(step),)
+    for name in ("decoder_attentions", "cross_attentions", "decoder_hidden_states"):
+        if recorded[name] is not None:
+            recorded[name] += (getattr(outputs, name),)
 
 
 def longest_hypotheses(logits_processor, batch_size: int, batch_limit: int, prompt_length: int, device):
@@ -473,40 +667,19 @@ def gnmt_beam_search(
     num_beams = generation_config.num_beams
     num_return = generation_config.num_return_sequences or 1
     alpha = generation_config.length_penalty
-    max_length = generation_config.max_length
-    return_scores = generation_config.return_dict_in_generate and generation_config.output_scores
     recorded = step_records(generation_config)
-    rows, prompt_length = input_ids.shape
-    batch_size, device = rows // num_beams, input_ids.device
-    beam_range = torch.arange(num_beams, device=device)
-
-    # As transformers' greedy search and sampling do: with a static cache on an accelerator (or a `compile_config`
-    # that asks for it everywhere), every step after the first runs one compiled graph.
-    compile_steps = model._valid_auto_compile_criteria(model_kwargs, generation_config)  # TRANSFORMERS_PRIVATE_NAMES
-    compiled_step = (
-        model.get_compiled_call(rounding_as_eager(generation_config.compile_config))
-        if compile_steps
-        else model.__call__
+    prompt_length, device = input_ids.shape[1], input_ids.device
+    compiled_step = decoding_step(model, model_kwargs, generation_config)
+    can_drop = sentences_can_leave(
+        model, model_kwargs, logits_processor, stopping_criteria, synced_gpus, recorded, num_beams
     )
-    # Where sentences leave, their hypotheses share one encoder output (`share_encoder_output`); FlashAttention would
-    # take a sentence's hypotheses, one sequence of queries, for a sequence to mask with the source's padding mask.
-    can_drop = sentences_can_leave(model_kwargs, logits_processor, compile_steps, synced_gpus, recorded)
-    can_drop &= not is_flash_attention_requested(model.config)
     encoder_outputs = model_kwargs.get("encoder_outputs")
     if can_drop:
         share_encoder_output(model_kwargs, num_beams)
-    longest = longest_hypotheses(logits_processor, batch_size, max_length - prompt_length, prompt_length, device)
-    state = BeamSearchState.start(input_ids, num_beams, max_length, generation_config.pad_token_id, longest)
+    state = BeamSearchState.start(input_ids, generation_config, logits_processor)
     results = [tensor.clone() for tensor in state.returned]  # what each sentence returns, written as it leaves
-    done = torch.zeros(batch_size, dtype=torch.bool, device=device)  # sentences kept in the batch once finished
+    done = torch.zeros(state.batch_size, dtype=torch.bool, device=device)  # sentences kept in the batch once finished
     step_scores = ()
-
-    def whole_batch(tensor: torch.Tensor, fill) -> torch.Tensor:
-        """A per-row tensor of the active sentences as one of every row of the batch (`fill` for the others)."""
-        if tensor.shape[0] == rows:
-            return tensor
-        active_rows = (state.active[:, None] * num_beams + beam_range).view(-1)
-        return tensor.new_full((rows, *tensor.shape[1:]), fill).index_copy_(0, active_rows, tensor)
 
     this_peer_finished = False
     while any_peer_unfinished(this_peer_finished, synced_gpus, device):
@@ -522,23 +695,17 @@ def gnmt_beam_search(
         logits = outputs.logits[:, -1, :].float()
         # A finished sentence kept in the batch has no continuation, as one that left it has none.
         finished_rows = None if can_drop else done.repeat_interleave(num_beams)[:, None]
-        if recorded["logits"] is not None:
-            step = logits.clone() if finished_rows is None else logits.masked_fill(finished_rows, -float("inf"))
-            recorded["logits"] += (whole_batch(step, -float("inf")),)
-        for name in ("decoder_attentions", "cross_attentions", "decoder_hidden_states"):
-            if recorded[name] is not None:
-                recorded[name] += (getattr(outputs, name),)
+        record_step(recorded, outputs, logits, finished_rows, state)
         del outputs
         log_probs = logits_processor(flat_live, torch.log_softmax(logits, dim=-1))
         if finished_rows is not None:
             log_probs = log_probs.masked_fill(finished_rows, -float("inf"))
-        if return_scores:
-            step_scores += (whole_batch(log_probs, -float("inf")),)
+        if generation_config.return_dict_in_generate and generation_config.output_scores:
+            step_scores += (state.whole_batch(log_probs),)
 
         candidates = state.continuations(log_probs)
-        ends = stopping_criteria(candidates.sequences.view(-1, cur_len + 1), step_scores or None).view(searched, -1)
-        ends &= candidates.scores > -float("inf")
-        state.settle_finished(candidates, ends, cur_len + 1 - prompt_length, alpha, generation_config.pad_token_id)
+        ends = candidates.end(stopping_criteria, step_scores)
+        state.settle_finished(candidates, ends, cur_len + 1 - prompt_length, alpha)
         kept = state.keep_live(candidates, ends)
         # Each kept hypothesis continues the cache row of the live hypothesis it extends.
         source_beams, positions = candidates.origin.gather(1, kept), torch.arange(searched, device=device)
@@ -554,10 +721,7 @@ def gnmt_beam_search(
             if leaving and not this_peer_finished:
                 positions = state.leave(done_now, results)
                 source_beams = source_beams[positions]
-                logits_processor = LogitsProcessorList(
-                    SourceLengthLimit(processor.limits[positions], processor.eos_token_id)
-                    for processor in logits_processor
-                )
+                logits_processor = rows_kept(logits_processor, positions)
                 select_batch_rows(model_kwargs, positions, num_beams)
         if model_kwargs.get("cache") is not None and not this_peer_finished:
             # Each kept hypothesis continues the cache row it came from, among the rows of the last step.
@@ -569,6 +733,51 @@ def gnmt_beam_search(
     return beam_search_output(
         results, prompt_length, generation_config, step_scores, encoder_outputs, model_kwargs.get("cache"), recorded
     )
+
+
+@dataclass
+class GreedyRows:
+    """The rows greedy search decodes: `active`, their indices in the batch, their `sequences` and which of them are
+    `unfinished`; `results`, where rows leave, the sequences of every row, written as each leaves (padded as
+    transformers pads)."""
+
+    active: torch.Tensor
+    sequences: torch.Tensor
+    unfinished: torch.Tensor
+    results: torch.Tensor | None
+
+    @classmethod
+    def start(cls, input_ids: torch.Tensor, max_length: int, leaving_fill: int | None) -> "GreedyRows":
+        """Every row, its prompt; room for the rows that leave where `leaving_fill` pads them."""
+        rows, device = input_ids.shape[0], input_ids.device
+        results = None if leaving_fill is None else input_ids.new_full((rows, max_length), leaving_fill)
+        return cls(
+            torch.arange(rows, device=device), input_ids, torch.ones(rows, dtype=torch.bool, device=device), results
+        )
+
+    def append(self, tokens: torch.Tensor, fill: int | None) -> None:
+        """Each row's next token; after a row's end `fill`, where it has one (else its token all the same)."""
+        tokens = tokens if fill is None else torch.where(self.unfinished, tokens, fill)
+        self.sequences = torch.cat((self.sequences, tokens[:, None]), dim=-1)
+
+    def leave(self) -> torch.Tensor:
+        """The rows that ended leave, their sequences written into `results`; returns the positions of those kept."""
+        gone, still = (~self.unfinished).nonzero().view(-1), self.unfinished.nonzero().view(-1)
+        self.results[self.active[gone], : self.sequences.shape[1]] = self.sequences[gone]
+        self.active, self.sequences, self.unfinished = (
+            self.active[still],
+            self.sequences[still],
+            self.unfinished[still],
+        )
+        return still
+
+    def every_row(self) -> torch.Tensor:
+        """The sequences of every row of the batch, padded to the longest: the rows decoded last are the longest (each
+        grew by one token a step until it left)."""
+        if self.results is None:
+            return self.sequences
+        self.results[self.active, : self.sequences.shape[1]] = self.sequences
+        return self.results[:, : self.sequences.shape[1]]
 
 
 def greedy_search(
@@ -589,28 +798,25 @@ def greedy_search(
     """
     recorded = step_records(generation_config)
     return_scores = generation_config.return_dict_in_generate and generation_config.output_scores
-    rows, prompt_length = input_ids.shape
-    device, pad_token_id = input_ids.device, generation_config.pad_token_id
+    device, fill = input_ids.device, greedy_filler(generation_config, stopping_criteria)
     # Per-step scores and logits are returned for every row, as transformers' greedy search returns them.
-    can_drop = not (return_scores or recorded["logits"] is not None)
-    can_drop &= sentences_can_leave(model_kwargs, logits_processor, False, synced_gpus, recorded)
+    can_drop = fill is not None and not (return_scores or recorded["logits"] is not None)
+    can_drop &= sentences_can_leave(model, model_kwargs, logits_processor, stopping_criteria, synced_gpus, recorded, 1)
     if can_drop:
         share_encoder_output(model_kwargs, 1)
-    active = torch.arange(rows, device=device)  # the rows still decoded, as indices in the batch
-    sequences, unfinished = input_ids, torch.ones(rows, dtype=torch.bool, device=device)
-    results = input_ids.new_full((rows, generation_config.max_length), pad_token_id)
+    batch = GreedyRows.start(input_ids, generation_config.max_length, fill if can_drop else None)
     step_scores = ()
 
     this_peer_finished = False
     while any_peer_unfinished(this_peer_finished, synced_gpus, device):
-        cur_len = sequences.shape[1]
+        cur_len = batch.sequences.shape[1]
         # The tokens the cache does not hold yet: the prompt at first (its end where the cache continues an earlier
         # decoding), then the last token; a process done before the others (synced_gpus) feeds its last token again,
         # a step that counts nothing.
         held = model_kwargs["cache"].get_seq_length() if model_kwargs.get("cache") is not None else 0
         next_length = (1 if this_peer_finished else cur_len - held) if model_kwargs.get("use_cache") and held else None
-        model_inputs = model.prepare_inputs_for_generation(sequences, next_sequence_length=next_length, **model_kwargs)
-        outputs = model(**model_inputs, return_dict=True)
+        inputs = model.prepare_inputs_for_generation(batch.sequences, next_sequence_length=next_length, **model_kwargs)
+        outputs = model(**inputs, return_dict=True)
         model_kwargs = next_step_kwargs(outputs, model_kwargs)
         if synced_gpus and this_peer_finished:
             continue
@@ -618,34 +824,27 @@ def greedy_search(
         del outputs
         if recorded["logits"] is not None:
             recorded["logits"] += (logits.clone(),)
-        scores = logits_processor(sequences, logits)
+        scores = logits_processor(batch.sequences, logits)
         if return_scores:
             step_scores += (scores,)
-        tokens = torch.where(unfinished, scores.argmax(dim=-1), pad_token_id)
-        sequences = torch.cat((sequences, tokens[:, None]), dim=-1)
-        unfinished &= ~stopping_criteria(sequences, step_scores or None)
+        batch.append(scores.argmax(dim=-1), fill)
+        batch.unfinished &= ~stopping_criteria(batch.sequences, step_scores or None)
         if not can_drop:
-            this_peer_finished = not bool(unfinished.any())
+            this_peer_finished = not bool(batch.unfinished.any())
             continue
-        leaving = int((~unfinished).sum())  # the step's one read of the device
-        this_peer_finished = leaving == active.shape[0]
+        leaving = int((~batch.unfinished).sum())  # the step's one read of the device
+        this_peer_finished = leaving == batch.active.shape[0]
         if leaving and not this_peer_finished:
-            gone, still = (~unfinished).nonzero().view(-1), unfinished.nonzero().view(-1)
-            results[active[gone], : cur_len + 1] = sequences[gone]
-            active, sequences, unfinished = active[still], sequences[still], unfinished[still]
-            logits_processor = LogitsProcessorList(
-                SourceLengthLimit(processor.limits[still], processor.eos_token_id) for processor in logits_processor
-            )
+            still = batch.leave()
+            logits_processor = rows_kept(logits_processor, still)
             select_batch_rows(model_kwargs, still, 1)
             if model_kwargs.get("cache") is not None:
                 reorder_self_attention_cache(model_kwargs["cache"], still, cur_len)
-    # The rows decoded last are the longest: every row grew by one token a step until it left.
-    results[active, : sequences.shape[1]] = sequences
-    results = results[:, : sequences.shape[1]]
+    sequences = batch.every_row()
     if not generation_config.return_dict_in_generate:
-        return results
+        return sequences
     return GenerateEncoderDecoderOutput(
-        sequences=results,
+        sequences=sequences,
         scores=step_scores if return_scores else None,
         logits=recorded["logits"],
         cache=returned_cache(model_kwargs.get("cache")),

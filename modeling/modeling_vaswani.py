@@ -35,11 +35,11 @@ from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
 from ..configuration.configuration_vaswani import VaswaniConfig
 from .generation_vaswani import (
-    EXTRA_OUTPUT_TOKENS,
-    SourceLengthLimit,
+    DecoderPrompt,
     gnmt_beam_search,
     greedy_search,
     holds_library_defaults,
+    section_6_1_limit,
 )
 
 
@@ -209,7 +209,9 @@ def eager_attention_forward(
     attn_weights = torch.matmul(query, key.transpose(2, 3)) * scaling
     if attention_mask is not None:
         attn_weights = attn_weights + attention_mask
-    attn_weights = nn.functional.softmax(attn_weights, dim=-1, dtype=torch.float32).to(query.dtype)
+    # At least float32 (half precision's sums would round), and float64's own: its masks are too large for float32.
+    softmax_dtype = torch.promote_types(attn_weights.dtype, torch.float32)
+    attn_weights = nn.functional.softmax(attn_weights, dim=-1, dtype=softmax_dtype).to(query.dtype)
     attn_weights = nn.functional.dropout(attn_weights, p=dropout, training=module.training)
     attn_output = torch.matmul(attn_weights, value).transpose(1, 2).contiguous()
     return attn_output, attn_weights
@@ -840,37 +842,34 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
                 "prefill_chunk_size splits a decoder-only model's long prompt; this model's decoder prompt is its start "
                 "token or a forced prefix, read in one pass: leave prefill_chunk_size unset."
             )
+        synced_gpus = kwargs.get("synced_gpus")
+        if synced_gpus is None:  # as generate() works it out for its own methods
+            sharded = is_deepspeed_zero3_enabled() or is_fsdp_managed_module(self)
+            synced_gpus = sharded and distributed.is_initialized() and distributed.get_world_size() > 1
         filled_in = base.max_length is not None and holds_library_defaults(base)
         base_max_length = None if filled_in else base.max_length
         limits = (kwargs.get("max_length"), kwargs.get("max_new_tokens"), base_max_length, base.max_new_tokens)
         source = inputs if inputs is not None else kwargs.get("input_ids", kwargs.get("inputs_embeds"))
+        prompt = DecoderPrompt.of(kwargs.get("decoder_input_ids"), kwargs.get("decoder_attention_mask"), merged)
         if all(limit is None for limit in limits) and source is not None:
-            longest_source = source.shape[1]
-            if paper_decoding:
-                source_lengths = self._source_lengths(source, kwargs.get("attention_mask"))
-                eos_token_id = self.config.eos_token_id
-                longest_source = int(source_lengths.max())
-                kwargs["logits_processor"] = LogitsProcessorList(
-                    [
-                        *(kwargs.get("logits_processor") or []),
-                        SourceLengthLimit(
-                            source_lengths + EXTRA_OUTPUT_TOKENS,
-                            eos_token_id[0] if isinstance(eos_token_id, list) else eos_token_id,
-                        ),
-                    ]
-                )
-            kwargs["max_new_tokens"] = min(
-                longest_source + EXTRA_OUTPUT_TOKENS, self.config.max_position_embeddings - 1
+            source_lengths = self._source_lengths(source, kwargs.get("attention_mask"))
+            limit = section_6_1_limit(
+                source_lengths, source.shape[1], prompt, merged, paper_decoding, self.config, synced_gpus
             )
+            kwargs["max_new_tokens"] = limit.max_new_tokens
+            if limit.per_sentence is not None:
+                kwargs["logits_processor"] = LogitsProcessorList(
+                    [*(kwargs.get("logits_processor") or []), limit.per_sentence]
+                )
         if filled_in and kwargs.get("max_new_tokens") is not None:
             kwargs.setdefault("max_length", None)  # else transformers warns that both limits were set
         # The decoder refuses a position past max_position_embeddings at the step that reaches it; a compiled
         # decoding step cannot raise a clean error, so a limit it could never honour is refused here, before any work.
         new_tokens = kwargs.get("max_new_tokens", base.max_new_tokens)
-        longest = 1 + new_tokens if new_tokens is not None else kwargs.get("max_length", base_max_length)
+        longest = prompt.width + new_tokens if new_tokens is not None else kwargs.get("max_length", base_max_length)
         if longest is not None and longest > self.config.max_position_embeddings:
             raise ValueError(
-                f"Generating up to {longest} decoder positions (the start token and the new tokens), more than "
+                f"Generating up to {longest} decoder positions (the decoder prompt and the new tokens), more than "
                 f"max_position_embeddings ({self.config.max_position_embeddings}); ask for fewer tokens, or "
                 f"{self.model.decoder.embed_positions.remedy}."
             )
@@ -885,10 +884,6 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
             method = self._decoding_method(merged, kwargs)
             if method is not None:
                 # generate() hands a callable custom_generate none of its own arguments, synced_gpus among them.
-                synced_gpus = kwargs.get("synced_gpus")
-                if synced_gpus is None:  # as generate() works it out for its own methods
-                    sharded = is_deepspeed_zero3_enabled() or is_fsdp_managed_module(self)
-                    synced_gpus = sharded and distributed.is_initialized() and distributed.get_world_size() > 1
                 kwargs["custom_generate"] = functools.partial(method, synced_gpus=synced_gpus)
         return super().generate(inputs, generation_config=generation_config, **kwargs)
 
@@ -909,6 +904,12 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
             if kwargs.get("streamer") is not None:
                 raise ValueError(
                     "A streamer shows one sequence as it grows, and beam search keeps several: pass num_beams=1."
+                )
+            if config.early_stopping is True:
+                raise ValueError(
+                    "early_stopping=True ends transformers' beam search at its first num_beams finished hypotheses, "
+                    "where the paper's search ends once none can change a sentence's result: pass "
+                    "paper_decoding=False for transformers' search."
                 )
             return gnmt_beam_search
         if mode != GenerationMode.GREEDY_SEARCH:
@@ -954,7 +955,7 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
         """Each source sentence's unpadded length, `</s>` included."""
         if attention_mask is not None:
             return attention_mask.sum(dim=1)
-        if source.is_floating_point():  # inputs_embeds without a mask: no padding to see
+        if source.is_floating_point() or self.config.pad_token_id is None:  # no padding to see without a mask
             return torch.full((source.shape[0],), source.shape[1], device=source.device)
         return (source != self.config.pad_token_id).sum(dim=1)
 

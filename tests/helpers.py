@@ -7,7 +7,9 @@ No name here starts with `test`: pytest would collect it in every module that im
 """
 
 import contextlib
+import functools
 import json
+import multiprocessing
 import os
 import random
 import re
@@ -17,11 +19,14 @@ import subprocess
 import sys
 import tempfile
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import psutil
 import pytest
 import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
 from transformers import PreTrainedTokenizerFast
 
@@ -80,6 +85,24 @@ def trained_on(pairs, config: VaswaniConfig):
         if loss.item() < 0.02:
             break
     return model.eval()
+
+
+# A vocabulary of 24 ids: 0-3 padding, start, </s> and unknown, then 20 words.
+SMALL_VOCAB_SIZE, FIRST_WORD = 24, 4
+
+
+@functools.cache
+def small_vocabulary_model() -> VaswaniForConditionalGeneration:
+    """The tiny preset trained on twelve pairs of SMALL_VOCAB_SIZE ids (each target its source reversed and mapped
+    through a permutation): it ends its translations where they end, and other sources' after its own fashion, at
+    lengths of their own. One per process: copy it before changing it."""
+    rng = random.Random(3)
+    pairs = []
+    for length in (1, 2, 3, 3, 4, 5, 5, 6, 6, 7, 7, 8):
+        source = [rng.randrange(FIRST_WORD, SMALL_VOCAB_SIZE) for _ in range(length)]
+        target = [(token * 7) % (SMALL_VOCAB_SIZE - FIRST_WORD) + FIRST_WORD for token in reversed(source)]
+        pairs.append((source + [2], target + [2]))
+    return trained_on(pairs, tiny_model_config(vocab_size=SMALL_VOCAB_SIZE))
 
 
 # --- Text. ---
@@ -339,6 +362,50 @@ def exit_message(main, arguments):
     with pytest.raises(SystemExit) as raised:
         main([str(argument) for argument in arguments])
     return str(raised.value)
+
+
+# --- Jobs on two processes of this machine (gloo). ---
+
+
+def _run_rank(rank: int, job, port: int, work_dir: Path, collective_timeout: timedelta) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2, timeout=collective_timeout
+    )
+    torch.save(job(rank, work_dir), work_dir / f"result_rank{rank}.pt")
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def run_on_two_ranks(job, work_dir: Path, preload: str, job_timeout: float, collective_timeout: timedelta) -> list:
+    """Runs `job(rank, work_dir)` on two gloo processes and returns each rank's result (what it returned, saved in
+    `work_dir`); kills them after `job_timeout` seconds. A collective waits `collective_timeout` for its partner.
+
+    The processes fork from a server that has imported `preload` (the job's module: torch, transformers) once for
+    every job, where spawn would import them again in each rank of each job (about 10 s on 2 cores). An exception
+    raised in a rank is raised here (torch.multiprocessing.ProcessRaisedException, with its traceback).
+    """
+    multiprocessing.get_context("forkserver").set_forkserver_preload([preload])
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("OMP_NUM_THREADS", "1")  # read when the fork server imports torch
+        context = mp.start_processes(
+            _run_rank,
+            args=(job, free_port(), work_dir, collective_timeout),
+            nprocs=2,
+            join=False,
+            start_method="forkserver",
+        )
+    deadline = time.monotonic() + job_timeout
+    try:
+        while not context.join(timeout=max(0.0, deadline - time.monotonic())):
+            if time.monotonic() >= deadline:
+                pytest.fail(f"{job.__name__} did not finish within {job_timeout} s (a collective hangs?)")
+    finally:
+        for process in context.processes:
+            if process.is_alive():
+                process.kill()
+                process.join()
+    return [torch.load(work_dir / f"result_rank{rank}.pt", weights_only=True) for rank in range(2)]
 
 
 # --- The documentation. ---

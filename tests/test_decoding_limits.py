@@ -92,3 +92,23 @@ def test_the_default_limit_is_the_source_length_plus_50_within_the_positions(sho
     assert roomy.generate(input_ids=SOURCE, num_beams=1).shape == (1, 1 + SOURCE.shape[1] + 50)
     embeddings = roomy.get_input_embeddings()(SOURCE)
     assert roomy.generate(inputs_embeds=embeddings, num_beams=1).shape == (1, 1 + SOURCE.shape[1] + 50)
+
+
+@pytest.mark.parametrize("num_beams", [1, 4])
+def test_a_forced_prefix_takes_positions_from_the_limit(short_model, num_beams):
+    """The positions hold the decoder prompt, a forced prefix included, and then the new tokens: the default limit
+    leaves the prefix its positions, and a limit that could only be honoured without it is refused before any work."""
+    prefix = torch.tensor([[1, 5, 6, 7, 8]])
+    options = {"decoder_input_ids": prefix, "num_beams": num_beams}
+    assert short_model.generate(SOURCE, **options).shape == (1, 12)
+    assert short_model.generate(SOURCE, max_new_tokens=7, **options).shape == (1, 12)
+    encoder_runs = []
+    hook = short_model.model.encoder.register_forward_hook(lambda *_: encoder_runs.append(1))
+    try:
+        with pytest.raises(
+            ValueError, match=r"^Generating up to 13 decoder positions \(the decoder prompt and the new"
+        ):
+            short_model.generate(SOURCE, max_new_tokens=8, **options)
+    finally:
+        hook.remove()
+    assert encoder_runs == []

@@ -9,17 +9,16 @@ module (torch, transformers) once; the ranks write what they observed to files, 
 (processes, and a collective made to time out), as tests/test_distributed.py is; `.ci/run` runs both.
 """
 
-import multiprocessing
 import time
 from datetime import timedelta
 from pathlib import Path
 
+import helpers
 import pytest
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-import torch.multiprocessing as mp
-from helpers import free_port, max_difference
+from helpers import max_difference
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -304,44 +303,13 @@ def trainer_prediction_job(rank: int, work_dir: Path) -> dict:
     return result
 
 
-def _run_rank(rank: int, job, port: int, work_dir: Path) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD_SIZE, timeout=COLLECTIVE_TIMEOUT
-    )
-    torch.save(job(rank, work_dir), work_dir / f"result_rank{rank}.pt")
-    dist.barrier()
-    dist.destroy_process_group()
-
-
 # ---------------------------------------------------------------------------------------------------------------
 # The tests' side.
 
 
 def run_on_two_ranks(job, work_dir: Path) -> list[dict]:
-    """Runs job on WORLD_SIZE processes and returns each rank's result; kills them after JOB_TIMEOUT_S.
-
-    An exception raised in a rank is raised here (torch.multiprocessing.ProcessRaisedException, with its traceback).
-    """
-    # The fork server imports this module (torch, transformers) once and forks the ranks of every job from it, where
-    # spawn would import them again in each rank of each job (about 10 s on 2 cores).
-    multiprocessing.get_context("forkserver").set_forkserver_preload([__name__])
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("OMP_NUM_THREADS", "1")  # read when the fork server imports torch
-        context = mp.start_processes(
-            _run_rank, args=(job, free_port(), work_dir), nprocs=WORLD_SIZE, join=False, start_method="forkserver"
-        )
-    deadline = time.monotonic() + JOB_TIMEOUT_S
-    try:
-        while not context.join(timeout=max(0.0, deadline - time.monotonic())):
-            if time.monotonic() >= deadline:
-                pytest.fail(f"{job.__name__} did not finish within {JOB_TIMEOUT_S} s (a collective hangs?)")
-    finally:
-        for process in context.processes:
-            if process.is_alive():
-                process.kill()
-                process.join()
-    return [torch.load(work_dir / f"result_rank{rank}.pt", weights_only=True) for rank in range(WORLD_SIZE)]
+    """Runs job on WORLD_SIZE processes and returns each rank's result (helpers.run_on_two_ranks)."""
+    return helpers.run_on_two_ranks(job, work_dir, __name__, JOB_TIMEOUT_S, COLLECTIVE_TIMEOUT)
 
 
 @pytest.fixture(scope="module")

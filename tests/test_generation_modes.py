@@ -3,8 +3,8 @@
 The model's own decoding methods take over plain beam search and greedy search only (docs/decoding.md, "generate()'s
 arguments and modes"); every other mode is transformers' own. The cache they return is a plain `DynamicCache`, a
 greedy translation's score counts its tokens up to `</s>`, and FlashAttention is served without sharing an encoder
-output among a sentence's hypotheses. Processes in step under `synced_gpus`: tests/test_fsdp.py and
-tests/test_distributed.py.
+output among a sentence's hypotheses. Processes in step under `synced_gpus`: tests/test_synced_decoding.py,
+tests/test_fsdp.py and tests/test_distributed.py. Every argument, drawn at random: tests/test_decoding_properties.py.
 """
 
 import copy

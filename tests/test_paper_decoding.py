@@ -7,7 +7,13 @@ import math
 import pytest
 import torch
 from helpers import pad_pairs
-from transformers import GenerationConfig, GenerationMixin, LogitsProcessor, LogitsProcessorList
+from transformers import (
+    GenerationConfig,
+    GenerationMixin,
+    LogitsProcessor,
+    StoppingCriteria,
+    StoppingCriteriaList,
+)
 
 from vaswani import VaswaniConfig, VaswaniForConditionalGeneration
 from vaswani.evaluation.bleu import tokenized_bleu
@@ -180,12 +186,12 @@ def test_tokenized_bleu_splits_compounds_as_tensor2tensor_does():
     assert (score.sys_len, score.ref_len) == (5, 6)
 
 
-class Unchanged(LogitsProcessor):
-    """Changes nothing; a logits processor other than the length limit may count on the batch's rows, so the search
-    keeps every sentence in the batch to its end."""
+class NeverEnds(StoppingCriteria):
+    """Ends nothing; a stopping criterion of the caller's may count on the batch's rows, so the search keeps every
+    sentence in the batch to its end."""
 
-    def __call__(self, input_ids, scores):
-        return scores
+    def __call__(self, input_ids, scores, **kwargs):
+        return torch.zeros(input_ids.shape[0], dtype=torch.bool)
 
 
 def decoded_rows(model, input_ids, **options):
@@ -204,7 +210,7 @@ def test_finished_sentences_leave_the_batch_and_no_translation_or_score_changes(
     options = {"attention_mask": attention_mask, "num_return_sequences": 2}
     dropping, rows = decoded_rows(trained_tiny_model, input_ids, **options)
     whole, whole_rows = decoded_rows(
-        trained_tiny_model, input_ids, logits_processor=LogitsProcessorList([Unchanged()]), **options
+        trained_tiny_model, input_ids, stopping_criteria=StoppingCriteriaList([NeverEnds()]), **options
     )
     assert set(whole_rows) == {12}
     assert rows[0] == 12 and rows[-1] < 12 and rows == sorted(rows, reverse=True), rows

@@ -1,0 +1,575 @@
+"""generate()'s arguments, drawn at random: the paper's decoding methods against their definition
+(tests/decoding_oracle.py), each sentence alone against the same sentence in a batch, transformers' own methods where
+the search is the same, and every argument honoured or refused in one sentence before any work.
+
+The model is a tiny one trained on a few pairs of a 24-token vocabulary, so that its translations end at different
+lengths, and run in float64: a batch and a sentence alone, or a cached and an uncached step, then give the same float32
+scores, and a near-tie of two hypotheses that could make the comparisons flaky is most unlikely. The default suite runs a short, reproducible
+profile; the slow stage runs thousands of examples. Each defect these properties found is kept as an `@example`.
+"""
+
+import functools
+import math
+import re
+from dataclasses import dataclass, replace
+
+import pytest
+import torch
+from decoding_oracle import Rules, gnmt_beam_search, greedy
+from helpers import FIRST_WORD, SMALL_VOCAB_SIZE, small_vocabulary_model
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+from transformers import LogitsProcessor, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
+
+from vaswani import VaswaniConfig, VaswaniForConditionalGeneration
+
+
+PAD, START, EOS = 0, 1, 2
+EXTRA_OUTPUT_TOKENS = 50  # section 6.1: at most the source length + 50
+
+
+# --- The model. ---
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """A tiny model's step is a few small matrix products: one thread computes them fastest, and several fight each
+    other where other processes share the cores (ten times slower, measured)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    pad_token_id: int | None = PAD
+    max_positions: int = 128
+    attention: str = "sdpa"
+
+
+@functools.cache
+def model_for(spec: ModelSpec) -> VaswaniForConditionalGeneration:
+    """The trained model in float64, with the padding token, positions and attention of `spec` (sinusoids are
+    computed: any number of positions loads the same weights)."""
+    trained = small_vocabulary_model()
+    config = VaswaniConfig(
+        **{
+            **trained.config.to_dict(),
+            "pad_token_id": spec.pad_token_id,
+            "max_position_embeddings": spec.max_positions,
+        }
+    )
+    model = VaswaniForConditionalGeneration(config)
+    model.load_state_dict(trained.state_dict())
+    model.set_attn_implementation(spec.attention)
+    return model.to(torch.float64).eval()
+
+
+# --- The caller's own logits processors and stopping criteria. ---
+
+
+class Boost(LogitsProcessor):
+    """Adds `amount` to one token's score at every step (a positive amount lifts a score above 0)."""
+
+    def __init__(self, token: int, amount: float):
+        self.token, self.amount = token, amount
+
+    def __call__(self, input_ids, scores):
+        scores = scores.clone()
+        scores[:, self.token] += self.amount
+        return scores
+
+
+class StopAt(StoppingCriteria):
+    """Ends a sequence at `token`, as a second end token would."""
+
+    def __init__(self, token: int):
+        self.token = token
+
+    def __call__(self, input_ids, scores, **kwargs):
+        return input_ids[:, -1] == self.token
+
+
+class NewTokenBudget(StoppingCriteria):
+    """Ends every sequence once it holds `budget` new tokens, keeping one budget per row of the first batch it sees
+    (the state a criterion over rows keeps)."""
+
+    def __init__(self, budget: int):
+        self.budget, self.budgets, self.prompt_length = budget, None, None
+
+    def __call__(self, input_ids, scores, **kwargs):
+        if self.budgets is None:
+            self.budgets = torch.full((input_ids.shape[0],), self.budget)
+            self.prompt_length = input_ids.shape[1] - 1
+        return input_ids.shape[1] - self.prompt_length >= self.budgets
+
+
+# What each of them is to the oracle: a function of one sentence's tokens (and its scores, or its prompt's length).
+def boost_rule(token, amount):
+    def rule(tokens, scores):
+        scores = scores.clone()
+        scores[token] += amount
+        return scores
+
+    return rule
+
+
+ORACLE_STOPS = {
+    "stop at": lambda token: lambda tokens, prompt_length: tokens[-1] == token,
+    "budget": lambda budget: lambda tokens, prompt_length: len(tokens) - prompt_length >= budget,
+}
+STOPPING = {"stop at": StopAt, "budget": NewTokenBudget}
+
+
+# --- A generate() call. ---
+
+
+@dataclass(frozen=True)
+class Call:
+    """A batch of sources and the arguments of one generate() call.
+
+    sources: each sentence's tokens, unpadded. prefixes: each sentence's forced target prefix (after the start token),
+    or None for no decoder_input_ids. The batch pads sources on `padding_side`, passes their attention mask where
+    `source_mask`, and left-pads the prompts with their decoder_attention_mask where `prompt_mask` (else they must be
+    of one length). boosts: (token, amount) for each `Boost`; stops: (kind, value) for each stopping criterion.
+    """
+
+    sources: tuple[tuple[int, ...], ...]
+    model: ModelSpec = ModelSpec()
+    padding_side: str = "right"
+    source_mask: bool = True
+    prefixes: tuple[tuple[int, ...], ...] | None = None
+    prompt_mask: bool = False
+    options: tuple[tuple[str, object], ...] = ()
+    boosts: tuple[tuple[int, float], ...] = ()
+    stops: tuple[tuple[str, int], ...] = ()
+
+    @property
+    def settings(self) -> dict:
+        return dict(self.options)
+
+    def alone(self, sentence: int) -> "Call":
+        prefixes = None if self.prefixes is None else (self.prefixes[sentence],)
+        return replace(self, sources=(self.sources[sentence],), prefixes=prefixes)
+
+
+def padded(rows, side: str, fill: int) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(map(len, rows))
+    ids, mask = [], []
+    for row in rows:
+        padding = [fill] * (width - len(row))
+        ids.append([*row, *padding] if side == "right" else [*padding, *row])
+        mask.append([1] * len(row) + [0] * len(padding) if side == "right" else [0] * len(padding) + [1] * len(row))
+    return torch.tensor(ids), torch.tensor(mask)
+
+
+def prompts(call: Call) -> list[list[int]]:
+    """Each sentence's decoder prompt: the start token, then its prefix."""
+    prefixes = call.prefixes or [()] * len(call.sources)
+    return [[START, *prefix] for prefix in prefixes]
+
+
+def width(call: Call) -> int:
+    """The padded decoder prompt's width."""
+    return max(map(len, prompts(call)))
+
+
+def arguments(call: Call) -> dict:
+    """generate()'s keyword arguments for the call (new processors and criteria: some keep state)."""
+    input_ids, attention_mask = padded(call.sources, call.padding_side, PAD)
+    kwargs = {"input_ids": input_ids, **call.settings}
+    if call.source_mask:
+        kwargs["attention_mask"] = attention_mask
+    if call.prefixes is not None:
+        decoder_input_ids, decoder_mask = padded(prompts(call), "left", PAD)
+        kwargs["decoder_input_ids"] = decoder_input_ids
+        if call.prompt_mask:
+            kwargs["decoder_attention_mask"] = decoder_mask
+    if call.boosts:
+        kwargs["logits_processor"] = LogitsProcessorList(Boost(*boost) for boost in call.boosts)
+    if call.stops:
+        kwargs["stopping_criteria"] = StoppingCriteriaList(STOPPING[kind](value) for kind, value in call.stops)
+    return kwargs
+
+
+@dataclass
+class Outcome:
+    output: object = None
+    error: Exception | None = None
+    encoder_runs: int = 0  # the encoder's forward passes before generate() returned or raised
+
+
+def run(call: Call, **overrides) -> Outcome:
+    model = model_for(call.model)
+    outcome = Outcome()
+    hook = model.model.encoder.register_forward_hook(lambda *_: setattr(outcome, "encoder_runs", 1))
+    try:
+        outcome.output = model.generate(**{**arguments(call), **overrides})
+    except Exception as error:  # noqa: BLE001 - what was raised is what the properties judge
+        outcome.error = error
+    finally:
+        hook.remove()
+    return outcome
+
+
+# --- What the call asks for, per sentence, as the documentation defines it. ---
+
+
+def end_tokens(call: Call) -> tuple[int, ...]:
+    eos = call.settings.get("eos_token_id", EOS)
+    return tuple(eos) if isinstance(eos, list) else (eos,)
+
+
+def pads_with(call: Call) -> int:
+    """What follows a sequence's end (transformers': the padding token, else the first end token)."""
+    pad = call.settings.get("pad_token_id", call.model.pad_token_id)
+    return end_tokens(call)[0] if pad is None else pad
+
+
+def batch_new_tokens(call: Call) -> int:
+    """The most new tokens of any sequence: max_new_tokens, or what max_length leaves after the padded prompt, or
+    the paper's longest source + 50 within the positions the padded prompt leaves."""
+    settings = call.settings
+    if "max_new_tokens" in settings:
+        return settings["max_new_tokens"]
+    if "max_length" in settings:
+        return settings["max_length"] - width(call)
+    return min(max(map(len, call.sources)) + EXTRA_OUTPUT_TOKENS, call.model.max_positions - width(call))
+
+
+def paper_limit(call: Call, sentence: int) -> int | None:
+    """The paper's limit, where no other is given: the source's length + 50 tokens after the start token."""
+    if "max_new_tokens" in call.settings or "max_length" in call.settings:
+        return None
+    return len(call.sources[sentence]) + EXTRA_OUTPUT_TOKENS
+
+
+def min_length(call: Call, sentence: int) -> int:
+    """min_length in the sentence's own tokens: transformers counts the padded prompt, its left padding included,
+    and min_new_tokens, where given, takes min_length's place."""
+    if "min_new_tokens" in call.settings:
+        return 0
+    return call.settings.get("min_length", 0) - (width(call) - len(prompts(call)[sentence]))
+
+
+def rules(call: Call, sentence: int) -> Rules:
+    settings = call.settings
+    return Rules(
+        eos=end_tokens(call),
+        max_new_tokens=batch_new_tokens(call),
+        limit=paper_limit(call, sentence),
+        min_length=min_length(call, sentence),
+        min_new_tokens=settings.get("min_new_tokens", 0),
+        repetition_penalty=settings.get("repetition_penalty", 1.0),
+        no_repeat_ngram_size=settings.get("no_repeat_ngram_size", 0),
+        bad_words_ids=tuple(map(tuple, settings.get("bad_words_ids", ()))),
+        suppress_tokens=tuple(settings.get("suppress_tokens", ())),
+        processors=tuple(boost_rule(*boost) for boost in call.boosts),
+        stops=tuple(ORACLE_STOPS[kind](value) for kind, value in call.stops),
+    )
+
+
+def num_beams(call: Call) -> int:
+    return call.settings.get("num_beams", 4)
+
+
+def returned(call: Call) -> int:
+    return call.settings.get("num_return_sequences", 1)
+
+
+def as_dict(call: Call) -> bool:
+    return call.settings.get("return_dict_in_generate", False)
+
+
+def sequences_of(output) -> torch.Tensor:
+    return output if isinstance(output, torch.Tensor) else output.sequences
+
+
+def ended(call: Call, sentence: int, new_tokens: list[int]) -> bool:
+    """Whether a sentence's generated tokens end with its last one: an end token or a stopping criterion's."""
+    prompt = prompts(call)[sentence]
+    tokens = [*prompt, *new_tokens]
+    return tokens[-1] in end_tokens(call) or any(stop(tokens, len(prompt)) for stop in rules(call, sentence).stops)
+
+
+def generated(call: Call, output, row: int) -> list[int]:
+    """A returned row's tokens after the prompt, up to its end."""
+    sentence = row // returned(call)
+    sequence = sequences_of(output)[row, width(call) :].tolist()
+    for length in range(1, len(sequence) + 1):
+        if ended(call, sentence, sequence[:length]):
+            return sequence[:length]
+    return sequence
+
+
+# --- The properties. ---
+
+TOLERANCE = {"atol": 1e-5, "rtol": 1e-5}
+
+
+def check_refusal(call: Call, ours: Outcome) -> None:
+    """A call the paper's methods do not decode is refused before any work: as transformers' own methods refuse it,
+    or in one sentence of its own."""
+    message = f"{type(ours.error).__name__}: {ours.error}"
+    assert ours.encoder_runs == 0, f"failed after the encoder ran: {message}"
+    theirs = run(call, paper_decoding=False)
+    if type(theirs.error) is type(ours.error) and str(theirs.error) == str(ours.error):
+        return
+    assert isinstance(ours.error, ValueError), message
+    assert re.fullmatch(r"[^\n]+\.", str(ours.error)) and not re.search(r"\. [A-Z]", str(ours.error)), message
+
+
+def check_oracle(call: Call, output) -> None:
+    """The tokens of the definition (decoding_oracle.py), and its scores to float32 rounding; the batch as long as
+    its longest sequence."""
+    model = model_for(call.model)
+    k, longest = num_beams(call), 0
+    for sentence, (source, prompt) in enumerate(zip(call.sources, prompts(call))):
+        sentence_rules = rules(call, sentence)
+        if k == 1:
+            expected = greedy(model, list(source), prompt, sentence_rules)
+            new = expected.tokens[len(prompt) :]
+            assert generated(call, output, sentence) == new, f"sentence {sentence}"
+            after_end = sequences_of(output)[sentence, width(call) + len(new) :]
+            assert set(after_end.tolist()) <= {pads_with(call)}, f"sentence {sentence}"
+            if as_dict(call) and call.settings.get("output_scores"):
+                steps = torch.stack([step[sentence] for step in output.scores[: len(new)]])
+                torch.testing.assert_close(steps, torch.stack(expected.scores), **TOLERANCE)
+            longest = max(longest, len(new))
+            continue
+        expected = gnmt_beam_search(
+            model, list(source), prompt, sentence_rules, k, call.settings.get("length_penalty", 0.6), returned(call)
+        )
+        for rank, (tokens, score) in enumerate(expected):
+            row = sentence * returned(call) + rank
+            assert generated(call, output, row) == tokens[len(prompt) :], f"sentence {sentence}, hypothesis {rank}"
+            if as_dict(call) and call.settings.get("output_scores"):
+                assert output.sequences_scores[row].item() == pytest.approx(score, abs=1e-5)
+            longest = max(longest, len(tokens) - len(prompt))
+        for rank in range(len(expected), returned(call)):  # fewer finished than asked for: padding, scored -inf
+            row = sentence * returned(call) + rank
+            assert set(sequences_of(output)[row, width(call) :].tolist()) <= {pads_with(call)}
+            if as_dict(call) and call.settings.get("output_scores"):
+                assert output.sequences_scores[row].item() == -math.inf
+    assert sequences_of(output).shape[1] == width(call) + longest
+
+
+def effective_new_tokens(call: Call, sentence: int) -> int:
+    """The most new tokens the sentence may have in this call: the batch's, or fewer under its own limit."""
+    limit = paper_limit(call, sentence)
+    own = math.inf if limit is None else max(limit + 1 - len(prompts(call)[sentence]), 1)
+    return min(batch_new_tokens(call), own)
+
+
+def comparable_alone(call: Call, sentence: int) -> bool:
+    """Whether the sentence decodes alone as in the batch by the documentation: the same most new tokens, and no
+    argument that transformers defines over the padded prompt (min_length, and n-grams, which read its padding)."""
+    alone = call.alone(sentence)
+    if effective_new_tokens(call, sentence) != effective_new_tokens(alone, 0):
+        return False
+    uneven_prompts = len({len(prompt) for prompt in prompts(call)}) > 1
+    return not (uneven_prompts and ({"min_length", "no_repeat_ngram_size"} & call.settings.keys()))
+
+
+def check_alone(call: Call, output) -> None:
+    """Each sentence alone gives what it gives in the batch: tokens, scores, logits, beam indices."""
+    k, n = num_beams(call), returned(call)
+    for sentence in range(len(call.sources)):
+        if len(call.sources) == 1 or not comparable_alone(call, sentence):
+            continue
+        alone = run(call.alone(sentence))
+        assert alone.error is None, alone.error
+        for rank in range(n):
+            assert generated(call, output, sentence * n + rank) == generated(call.alone(sentence), alone.output, rank)
+        if not as_dict(call):
+            continue
+        rows = slice(sentence * n, (sentence + 1) * n)
+        if getattr(output, "sequences_scores", None) is not None:
+            torch.testing.assert_close(output.sequences_scores[rows], alone.output.sequences_scores, **TOLERANCE)
+        step_rows = slice(sentence * k, (sentence + 1) * k)
+        for name in ("scores", "logits"):
+            steps = getattr(alone.output, name)
+            if steps is not None:
+                batch_steps = torch.stack([step[step_rows] for step in getattr(output, name)[: len(steps)]])
+                torch.testing.assert_close(batch_steps, torch.stack(steps), **TOLERANCE)
+        if k > 1 and output.beam_indices is not None:
+            alone_indices = alone.output.beam_indices
+            batch_indices = output.beam_indices[rows, : alone_indices.shape[1]]
+            assert torch.equal(torch.where(batch_indices >= 0, batch_indices - sentence * k, -1), alone_indices)
+
+
+RECORDED = ("scores", "logits", "sequences_scores", "beam_indices", "decoder_attentions", "cross_attentions")
+
+
+def check_transformers(call: Call, ours) -> None:
+    """Greedy search given a limit is transformers' own search: the same output. Beam search differs from
+    transformers' in its penalty and its finished hypotheses: the same fields of the same shapes, and scores that
+    add up to `sequences_scores` under the GNMT penalty as transformers' add up under theirs."""
+    theirs = run(call, paper_decoding=False)
+    assert theirs.error is None, theirs.error
+    theirs = theirs.output
+    if not as_dict(call):
+        if num_beams(call) == 1 and paper_limit(call, 0) is None:
+            assert torch.equal(ours, theirs)
+        return
+    for name in (*RECORDED, "encoder_attentions", "encoder_hidden_states", "decoder_hidden_states", "cache"):
+        assert (getattr(ours, name, None) is None) == (getattr(theirs, name, None) is None), name
+    if ours.cache is not None:
+        assert type(ours.cache.self_attention_cache) is type(theirs.cache.self_attention_cache)
+    if num_beams(call) == 1:
+        if paper_limit(call, 0) is None:
+            assert torch.equal(ours.sequences, theirs.sequences)
+            for name in ("scores", "logits"):
+                if getattr(ours, name) is not None:
+                    torch.testing.assert_close(torch.stack(getattr(ours, name)), torch.stack(getattr(theirs, name)))
+        return
+    assert ours.sequences.shape[0] == theirs.sequences.shape[0]
+    for name in ("scores", "logits"):
+        for step in getattr(ours, name) or ():
+            assert step.shape == getattr(theirs, name)[0].shape
+    if ours.scores is not None:
+        transitions = model_for(call.model).compute_transition_scores(ours.sequences, ours.scores, ours.beam_indices)
+        lengths = (ours.beam_indices >= 0).sum(1)
+        penalty = ((5 + lengths) / 6) ** call.settings.get("length_penalty", 0.6)
+        torch.testing.assert_close(transitions.sum(1) / penalty, ours.sequences_scores, **TOLERANCE)
+
+
+def check_call(call: Call) -> None:
+    ours = run(call)
+    if ours.error is not None:
+        check_refusal(call, ours)
+        return
+    output = ours.output
+    assert sequences_of(output).shape[0] == len(call.sources) * returned(call)
+    check_oracle(call, output)
+    check_alone(call, output)
+    check_transformers(call, output)
+
+
+# --- The calls drawn. ---
+
+
+words = st.integers(FIRST_WORD, SMALL_VOCAB_SIZE - 1)
+
+
+@st.composite
+def calls(draw) -> Call:
+    model = ModelSpec(
+        pad_token_id=draw(st.sampled_from([PAD, None])),
+        max_positions=draw(st.sampled_from([128, 40])),
+        attention=draw(st.sampled_from(["sdpa", "eager"])),
+    )
+    sources = draw(st.lists(st.lists(words, max_size=7).map(lambda s: (*s, EOS)), min_size=1, max_size=3))
+    even = len(set(map(len, sources))) == 1
+    # The encoder attends to what its attention mask leaves, padding included (transformers makes no mask for an
+    # encoder-decoder): sources of different lengths come with theirs.
+    source_mask = draw(st.booleans()) if even else True
+    prefix_kind = draw(st.sampled_from([None, "padded", "even"]))
+    prefixes, prompt_mask = None, False
+    if prefix_kind == "padded":
+        prefixes, prompt_mask = tuple(draw(st.lists(words, max_size=4).map(tuple)) for _ in sources), True
+    elif prefix_kind == "even":
+        length = draw(st.integers(0, 4))
+        prefixes = tuple(draw(st.lists(words, min_size=length, max_size=length).map(tuple)) for _ in sources)
+
+    k = draw(st.sampled_from([4, 1, 2]))
+    options = {"num_beams": k}
+    if k > 1:
+        options["num_return_sequences"] = draw(st.integers(1, k))
+        options["length_penalty"] = draw(st.sampled_from([0.6, 0.0, 1.0, -0.5]))
+    limit = draw(st.sampled_from([None, "max_new_tokens", "max_length"]))
+    prompt_width = 1 + max(map(len, prefixes or [()]))
+    if limit == "max_new_tokens":
+        options["max_new_tokens"] = draw(st.integers(1, 12))
+    elif limit == "max_length":
+        options["max_length"] = prompt_width + draw(st.integers(1, 12))
+    optional = {
+        "min_new_tokens": st.sampled_from([1, 2, 4, 60]),
+        "min_length": st.sampled_from([2, 4, 6, 60]),
+        "eos_token_id": st.sampled_from([5, [EOS, 5], [5, EOS]]),
+        "bad_words_ids": st.lists(st.lists(words, min_size=1, max_size=2), min_size=1, max_size=2),
+        "repetition_penalty": st.sampled_from([1.5, 0.7]),
+        "no_repeat_ngram_size": st.integers(2, 3),
+        "use_cache": st.just(False),
+        "cache_implementation": st.just("static"),
+        "pad_token_id": st.just(None),
+        "early_stopping": st.sampled_from([True, "never"]),
+        "suppress_tokens": st.sampled_from([[EOS], [9, 10]]),
+    }
+    for name in draw(st.lists(st.sampled_from(sorted(optional)), unique=True, max_size=3)):
+        options[name] = draw(optional[name])
+    recorded = draw(st.lists(st.sampled_from(["output_scores", "output_logits", "output_attentions",
+                                              "output_hidden_states"]), unique=True))  # fmt: skip
+    if recorded or draw(st.booleans()):
+        options.update(return_dict_in_generate=True, **dict.fromkeys(recorded, True))
+    boosts = tuple(draw(st.lists(st.tuples(st.sampled_from([EOS, 5, 9]), st.sampled_from([2.0, -3.0])), max_size=1)))
+    stops = tuple(draw(st.lists(st.one_of(st.tuples(st.just("stop at"), words),
+                                          st.tuples(st.just("budget"), st.integers(1, 8))), max_size=1)))  # fmt: skip
+    return Call(
+        sources=tuple(sources),
+        model=model,
+        padding_side=draw(st.sampled_from(["right", "left"])),
+        source_mask=source_mask,
+        prefixes=prefixes,
+        prompt_mask=prompt_mask,
+        options=tuple(sorted(options.items())),
+        boosts=boosts,
+        stops=stops,
+    )
+
+
+PROFILE = {"deadline": None, "suppress_health_check": [HealthCheck.too_slow, HealthCheck.data_too_large]}
+
+
+@settings(max_examples=12, derandomize=True, **PROFILE)
+@given(call=calls())
+# A model without a padding token decodes by default, with or without an attention mask, greedy and beam.
+@example(call=Call(sources=((5, 6, 2), (7, 2)), model=ModelSpec(pad_token_id=None), options=(("num_beams", 1),)))
+@example(call=Call(sources=((5, 6, 2), (7, 2)), model=ModelSpec(pad_token_id=None)))
+# A stopping criterion that keeps state per row, once a sentence has ended.
+@example(call=Call(sources=((5, 6, 7, 2), (8, 2), (9, 10, 2)), stops=(("budget", 6),), options=(("num_beams", 1),)))
+@example(call=Call(sources=((5, 6, 7, 2), (8, 2), (9, 10, 2)), stops=(("budget", 6),)))
+# A forced prefix and the positions the default limit leaves.
+@example(
+    call=Call(
+        sources=((9, 6, 23, 19, 14, 14, 12, 2),),
+        model=ModelSpec(max_positions=40),
+        prefixes=((13, 22, 11, 9),),
+        options=(("num_beams", 1),),
+        boosts=((EOS, -30.0),),
+    )
+)
+# An end token given to generate() is the one the paper's limit ends a sentence with.
+@example(call=Call(sources=((9, 6, 23, 2), (22, 2)), options=(("eos_token_id", 5), ("num_beams", 1))))
+@example(call=Call(sources=((9, 6, 23, 2), (22, 2)), options=(("eos_token_id", 5),)))
+# Prefixes of different lengths: the limit counts each sentence's own prompt, not its left padding.
+@example(
+    call=Call(
+        sources=((9, 6, 2), (22, 2)),
+        prefixes=((13, 22, 11), ()),
+        prompt_mask=True,
+        options=(("num_beams", 1),),
+        boosts=((EOS, -30.0),),
+    )
+)
+@example(
+    call=Call(sources=((9, 6, 2), (22, 2)), prefixes=((13, 22, 11), ()), prompt_mask=True, boosts=((EOS, -30.0),))
+)
+# min_new_tokens takes min_length's place where both are given.
+@example(call=Call(sources=((2,),), options=(("min_length", 4), ("min_new_tokens", 1), ("num_beams", 1))))
+# A logits processor that lifts </s> above 0: no bound on what a live hypothesis may still score.
+@example(call=Call(sources=((9, 6, 23, 6, 14, 14, 12, 2),), model=ModelSpec(max_positions=40), boosts=((EOS, 2.0),)))
+# A model without a padding token: its sources' lengths, and what follows a sentence's end.
+@example(
+    call=Call(sources=((2,),), model=ModelSpec(pad_token_id=None), source_mask=False, options=(("num_beams", 1),))
+)
+def test_generate_keeps_its_promises_for_any_arguments(call):
+    check_call(call)
+
+
+@pytest.mark.slow
+@settings(max_examples=2000, **PROFILE)
+@given(call=calls())
+def test_generate_keeps_its_promises_for_thousands_of_drawn_arguments(call):
+    check_call(call)
