@@ -4,10 +4,10 @@
                                   [--samples 200] [--batch_size 32] [--threads 2] [--rounds 2]
                                   [--output_dir docs/benchmarks]
 
-Writes `decoding_cpu.{json,md}` in --output_dir: the time of vaswani's
-three decodings in float32, two in int8 and two in bfloat16, `MarianMTModel` holding the same weights, CTranslate2 float32 and int8
-and ONNX Runtime where installed, on the first --samples test sentences; how many translations equal the default
-decoding's, their BLEU and chrF. How it measures: docs/benchmarks/README.md.
+Writes `decoding_cpu.{json,md}` in --output_dir: the time of vaswani's three decodings in float32, two in int8 and
+two in bfloat16, `MarianMTModel` holding the same weights, CTranslate2 float32 and int8 and ONNX Runtime where
+installed, on the first --samples test sentences; how many translations equal the default decoding's, their BLEU and
+chrF. How it measures: docs/benchmarks/README.md.
 """
 
 import argparse
