@@ -110,6 +110,18 @@ def test_batch_size_at_construction_or_in_the_call_gives_translate_s_answers(tmp
     assert called(SENTENCES, batch_size=3, prefix=prefixes, return_scores=True, **options) == expected
 
 
+def test_dtype_at_construction_decodes_in_half_precision_as_the_model_loaded_in_it(tmp_path):
+    """`pipeline(..., dtype=torch.bfloat16)`, as decoding.md gives it: the weights in bfloat16, and the translations of
+    the model loaded in bfloat16."""
+    saved_model(tmp_path / "model")
+    folder = str(tmp_path / "model")
+    translate = pipeline("translation", model=folder, pipeline_class=VaswaniTranslationPipeline, dtype=torch.bfloat16)
+    assert translate.model.dtype == torch.bfloat16
+    model = VaswaniForConditionalGeneration.from_pretrained(folder, dtype=torch.bfloat16).eval()
+    expected = VaswaniTranslationPipeline(model=model, tokenizer=translate.tokenizer)(SENTENCES, **OPTIONS)
+    assert translate(SENTENCES, **OPTIONS) == expected
+
+
 REMOTE_PIPELINE = """
 import json, sys
 from transformers import pipeline
