@@ -447,8 +447,18 @@ def check_transformers(call: Call, ours) -> None:
         torch.testing.assert_close(transitions.sum(1) / penalty, ours.sequences_scores, **TOLERANCE)
 
 
+def undefined(call: Call) -> str | None:
+    """An argument the definition gives no meaning to, which the paper's methods must refuse, not ignore:
+    transformers' `early_stopping=True` ends a beam search at its first num_beams finished hypotheses, where the paper's
+    ends once none can change the result (`"never"`, which it honours)."""
+    if num_beams(call) > 1 and call.settings.get("early_stopping") is True:
+        return "early_stopping=True"
+    return None
+
+
 def check_call(call: Call) -> None:
     ours = run(call)
+    assert ours.error is not None or undefined(call) is None, f"{undefined(call)} was ignored"
     if ours.error is not None:
         check_refusal(call, ours)
         return
@@ -577,8 +587,29 @@ PROFILE = {"deadline": None, "suppress_health_check": [HealthCheck.too_slow, Hea
 @example(
     call=Call(sources=((2,),), model=ModelSpec(pad_token_id=None), source_mask=False, options=(("num_beams", 1),))
 )
+# A forced prefix counts in the positions a limit given to generate() needs: refused before any work.
+@example(
+    call=Call(
+        sources=((9, 6, 2),),
+        model=ModelSpec(max_positions=40),
+        prefixes=((13, 22, 11),),
+        options=(("max_new_tokens", 38), ("num_beams", 1)),
+        boosts=((EOS, -30.0),),
+    )
+)
+# early_stopping=True, which the paper's beam search has no meaning for, is refused.
+@example(call=Call(sources=((9, 6, 2),), options=(("early_stopping", True),)))
 # A model without an end token: hypotheses end at the batch's limit, or where a criterion ends them (then filled with
-# -1, as transformers' beam search fills them); large scores held to a relative tolerance.
+# -1, as transformers' beam search fills them; greedy rows go on taking their best token, as transformers' do); large
+# scores held to a relative tolerance.
+@example(
+    call=Call(
+        sources=((9, 6, 23, 2), (22, 2)),
+        model=ModelSpec(eos_token_id=None),
+        options=(("num_beams", 1),),
+        stops=(("stop at", 6),),
+    )
+)
 @example(
     call=Call(
         sources=((2,), (6, 7, 5, 2)),
