@@ -22,7 +22,7 @@ class DecodingArguments:
     device: str | None = field(default=None, metadata={"help": "cpu, cuda, ...; default: cuda if available"})
     dtype: Literal["float32", "bfloat16", "float16"] = field(
         default="float32",
-        metadata={"help": "the weights' type while decoding; on a GPU, bfloat16 decodes faster to the same BLEU"},
+        metadata={"help": "the weights' type while decoding (docs/decoding.md: bfloat16's speed and BLEU)"},
     )
     int8: bool = field(
         default=False,

@@ -738,26 +738,26 @@ def gnmt_beam_search(
 @dataclass
 class GreedyRows:
     """The rows greedy search decodes: `active`, their indices in the batch, their `sequences` and which of them are
-    `unfinished`; `results`, where rows leave, the sequences of every row, written as each leaves (padded as
-    transformers pads)."""
+    `unfinished`; `fill`, what a row takes after its end (`greedy_filler`); `results`, where rows leave, the
+    sequences of every row, written as each leaves."""
 
     active: torch.Tensor
     sequences: torch.Tensor
     unfinished: torch.Tensor
+    fill: int | None
     results: torch.Tensor | None
 
     @classmethod
-    def start(cls, input_ids: torch.Tensor, max_length: int, leaving_fill: int | None) -> "GreedyRows":
-        """Every row, its prompt; room for the rows that leave where `leaving_fill` pads them."""
+    def start(cls, input_ids: torch.Tensor, max_length: int, fill: int | None, rows_leave: bool) -> "GreedyRows":
+        """Every row, its prompt; room for the rows that leave, where they do."""
         rows, device = input_ids.shape[0], input_ids.device
-        results = None if leaving_fill is None else input_ids.new_full((rows, max_length), leaving_fill)
-        return cls(
-            torch.arange(rows, device=device), input_ids, torch.ones(rows, dtype=torch.bool, device=device), results
-        )
+        results = input_ids.new_full((rows, max_length), fill) if rows_leave else None
+        unfinished = torch.ones(rows, dtype=torch.bool, device=device)
+        return cls(torch.arange(rows, device=device), input_ids, unfinished, fill, results)
 
-    def append(self, tokens: torch.Tensor, fill: int | None) -> None:
+    def append(self, tokens: torch.Tensor) -> None:
         """Each row's next token; after a row's end `fill`, where it has one (else its token all the same)."""
-        tokens = tokens if fill is None else torch.where(self.unfinished, tokens, fill)
+        tokens = tokens if self.fill is None else torch.where(self.unfinished, tokens, self.fill)
         self.sequences = torch.cat((self.sequences, tokens[:, None]), dim=-1)
 
     def leave(self) -> torch.Tensor:
@@ -804,7 +804,7 @@ def greedy_search(
     can_drop &= sentences_can_leave(model, model_kwargs, logits_processor, stopping_criteria, synced_gpus, recorded, 1)
     if can_drop:
         share_encoder_output(model_kwargs, 1)
-    batch = GreedyRows.start(input_ids, generation_config.max_length, fill if can_drop else None)
+    batch = GreedyRows.start(input_ids, generation_config.max_length, fill, rows_leave=can_drop)
     step_scores = ()
 
     this_peer_finished = False
@@ -827,7 +827,7 @@ def greedy_search(
         scores = logits_processor(batch.sequences, logits)
         if return_scores:
             step_scores += (scores,)
-        batch.append(scores.argmax(dim=-1), fill)
+        batch.append(scores.argmax(dim=-1))
         batch.unfinished &= ~stopping_criteria(batch.sequences, step_scores or None)
         if not can_drop:
             this_peer_finished = not bool(batch.unfinished.any())
