@@ -74,7 +74,7 @@ class SourceLengthLimit(LogitsProcessor):
     out. The model's own log-probability of `</s>` is kept, so a forced ending is scored like any other.
     """
 
-    def __init__(self, limits: torch.Tensor, eos_token_id: int):
+    def __init__(self, limits: torch.Tensor, eos_token_id: int | list[int]):
         self.limits = limits
         self.eos_token_id = eos_token_id
         # Read once here, so that the steps before any sentence's limit ask the device nothing.
@@ -87,8 +87,47 @@ class SourceLengthLimit(LogitsProcessor):
         limits = self.limits.to(input_ids.device).repeat_interleave(input_ids.shape[0] // self.limits.shape[0])
         at_limit = limits <= input_ids.shape[1]
         forced = torch.full_like(scores, -float("inf"))
-        forced[:, self.eos_token_id] = scores[:, self.eos_token_id]
+        forced[:, self.eos_token_id] = self.forced_scores(scores)
         return torch.where(at_limit[:, None], forced, scores)
+
+    def forced_scores(self, scores: torch.FloatTensor) -> torch.FloatTensor:
+        """What the forced end tokens score: the model's log-probability."""
+        return scores[:, self.eos_token_id]
+
+    def rows(self, sentences: torch.Tensor) -> "SourceLengthLimit":
+        """The same limit for the sentences kept (their positions in the batch searched)."""
+        return type(self)(self.limits[sentences], self.eos_token_id)
+
+
+class ForcedEOSAtSourceLimit(SourceLengthLimit):
+    """`forced_eos_token_id` where each sentence has its own limit: transformers' `ForcedEOSTokenLogitsProcessor`
+    forces its tokens, scored 0, at the last position the batch's `max_length` leaves; here at each sentence's own
+    last position (its `SourceLengthLimit`, or the batch's where that comes first), so that a sentence decodes in a
+    batch as it decodes alone."""
+
+    def forced_scores(self, scores: torch.FloatTensor) -> torch.FloatTensor:
+        return torch.zeros_like(scores[:, self.eos_token_id])
+
+
+def per_sentence_processors(logits_processor: LogitsProcessorList) -> LogitsProcessorList:
+    """The processors `generate()` built, read with the paper's limit as each sentence's own `max_length`.
+
+    transformers' `forced_eos_token_id` then forces its tokens at each sentence's limit (`ForcedEOSAtSourceLimit`),
+    and the limit comes last, after `renormalize_logits`' normalisation (which `generate()` appends after the caller's
+    processors): a forced end keeps the log-probability the other processors left it, as the sentence's other tokens
+    do, rather than the 0 that renormalising a single token gives."""
+    limit = next((processor for processor in logits_processor if type(processor) is SourceLengthLimit), None)
+    if limit is None:
+        return logits_processor
+    processors = LogitsProcessorList()
+    for processor in logits_processor:
+        if isinstance(processor, transformers.ForcedEOSTokenLogitsProcessor):
+            last = torch.clamp(limit.limits, max=processor.max_length - 1)
+            processor = ForcedEOSAtSourceLimit(last, processor.eos_token_id.tolist())
+        if processor is not limit:
+            processors.append(processor)
+    processors.append(limit)
+    return processors
 
 
 def end_tokens(generation_config) -> list[int]:
@@ -144,18 +183,19 @@ class DefaultLimit:
     per_sentence: SourceLengthLimit | None
 
 
-def section_6_1_limit(source_lengths, padded_length, prompt, generation_config, paper_decoding, config, synced_gpus):
+def section_6_1_limit(source_lengths, prompt, generation_config, paper_decoding, config, synced_gpus):
     """Section 6.1's "maximum output length [of] input length + 50", where no other limit is given.
 
     With the paper's decoding and an end token to close a sentence with, each sentence's own: its unpadded source
     length + 50 tokens after the start token, a forced prefix included (`SourceLengthLimit`, forcing the first end
-    token `generate()` was given); otherwise the padded batch's, as transformers' methods decode. Either way no more
+    token `generate()` was given); otherwise the batch's longest source's, for every sentence, as transformers' methods
+    decode. A source's length is what its attention mask leaves, whatever form the source came in. Either way no more
     new tokens than the positions the padded prompt leaves; under `synced_gpus` the most of every process, so that
     all of them make the same steps and size their buffers (a static cache) alike.
     """
     eos_token_id = next(iter(end_tokens(generation_config)), None)
     per_sentence = paper_decoding and eos_token_id is not None
-    longest, width = int(source_lengths.max()) if per_sentence else padded_length, prompt.width
+    longest, width = int(source_lengths.max()), prompt.width
     if synced_gpus:
         most = torch.tensor([longest, width], device=source_lengths.device)
         distributed.all_reduce(most, op=distributed.ReduceOp.MAX)
@@ -330,7 +370,7 @@ def sentences_can_leave(
     """Whether a finished sentence may leave the search, as CTranslate2 drops it: the model, the length limit and the
     search's own tensors then hold the sentences still searched. The batch stays whole where that cannot be: a static
     cache keeps its shape (one compiled graph), sharded models (synced_gpus) run every step on every process, the
-    per-step attentions and hidden states are returned for every row, and logits processors other than the length
+    per-step logits, attentions and hidden states are returned for every row, and logits processors other than the length
     limit and stopping criteria other than transformers' row-by-row ones may count on the batch's rows (a finished
     sentence then gets no continuation: its log-probabilities are -inf). Where sentences leave, their hypotheses
     share one encoder output (`share_encoder_output`), which FlashAttention would take, a sentence's hypotheses being
@@ -341,6 +381,7 @@ def sentences_can_leave(
         or (cache is not None and cache.is_compileable)
         or recorded["decoder_attentions"] is not None
         or recorded["decoder_hidden_states"] is not None
+        or recorded["logits"] is not None
         or any(not isinstance(processor, SourceLengthLimit) for processor in logits_processor)
         or any(not isinstance(criterion, ROW_BY_ROW_CRITERIA) for criterion in stopping_criteria)
         or (num_beams > 1 and is_flash_attention_requested(model.config))
@@ -349,9 +390,7 @@ def sentences_can_leave(
 
 def rows_kept(logits_processor, rows: torch.Tensor) -> LogitsProcessorList:
     """The length limits (`sentences_can_leave`: the only processors where sentences leave) of the rows kept."""
-    return LogitsProcessorList(
-        SourceLengthLimit(processor.limits[rows], processor.eos_token_id) for processor in logits_processor
-    )
+    return LogitsProcessorList(processor.rows(rows) for processor in logits_processor)
 
 
 def decoding_step(model, model_kwargs, generation_config):
@@ -471,16 +510,25 @@ class BeamSearchState:
 
     def settle_finished(self, candidates: Candidates, ends: torch.Tensor, length: int, alpha: float):
         """The candidates that end (`ends`) join the finished hypotheses with their score divided by the GNMT length
-        penalty lp(|Y|) (Wu et al., 2016), and the k best finished ones are kept."""
+        penalty lp(|Y|) (Wu et al., 2016), and the k best finished ones are kept: fewer where fewer have finished, the
+        other slots padding, scored -inf."""
         num_beams, max_length = self.finished.shape[1:]
         padding = max_length - candidates.sequences.shape[2]
         penalised = (candidates.scores / gnmt_length_penalty(length, alpha)).masked_fill(~ends, -float("inf"))
         padded = torch.nn.functional.pad(candidates.sequences, (0, padding), value=self.fill)
         padded_beams = torch.nn.functional.pad(candidates.beams, (0, padding), value=-1)
         self.finished_scores, keep = torch.cat((self.finished_scores, penalised), 1).topk(num_beams, dim=1)
-        self.finished = torch.cat((self.finished, padded), 1).gather(1, keep[:, :, None].expand(-1, -1, max_length))
-        self.finished_beams = torch.cat((self.finished_beams, padded_beams), 1).gather(
-            1, keep[:, :, None].expand(-1, -1, self.finished_beams.shape[2])
+        # A slot no hypothesis has finished in (-inf) holds padding, whichever -inf candidate the top-k tie put there.
+        empty = (self.finished_scores == -float("inf"))[:, :, None]
+        self.finished = (
+            torch.cat((self.finished, padded), 1)
+            .gather(1, keep[:, :, None].expand(-1, -1, max_length))
+            .masked_fill(empty, self.fill)
+        )
+        self.finished_beams = (
+            torch.cat((self.finished_beams, padded_beams), 1)
+            .gather(1, keep[:, :, None].expand(-1, -1, self.finished_beams.shape[2]))
+            .masked_fill(empty, -1)
         )
 
     def keep_live(self, candidates: Candidates, ends: torch.Tensor) -> torch.Tensor:
@@ -594,12 +642,13 @@ SCORE_LOWERING_PROCESSORS = (
 )
 
 
-def record_step(recorded: dict, outputs, logits: torch.Tensor, finished_rows, state: BeamSearchState) -> None:
-    """Records what `step_records` asks for of a step: the logits of every row (-inf for a sentence finished or
-    gone), the decoder's attentions and hidden states (of every row: the batch stays whole where they are asked for)."""
+def record_step(recorded: dict, outputs, logits: torch.Tensor) -> None:
+    """Records what `step_records` asks for of a step, for every row (the batch stays whole where they are asked for),
+    as transformers' beam search records them: the model's logits, the decoder's attentions and hidden states. A
+    finished sentence's rows go on being decoded (scored -inf, as no continuation of theirs counts); their logits are
+    the model's for what they hold."""
     if recorded["logits"] is not None:
-        step = logits.clone() if finished_rows is None else logits.masked_fill(finished_rows, -float("inf"))
-        recorded["logits"] += (state.whole_batch(step),)
+        recorded["logits"] += (logits.clone(),)
     for name in ("decoder_attentions", "cross_attentions", "decoder_hidden_states"):
         if recorded[name] is not None:
             recorded[name] += (getattr(outputs, name),)
@@ -668,6 +717,7 @@ def gnmt_beam_search(
     num_return = generation_config.num_return_sequences or 1
     alpha = generation_config.length_penalty
     recorded = step_records(generation_config)
+    logits_processor = per_sentence_processors(logits_processor)
     prompt_length, device = input_ids.shape[1], input_ids.device
     compiled_step = decoding_step(model, model_kwargs, generation_config)
     can_drop = sentences_can_leave(
@@ -695,7 +745,7 @@ def gnmt_beam_search(
         logits = outputs.logits[:, -1, :].float()
         # A finished sentence kept in the batch has no continuation, as one that left it has none.
         finished_rows = None if can_drop else done.repeat_interleave(num_beams)[:, None]
-        record_step(recorded, outputs, logits, finished_rows, state)
+        record_step(recorded, outputs, logits)
         del outputs
         log_probs = logits_processor(flat_live, torch.log_softmax(logits, dim=-1))
         if finished_rows is not None:
@@ -797,6 +847,7 @@ def greedy_search(
     continues from it). With `synced_gpus`, as the paper's beam search.
     """
     recorded = step_records(generation_config)
+    logits_processor = per_sentence_processors(logits_processor)
     return_scores = generation_config.return_dict_in_generate and generation_config.output_scores
     device, fill = input_ids.device, greedy_filler(generation_config, stopping_criteria)
     # Per-step scores and logits are returned for every row, as transformers' greedy search returns them.

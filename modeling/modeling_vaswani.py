@@ -618,12 +618,8 @@ class VaswaniModel(VaswaniPreTrainedModel):
             encoder_outputs = self.encoder(
                 input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds, **kwargs
             )
-        elif not isinstance(encoder_outputs, BaseModelOutput):
-            encoder_outputs = BaseModelOutput(
-                last_hidden_state=encoder_outputs[0],
-                hidden_states=encoder_outputs[1] if len(encoder_outputs) > 1 else None,
-                attentions=encoder_outputs[2] if len(encoder_outputs) > 2 else None,
-            )
+        else:
+            encoder_outputs = as_encoder_output(encoder_outputs)
         decoder_outputs = self.decoder(
             input_ids=decoder_input_ids,
             attention_mask=decoder_attention_mask,
@@ -645,6 +641,20 @@ class VaswaniModel(VaswaniPreTrainedModel):
             encoder_hidden_states=encoder_outputs.hidden_states,
             encoder_attentions=encoder_outputs.attentions,
         )
+
+
+def as_encoder_output(encoder_outputs: BaseModelOutput | tuple | dict) -> BaseModelOutput:
+    """The encoder's output in any form transformers' models take it: a `BaseModelOutput`, a tuple (the last hidden
+    state, then the hidden states and attentions) or a dict of those fields."""
+    if isinstance(encoder_outputs, BaseModelOutput):
+        return encoder_outputs
+    if isinstance(encoder_outputs, dict):
+        return BaseModelOutput(**encoder_outputs)
+    return BaseModelOutput(
+        last_hidden_state=encoder_outputs[0],
+        hidden_states=encoder_outputs[1] if len(encoder_outputs) > 1 else None,
+        attentions=encoder_outputs[2] if len(encoder_outputs) > 2 else None,
+    )
 
 
 class VaswaniLabelSmoothedCrossEntropy(torch.autograd.Function):
@@ -823,7 +833,7 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
         With `paper_decoding=True` (the default generation config's; a generate() argument or a config attribute),
         beam search scores finished hypotheses with the GNMT length penalty and each sentence stops at its own
         source length + 50 tokens (generation_vaswani.py). Otherwise `generate()` is transformers' own, and the
-        limit is the padded source length + 50 for the whole batch. A config without the attribute (saved before it
+        limit is the longest source's length + 50 for the whole batch. A config without the attribute (saved before it
         existed) decodes as transformers does, as it did when it was saved. A config's max_length that is transformers'
         default filled in with all the others (as Seq2SeqTrainer's `predict_with_generate` does to the model's, and
         `save_model` saves) is no limit: `holds_library_defaults`.
@@ -837,6 +847,11 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
         merged = copy.deepcopy(base)
         paper_decoding = kwargs.pop("paper_decoding", getattr(base, "paper_decoding", False))
         merged.update(**kwargs)
+        if kwargs.get("labels") is not None:  # else passed on to every decoding step, where they mean nothing
+            raise ValueError(
+                "generate() decodes without labels: pass them to the model's forward() for the loss, and the source "
+                "alone to generate()."
+            )
         if merged.prefill_chunk_size is not None:  # transformers' chunks take the source's mask for the decoder's
             raise ValueError(
                 "prefill_chunk_size splits a decoder-only model's long prompt; this model's decoder prompt is its start "
@@ -849,13 +864,13 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
         filled_in = base.max_length is not None and holds_library_defaults(base)
         base_max_length = None if filled_in else base.max_length
         limits = (kwargs.get("max_length"), kwargs.get("max_new_tokens"), base_max_length, base.max_new_tokens)
-        source = inputs if inputs is not None else kwargs.get("input_ids", kwargs.get("inputs_embeds"))
+        if kwargs.get("encoder_outputs") is not None:  # the decoding methods read it by its fields
+            kwargs["encoder_outputs"] = as_encoder_output(kwargs["encoder_outputs"])
+        source = self._source(inputs, kwargs)
         prompt = DecoderPrompt.of(kwargs.get("decoder_input_ids"), kwargs.get("decoder_attention_mask"), merged)
         if all(limit is None for limit in limits) and source is not None:
             source_lengths = self._source_lengths(source, kwargs.get("attention_mask"))
-            limit = section_6_1_limit(
-                source_lengths, source.shape[1], prompt, merged, paper_decoding, self.config, synced_gpus
-            )
+            limit = section_6_1_limit(source_lengths, prompt, merged, paper_decoding, self.config, synced_gpus)
             kwargs["max_new_tokens"] = limit.max_new_tokens
             if limit.per_sentence is not None:
                 kwargs["logits_processor"] = LogitsProcessorList(
@@ -950,6 +965,22 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
                 "the decoding that returned it (a beam search's holds its beams; a greedy decoding's, the sentences "
                 "still decoded at its last step: pass min_new_tokens, or decode again without the cache)."
             )
+
+    @staticmethod
+    def _source(inputs: torch.Tensor | None, kwargs: dict) -> torch.Tensor | None:
+        """The source in whichever form generate() was given it (ids, embeddings or the encoder's output), with one
+        row per sentence and one column per source position; refuses a padding mask that leaves a sentence nothing."""
+        source = inputs if inputs is not None else kwargs.get("input_ids", kwargs.get("inputs_embeds"))
+        if source is None and kwargs.get("encoder_outputs") is not None:
+            source = kwargs["encoder_outputs"].last_hidden_state
+        mask = kwargs.get("attention_mask")
+        if mask is not None and mask.dim() == 2 and on_host(mask) and not mask.any(dim=1).all():
+            empty = (~mask.any(dim=1)).nonzero().view(-1).tolist()
+            raise ValueError(
+                f"attention_mask masks every token of the source in rows {empty}: a sentence without tokens has "
+                "nothing to translate; leave it out of the batch."
+            )
+        return source
 
     def _source_lengths(self, source: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
         """Each source sentence's unpadded length, `</s>` included."""

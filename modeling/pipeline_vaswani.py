@@ -173,9 +173,9 @@ def translate_batch(
 
 
 def trimmed(input_ids, attention_mask):
-    """The batch without the padding columns no row of it needs (a subset of a padded batch)."""
-    longest = int(attention_mask.sum(dim=1).max())
-    return input_ids[:, :longest], attention_mask[:, :longest]
+    """The batch without the padding columns no row of it needs (a subset of a padded batch, padded on either side)."""
+    needed = attention_mask.bool().any(dim=0)
+    return input_ids[:, needed], attention_mask[:, needed]
 
 
 def sequence_scores(model, output, wanted: bool) -> list[float] | None:

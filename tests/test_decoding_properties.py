@@ -19,9 +19,18 @@ from decoding_oracle import Rules, gnmt_beam_search, greedy
 from helpers import FIRST_WORD, SMALL_VOCAB_SIZE, small_vocabulary_model
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
-from transformers import LogitsProcessor, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
+from transformers import (
+    CompileConfig,
+    GenerationConfig,
+    LogitsProcessor,
+    LogitsProcessorList,
+    StoppingCriteria,
+    StoppingCriteriaList,
+)
+from transformers.modeling_outputs import BaseModelOutput
 
 from vaswani import VaswaniConfig, VaswaniForConditionalGeneration
+from vaswani.modeling.modeling_vaswani import positions_of
 
 
 PAD, START, EOS = 0, 1, 2
@@ -107,12 +116,39 @@ class NewTokenBudget(StoppingCriteria):
         return input_ids.shape[1] - self.prompt_length >= self.budgets
 
 
+class Only(LogitsProcessor):
+    """Leaves `token` the only token a hypothesis may take (a constraint that can keep hypotheses from finishing)."""
+
+    def __init__(self, token: int):
+        self.token = token
+
+    def __call__(self, input_ids, scores):
+        kept = torch.full_like(scores, -math.inf)
+        kept[:, self.token] = scores[:, self.token]
+        return kept
+
+
+def shunned(row) -> list[int]:
+    """`prefix_allowed_tokens_fn`'s answer for a row: every token but one that follows from the row's last token."""
+    banned = (int(row[-1]) * 5 + 3) % SMALL_VOCAB_SIZE
+    return [token for token in range(SMALL_VOCAB_SIZE) if token != banned]
+
+
 # What each of them is to the oracle: a function of one sentence's tokens (and its scores, or its prompt's length).
 def boost_rule(token, amount):
     def rule(tokens, scores):
         scores = scores.clone()
         scores[token] += amount
         return scores
+
+    return rule
+
+
+def only_rule(token):
+    def rule(tokens, scores):
+        kept = torch.full_like(scores, -math.inf)
+        kept[token] = scores[token]
+        return kept
 
     return rule
 
@@ -131,20 +167,33 @@ STOPPING = {"stop at": StopAt, "budget": NewTokenBudget}
 class Call:
     """A batch of sources and the arguments of one generate() call.
 
-    sources: each sentence's tokens, unpadded. prefixes: each sentence's forced target prefix (after the start token),
+    sources: each sentence's tokens, unpadded. holes: for each sentence, (position, token) pairs of tokens inserted
+    into its row and masked out by its attention mask (a mask of any pattern); `silent`: a sentence whose row the mask
+    masks whole. form: how the source is given to generate(): as `input_ids`, its first argument (`inputs`),
+    `inputs_embeds`, or the encoder's output as a `BaseModelOutput`, a tuple or a dict. as_config: the options given
+    as a `generation_config` rather than as arguments. extras: model inputs generate() passes on or refuses
+    (`decoder_position_ids` as the model counts them, `decoder_inputs_embeds`, `labels`). prefixes: each sentence's forced target prefix (after the start token),
     or None for no decoder_input_ids. The batch pads sources on `padding_side`, passes their attention mask where
     `source_mask`, and left-pads the prompts with their decoder_attention_mask where `prompt_mask` (else they must be
-    of one length). boosts: (token, amount) for each `Boost`; stops: (kind, value) for each stopping criterion.
+    of one length). boosts: (token, amount) for each `Boost`; only: the token of an `Only`, if any; allowed:
+    whether `prefix_allowed_tokens_fn` is `shunned`; stops: (kind, value) for each stopping criterion.
     """
 
     sources: tuple[tuple[int, ...], ...]
     model: ModelSpec = ModelSpec()
     padding_side: str = "right"
     source_mask: bool = True
+    holes: tuple[tuple[tuple[int, int], ...], ...] = ()
+    silent: int | None = None
+    form: str = "input_ids"
+    as_config: bool = False
+    extras: tuple[str, ...] = ()
     prefixes: tuple[tuple[int, ...], ...] | None = None
     prompt_mask: bool = False
     options: tuple[tuple[str, object], ...] = ()
     boosts: tuple[tuple[int, float], ...] = ()
+    only: int | None = None
+    allowed: bool = False
     stops: tuple[tuple[str, int], ...] = ()
 
     @property
@@ -153,17 +202,35 @@ class Call:
 
     def alone(self, sentence: int) -> "Call":
         prefixes = None if self.prefixes is None else (self.prefixes[sentence],)
-        return replace(self, sources=(self.sources[sentence],), prefixes=prefixes)
+        holes = self.holes[sentence : sentence + 1] if self.holes else ()
+        return replace(self, sources=(self.sources[sentence],), prefixes=prefixes, holes=holes)
 
 
-def padded(rows, side: str, fill: int) -> tuple[torch.Tensor, torch.Tensor]:
+def padded(rows, side: str, fill: int, masks=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rows padded to one width on `side` with `fill`, and their attention mask (each row's own `masks`, else
+    ones, then zeros for the padding)."""
     width = max(map(len, rows))
+    masks = masks or [[1] * len(row) for row in rows]
     ids, mask = [], []
-    for row in rows:
+    for row, row_mask in zip(rows, masks):
         padding = [fill] * (width - len(row))
         ids.append([*row, *padding] if side == "right" else [*padding, *row])
-        mask.append([1] * len(row) + [0] * len(padding) if side == "right" else [0] * len(padding) + [1] * len(row))
+        zeros = [0] * len(padding)
+        mask.append([*row_mask, *zeros] if side == "right" else [*zeros, *row_mask])
     return torch.tensor(ids), torch.tensor(mask)
+
+
+def source_rows(call: Call) -> tuple[torch.Tensor, torch.Tensor]:
+    """The sources as the batch holds them: each sentence's tokens with its masked holes, padded on the call's side."""
+    rows, masks = [], []
+    for sentence, source in enumerate(call.sources):
+        row, mask = list(source), [1] * len(source)
+        for position, token in sorted(call.holes[sentence] if call.holes else (), reverse=True):
+            row.insert(position, token)
+            mask.insert(position, 0)
+        rows.append(row)
+        masks.append([0] * len(mask) if sentence == call.silent else mask)
+    return padded(rows, call.padding_side, PAD, masks)
 
 
 def prompts(call: Call) -> list[list[int]]:
@@ -177,19 +244,49 @@ def width(call: Call) -> int:
     return max(map(len, prompts(call)))
 
 
+def source_arguments(call: Call) -> dict:
+    """The source in the call's form, with its attention mask where the call passes one."""
+    input_ids, attention_mask = source_rows(call)
+    mask = {"attention_mask": attention_mask} if call.source_mask else {}
+    if call.form in ("input_ids", "inputs"):
+        return {call.form: input_ids, **mask}
+    encoder = model_for(call.model).model.encoder
+    with torch.no_grad():
+        if call.form == "inputs_embeds":
+            return {"inputs_embeds": encoder.embed_tokens(input_ids), **mask}
+        hidden = encoder(input_ids=input_ids, **mask).last_hidden_state
+    given = {
+        "encoder_outputs": BaseModelOutput(last_hidden_state=hidden),
+        "encoder_outputs as a tuple": (hidden,),
+        "encoder_outputs as a dict": {"last_hidden_state": hidden},
+    }[call.form]
+    return {"encoder_outputs": given, **mask}
+
+
 def arguments(call: Call) -> dict:
     """generate()'s keyword arguments for the call (new processors and criteria: some keep state)."""
-    input_ids, attention_mask = padded(call.sources, call.padding_side, PAD)
-    kwargs = {"input_ids": input_ids, **call.settings}
-    if call.source_mask:
-        kwargs["attention_mask"] = attention_mask
+    settings = {"generation_config": GenerationConfig(**call.settings)} if call.as_config else call.settings
+    kwargs = {**source_arguments(call), **settings}
     if call.prefixes is not None:
         decoder_input_ids, decoder_mask = padded(prompts(call), "left", PAD)
         kwargs["decoder_input_ids"] = decoder_input_ids
         if call.prompt_mask:
             kwargs["decoder_attention_mask"] = decoder_mask
-    if call.boosts:
-        kwargs["logits_processor"] = LogitsProcessorList(Boost(*boost) for boost in call.boosts)
+    processors = [Boost(*boost) for boost in call.boosts] + ([Only(call.only)] if call.only is not None else [])
+    if processors:
+        kwargs["logits_processor"] = LogitsProcessorList(processors)
+    if call.allowed:
+        kwargs["prefix_allowed_tokens_fn"] = lambda batch_id, row: shunned(row)
+    decoder = model_for(call.model).model.decoder
+    rows = kwargs.get("decoder_input_ids", torch.full((len(call.sources), 1), START))
+    if "decoder_position_ids" in call.extras:
+        positions = positions_of(kwargs.get("decoder_attention_mask"), rows.shape[1], 0, "cpu")
+        kwargs["decoder_position_ids"] = positions.expand(rows.shape[0], -1)
+    if "decoder_inputs_embeds" in call.extras:
+        with torch.no_grad():
+            kwargs["decoder_inputs_embeds"] = decoder.embed_tokens(rows)
+    if "labels" in call.extras:
+        kwargs["labels"] = torch.full((len(call.sources), 2), EOS)
     if call.stops:
         kwargs["stopping_criteria"] = StoppingCriteriaList(STOPPING[kind](value) for kind, value in call.stops)
     return kwargs
@@ -205,13 +302,17 @@ class Outcome:
 def run(call: Call, **overrides) -> Outcome:
     model = model_for(call.model)
     outcome = Outcome()
-    hook = model.model.encoder.register_forward_hook(lambda *_: setattr(outcome, "encoder_runs", 1))
+    hook = None
     try:
-        outcome.output = model.generate(**{**arguments(call), **overrides})
+        kwargs = {**arguments(call), **overrides}  # a GenerationConfig may refuse its settings here
+        inputs = kwargs.pop("inputs", None)
+        hook = model.model.encoder.register_forward_hook(lambda *_: setattr(outcome, "encoder_runs", 1))
+        outcome.output = model.generate(inputs, **kwargs)
     except Exception as error:  # noqa: BLE001 - what was raised is what the properties judge
         outcome.error = error
     finally:
-        hook.remove()
+        if hook is not None:
+            hook.remove()
     return outcome
 
 
@@ -219,8 +320,7 @@ def run(call: Call, **overrides) -> Outcome:
 
 
 def end_tokens(call: Call) -> tuple[int, ...]:
-    eos = call.settings.get("eos_token_id", call.model.eos_token_id)
-    return () if eos is None else tuple(eos) if isinstance(eos, list) else (eos,)
+    return as_tuple(call.settings.get("eos_token_id", call.model.eos_token_id))
 
 
 def pads_with(call: Call) -> int | None:
@@ -259,19 +359,37 @@ def min_length(call: Call, sentence: int) -> int:
     return call.settings.get("min_length", 0) - (width(call) - len(prompts(call)[sentence]))
 
 
+def as_tuple(ids) -> tuple[int, ...]:
+    return () if ids is None else tuple(ids) if isinstance(ids, list) else (ids,)
+
+
 def rules(call: Call, sentence: int) -> Rules:
     settings = call.settings
+    input_ids, _ = source_rows(call)
+    processors = tuple(boost_rule(*boost) for boost in call.boosts)
     return Rules(
         eos=end_tokens(call),
         max_new_tokens=batch_new_tokens(call),
         limit=paper_limit(call, sentence),
+        padding=width(call) - len(prompts(call)[sentence]),
+        encoder_ids=tuple(input_ids[sentence].tolist()) if call.form in ("input_ids", "inputs") else None,
         min_length=min_length(call, sentence),
         min_new_tokens=settings.get("min_new_tokens", 0),
         repetition_penalty=settings.get("repetition_penalty", 1.0),
         no_repeat_ngram_size=settings.get("no_repeat_ngram_size", 0),
         bad_words_ids=tuple(map(tuple, settings.get("bad_words_ids", ()))),
         suppress_tokens=tuple(settings.get("suppress_tokens", ())),
-        processors=tuple(boost_rule(*boost) for boost in call.boosts),
+        begin_suppress_tokens=tuple(settings.get("begin_suppress_tokens", ())),
+        forced_bos_token_id=settings.get("forced_bos_token_id"),
+        forced_eos_token_id=as_tuple(settings.get("forced_eos_token_id")),
+        sequence_bias=tuple((tuple(sequence), bias) for sequence, bias in settings.get("sequence_bias", ())),
+        encoder_repetition_penalty=settings.get("encoder_repetition_penalty", 1.0),
+        encoder_no_repeat_ngram_size=settings.get("encoder_no_repeat_ngram_size", 0),
+        exponential_decay_length_penalty=settings.get("exponential_decay_length_penalty"),
+        remove_invalid_values=settings.get("remove_invalid_values", False),
+        renormalize_logits=settings.get("renormalize_logits", False),
+        allowed=shunned if call.allowed else None,
+        processors=processors + ((only_rule(call.only),) if call.only is not None else ()),
         stops=tuple(ORACLE_STOPS[kind](value) for kind, value in call.stops),
     )
 
@@ -318,10 +436,10 @@ def check_refusal(call: Call, ours: Outcome) -> None:
     """A call the paper's methods do not decode is refused before any work: as transformers' own methods refuse it,
     or in one sentence of its own."""
     message = f"{type(ours.error).__name__}: {ours.error}"
-    assert ours.encoder_runs == 0, f"failed after the encoder ran: {message}"
     theirs = run(call, paper_decoding=False)
     if type(theirs.error) is type(ours.error) and str(theirs.error) == str(ours.error):
         return
+    assert ours.encoder_runs == 0, f"failed after the encoder ran: {message}"
     assert isinstance(ours.error, ValueError), message
     assert re.fullmatch(r"[^\n]+\.", str(ours.error)) and not re.search(r"\. [A-Z]", str(ours.error)), message
 
@@ -371,41 +489,67 @@ def effective_new_tokens(call: Call, sentence: int) -> int:
     return min(batch_new_tokens(call), own)
 
 
+# Arguments transformers defines over the padded rows: the decoder prompt's (its length, or its padding's tokens) and
+# the source's (the encoder_* processors read the source row, padding included).
+OVER_THE_PADDED_PROMPT = {"min_length", "no_repeat_ngram_size", "forced_bos_token_id", "encoder_no_repeat_ngram_size"}
+OVER_THE_PADDED_SOURCE = {"encoder_repetition_penalty", "encoder_no_repeat_ngram_size"}
+
+
 def comparable_alone(call: Call, sentence: int) -> bool:
     """Whether the sentence decodes alone as in the batch by the documentation: the same most new tokens, and no
-    argument that transformers defines over the padded prompt (min_length, and n-grams, which read its padding)."""
+    argument that transformers defines over the padded rows."""
     alone = call.alone(sentence)
     if effective_new_tokens(call, sentence) != effective_new_tokens(alone, 0):
         return False
     uneven_prompts = len({len(prompt) for prompt in prompts(call)}) > 1
-    return not (uneven_prompts and ({"min_length", "no_repeat_ngram_size"} & call.settings.keys()))
+    holes = call.holes or [()] * len(call.sources)
+    uneven_sources = len({len(source) + len(row_holes) for source, row_holes in zip(call.sources, holes)}) > 1
+    return not (
+        (uneven_prompts and OVER_THE_PADDED_PROMPT & call.settings.keys())
+        or (uneven_sources and OVER_THE_PADDED_SOURCE & call.settings.keys())
+    )
 
 
 def check_alone(call: Call, output) -> None:
-    """Each sentence alone gives what it gives in the batch: tokens, scores, logits, beam indices."""
+    """Each sentence alone gives what it gives in the batch, for the whole length the batch returns: its tokens, then
+    the padding after its end; its scores, then -inf for the steps after a beam search finished it (no continuation
+    of it counts); its logits, then the model's for what its rows hold; its beam indices, then -1."""
     k, n = num_beams(call), returned(call)
     for sentence in range(len(call.sources)):
         if len(call.sources) == 1 or not comparable_alone(call, sentence):
             continue
         alone = run(call.alone(sentence))
         assert alone.error is None, alone.error
-        for rank in range(n):
-            assert generated(call, output, sentence * n + rank) == generated(call.alone(sentence), alone.output, rank)
+        rows = slice(sentence * n, (sentence + 1) * n)
+        ours, theirs = (
+            sequences_of(output)[rows, width(call) :],
+            sequences_of(alone.output)[:, width(call.alone(sentence)) :],
+        )
+        assert torch.equal(ours[:, : theirs.shape[1]], theirs), f"sentence {sentence}"
+        if pads_with(call) is not None:
+            assert set(ours[:, theirs.shape[1] :].flatten().tolist()) <= {pads_with(call)}, f"sentence {sentence}"
         if not as_dict(call):
             continue
-        rows = slice(sentence * n, (sentence + 1) * n)
         if getattr(output, "sequences_scores", None) is not None:
             torch.testing.assert_close(output.sequences_scores[rows], alone.output.sequences_scores, **TOLERANCE)
         step_rows = slice(sentence * k, (sentence + 1) * k)
         for name in ("scores", "logits"):
             steps = getattr(alone.output, name)
-            if steps is not None:
-                batch_steps = torch.stack([step[step_rows] for step in getattr(output, name)[: len(steps)]])
-                torch.testing.assert_close(batch_steps, torch.stack(steps), **TOLERANCE)
+            if steps is None:
+                continue
+            batch_steps = [step[step_rows] for step in getattr(output, name)]
+            torch.testing.assert_close(torch.stack(batch_steps[: len(steps)]), torch.stack(steps), **TOLERANCE)
+            for later in batch_steps[len(steps) :]:
+                if name == "logits":
+                    assert torch.isfinite(later).all(), f"sentence {sentence}: logits after its end"
+                elif k > 1:
+                    assert (later == -math.inf).all(), f"sentence {sentence}: scores after its end"
         if k > 1 and output.beam_indices is not None:
             alone_indices = alone.output.beam_indices
-            batch_indices = output.beam_indices[rows, : alone_indices.shape[1]]
-            assert torch.equal(torch.where(batch_indices >= 0, batch_indices - sentence * k, -1), alone_indices)
+            batch_indices = output.beam_indices[rows]
+            shifted = torch.where(batch_indices >= 0, batch_indices - sentence * k, -1)
+            assert torch.equal(shifted[:, : alone_indices.shape[1]], alone_indices)
+            assert (shifted[:, alone_indices.shape[1] :] == -1).all()
 
 
 RECORDED = ("scores", "logits", "sequences_scores", "beam_indices", "decoder_attentions", "cross_attentions")
@@ -444,15 +588,23 @@ def check_transformers(call: Call, ours) -> None:
         transitions = model_for(call.model).compute_transition_scores(sequences, ours.scores, ours.beam_indices)
         lengths = (ours.beam_indices >= 0).sum(1)
         penalty = ((5 + lengths) / 6) ** call.settings.get("length_penalty", 0.6)
-        torch.testing.assert_close(transitions.sum(1) / penalty, ours.sequences_scores, **TOLERANCE)
+        finished = ours.sequences_scores > -math.inf  # rows no hypothesis finished in are padding (check_oracle)
+        torch.testing.assert_close(
+            (transitions.sum(1) / penalty)[finished], ours.sequences_scores[finished], **TOLERANCE
+        )
 
 
 def undefined(call: Call) -> str | None:
     """An argument the definition gives no meaning to, which the paper's methods must refuse, not ignore:
     transformers' `early_stopping=True` ends a beam search at its first num_beams finished hypotheses, where the paper's
-    ends once none can change the result (`"never"`, which it honours)."""
+    ends once none can change the result (`"never"`, which it honours); a source the attention mask masks whole has
+    no token to translate."""
     if num_beams(call) > 1 and call.settings.get("early_stopping") is True:
         return "early_stopping=True"
+    if call.silent is not None and call.source_mask:
+        return "a source row masked whole"
+    if "labels" in call.extras:
+        return "labels"
     return None
 
 
@@ -475,6 +627,49 @@ def check_call(call: Call) -> None:
 words = st.integers(FIRST_WORD, SMALL_VOCAB_SIZE - 1)
 
 
+# Numbers drawn from ranges wide enough to reach every branch (a length penalty's bound on a live hypothesis matters
+# only at larger penalties), with the values users pass most.
+def numbers(low: float, high: float, *usual: float):
+    return st.one_of(st.sampled_from(usual), st.floats(low, high, allow_nan=False, allow_infinity=False))
+
+
+# The options drawn beside the beam, the limit and the outputs, each with the values it takes.
+OPTIONS = {
+    "min_new_tokens": st.sampled_from([1, 2, 4, 60]),
+    "min_length": st.sampled_from([2, 4, 6, 60]),
+    "eos_token_id": st.sampled_from([5, [EOS, 5], [5, EOS]]),
+    "bad_words_ids": st.lists(st.lists(words, min_size=1, max_size=2), min_size=1, max_size=2),
+    "repetition_penalty": numbers(0.5, 2.0, 1.5, 0.7),
+    "no_repeat_ngram_size": st.integers(2, 3),
+    "use_cache": st.just(False),
+    "cache_implementation": st.just("static"),
+    "pad_token_id": st.just(None),
+    "early_stopping": st.sampled_from([True, "never"]),
+    "suppress_tokens": st.sampled_from([[EOS], [9, 10]]),
+    "begin_suppress_tokens": st.lists(st.sampled_from([EOS, 5, 9, 12]), min_size=1, max_size=2, unique=True),
+    "forced_bos_token_id": words,
+    "forced_eos_token_id": st.sampled_from([EOS, 5, [EOS, 5]]),
+    "sequence_bias": st.lists(
+        st.tuples(st.lists(words, min_size=1, max_size=2), numbers(-4.0, 4.0, 2.0, -2.0)).map(list),
+        min_size=1,
+        max_size=2,
+        unique_by=lambda entry: tuple(entry[0]),
+    ),
+    "encoder_repetition_penalty": numbers(0.5, 2.0, 1.5, 0.7),
+    "encoder_no_repeat_ngram_size": st.integers(1, 3),
+    "exponential_decay_length_penalty": st.tuples(st.integers(0, 5), numbers(1.0, 2.5, 1.5)),
+    "remove_invalid_values": st.just(True),
+    "renormalize_logits": st.just(True),
+    "max_time": st.just(600.0),  # honoured: a call of this size ends long before it
+    # On the CPU transformers' methods compile nothing, with or without a CompileConfig, and neither do the paper's.
+    "compile_config": st.builds(CompileConfig, fullgraph=st.booleans()),
+    "disable_compile": st.booleans(),
+}
+FORMS = ["input_ids", "inputs", "inputs_embeds", "encoder_outputs", "encoder_outputs as a tuple",
+         "encoder_outputs as a dict"]  # fmt: skip
+EXTRAS = ["decoder_position_ids", "decoder_inputs_embeds", "labels"]
+
+
 @st.composite
 def calls(draw) -> Call:
     model = ModelSpec(
@@ -484,10 +679,17 @@ def calls(draw) -> Call:
         attention=draw(st.sampled_from(["sdpa", "eager"])),
     )
     sources = draw(st.lists(st.lists(words, max_size=7).map(lambda s: (*s, EOS)), min_size=1, max_size=3))
-    even = len(set(map(len, sources))) == 1
+    holes = ()
+    if draw(st.booleans()):  # masked tokens anywhere in a row: an attention mask of any pattern
+        holes = tuple(
+            tuple(draw(st.lists(st.tuples(st.integers(0, len(source)), words), max_size=2))) for source in sources
+        )
+    silent = draw(st.one_of(st.none(), st.integers(0, len(sources) - 1))) if draw(st.booleans()) else None
+    lengths = {len(source) + len(row_holes) for source, row_holes in zip(sources, holes or [()] * len(sources))}
     # The encoder attends to what its attention mask leaves, padding included (transformers makes no mask for an
-    # encoder-decoder): sources of different lengths come with theirs.
-    source_mask = draw(st.booleans()) if even else True
+    # encoder-decoder): sources of different lengths, or with masked tokens, come with theirs.
+    plain = len(lengths) == 1 and not any(holes) and silent is None
+    source_mask = draw(st.booleans()) if plain else True
     prefix_kind = draw(st.sampled_from([None, "padded", "even"]))
     prefixes, prompt_mask = None, False
     if prefix_kind == "padded":
@@ -500,33 +702,20 @@ def calls(draw) -> Call:
     options = {"num_beams": k}
     if k > 1:
         options["num_return_sequences"] = draw(st.integers(1, k))
-        options["length_penalty"] = draw(st.sampled_from([0.6, 0.0, 1.0, -0.5]))
+        options["length_penalty"] = draw(numbers(-1.0, 3.0, 0.6, 0.0, 1.0, -0.5, 2.0))
     limit = draw(st.sampled_from([None, "max_new_tokens", "max_length"]))
     prompt_width = 1 + max(map(len, prefixes or [()]))
     if limit == "max_new_tokens":
         options["max_new_tokens"] = draw(st.integers(1, 12))
     elif limit == "max_length":
         options["max_length"] = prompt_width + draw(st.integers(1, 12))
-    optional = {
-        "min_new_tokens": st.sampled_from([1, 2, 4, 60]),
-        "min_length": st.sampled_from([2, 4, 6, 60]),
-        "eos_token_id": st.sampled_from([5, [EOS, 5], [5, EOS]]),
-        "bad_words_ids": st.lists(st.lists(words, min_size=1, max_size=2), min_size=1, max_size=2),
-        "repetition_penalty": st.sampled_from([1.5, 0.7]),
-        "no_repeat_ngram_size": st.integers(2, 3),
-        "use_cache": st.just(False),
-        "cache_implementation": st.just("static"),
-        "pad_token_id": st.just(None),
-        "early_stopping": st.sampled_from([True, "never"]),
-        "suppress_tokens": st.sampled_from([[EOS], [9, 10]]),
-    }
-    for name in draw(st.lists(st.sampled_from(sorted(optional)), unique=True, max_size=3)):
-        options[name] = draw(optional[name])
+    for name in draw(st.lists(st.sampled_from(sorted(OPTIONS)), unique=True, max_size=3)):
+        options[name] = draw(OPTIONS[name])
     recorded = draw(st.lists(st.sampled_from(["output_scores", "output_logits", "output_attentions",
                                               "output_hidden_states"]), unique=True))  # fmt: skip
     if recorded or draw(st.booleans()):
         options.update(return_dict_in_generate=True, **dict.fromkeys(recorded, True))
-    boosts = tuple(draw(st.lists(st.tuples(st.sampled_from([EOS, 5, 9]), st.sampled_from([2.0, -3.0])), max_size=1)))
+    boosts = tuple(draw(st.lists(st.tuples(st.sampled_from([EOS, 5, 9]), numbers(-5.0, 5.0, 2.0, -3.0)), max_size=1)))
     stops = tuple(draw(st.lists(st.one_of(st.tuples(st.just("stop at"), words),
                                           st.tuples(st.just("budget"), st.integers(1, 8))), max_size=1)))  # fmt: skip
     return Call(
@@ -534,10 +723,17 @@ def calls(draw) -> Call:
         model=model,
         padding_side=draw(st.sampled_from(["right", "left"])),
         source_mask=source_mask,
+        holes=holes,
+        silent=silent,
+        form=draw(st.sampled_from(FORMS)),
+        as_config=draw(st.booleans()),
+        extras=tuple(draw(st.lists(st.sampled_from(EXTRAS), unique=True, max_size=1))),
         prefixes=prefixes,
         prompt_mask=prompt_mask,
         options=tuple(sorted(options.items())),
         boosts=boosts,
+        only=draw(st.one_of(st.none(), st.sampled_from([EOS, 5, 9]))) if draw(st.booleans()) else None,
+        allowed=draw(st.booleans()),
         stops=stops,
     )
 
@@ -626,6 +822,37 @@ PROFILE = {"deadline": None, "suppress_health_check": [HealthCheck.too_slow, Hea
         options=(("length_penalty", -0.5), ("output_scores", True), ("return_dict_in_generate", True)),
         boosts=((EOS, 2.0),),
     )
+)
+# The source given as the encoder's output, in each form: the paper's limit from its attention mask.
+@example(call=Call(sources=((9, 6, 2),), form="encoder_outputs", boosts=((EOS, -30.0),), options=(("num_beams", 1),)))
+@example(call=Call(sources=((9, 6, 2), (22, 2)), form="encoder_outputs as a tuple", options=(("num_beams", 1),)))
+# forced_eos_token_id forces its token at each sentence's own limit, as alone.
+@example(
+    call=Call(
+        sources=((9, 6, 23, 2), (22, 2)),
+        options=(("forced_eos_token_id", EOS), ("output_scores", True), ("return_dict_in_generate", True)),
+        boosts=((EOS, -30.0),),
+    )
+)
+# renormalize_logits: the end token the paper's limit forces keeps its log-probability.
+@example(
+    call=Call(
+        sources=((9, 6, 2),),
+        options=(("output_scores", True), ("renormalize_logits", True), ("return_dict_in_generate", True)),
+        boosts=((EOS, -30.0),),
+    )
+)
+# A constraint that leaves hypotheses unfinished: the slots no hypothesis finished in are padding, scored -inf.
+@example(
+    call=Call(
+        sources=((9, 6, 2),),
+        only=5,
+        options=(("num_return_sequences", 4), ("output_scores", True), ("return_dict_in_generate", True)),
+    )
+)
+# output_logits: the model's logits for every row, a finished sentence's too.
+@example(
+    call=Call(sources=((9, 6, 23, 2), (22, 2)), options=(("output_logits", True), ("return_dict_in_generate", True)))
 )
 def test_generate_keeps_its_promises_for_any_arguments(call):
     check_call(call)
