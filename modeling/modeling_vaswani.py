@@ -852,6 +852,14 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
                 "generate() decodes without labels: pass them to the model's forward() for the loss, and the source "
                 "alone to generate()."
             )
+        if merged.guidance_scale not in (
+            None,
+            1,
+        ):  # transformers' processor would fail in the decoder, after the encoder
+            raise ValueError(
+                "guidance_scale (classifier-free guidance) decodes a decoder-only model's prompt a second time without "
+                "its context, and this encoder-decoder has no such prompt: leave guidance_scale unset."
+            )
         if merged.prefill_chunk_size is not None:  # transformers' chunks take the source's mask for the decoder's
             raise ValueError(
                 "prefill_chunk_size splits a decoder-only model's long prompt; this model's decoder prompt is its start "
@@ -919,6 +927,11 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
             if kwargs.get("streamer") is not None:
                 raise ValueError(
                     "A streamer shows one sequence as it grows, and beam search keeps several: pass num_beams=1."
+                )
+            if config.low_memory:
+                raise ValueError(
+                    "low_memory=True decoded transformers' former beam search in slices; neither its beam search nor "
+                    "the paper's has that mode: leave low_memory unset."
                 )
             if config.early_stopping is True:
                 raise ValueError(

@@ -9,6 +9,8 @@ profile; the slow stage runs thousands of examples. Each defect these properties
 """
 
 import functools
+import importlib
+import inspect
 import math
 import re
 from dataclasses import dataclass, replace
@@ -16,12 +18,13 @@ from dataclasses import dataclass, replace
 import pytest
 import torch
 from decoding_oracle import Rules, gnmt_beam_search, greedy
-from helpers import FIRST_WORD, SMALL_VOCAB_SIZE, small_vocabulary_model
+from helpers import FIRST_WORD, SMALL_VOCAB_SIZE, small_vocabulary_model, word_tokenizer
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from transformers import (
     CompileConfig,
     GenerationConfig,
+    GenerationMixin,
     LogitsProcessor,
     LogitsProcessorList,
     StoppingCriteria,
@@ -29,8 +32,9 @@ from transformers import (
 )
 from transformers.modeling_outputs import BaseModelOutput
 
-from vaswani import VaswaniConfig, VaswaniForConditionalGeneration
+from vaswani import VaswaniConfig, VaswaniForConditionalGeneration, VaswaniTranslationPipeline
 from vaswani.modeling.modeling_vaswani import positions_of
+from vaswani.modeling.pipeline_vaswani import translate_batch
 
 
 PAD, START, EOS = 0, 1, 2
@@ -664,6 +668,7 @@ OPTIONS = {
     # On the CPU transformers' methods compile nothing, with or without a CompileConfig, and neither do the paper's.
     "compile_config": st.builds(CompileConfig, fullgraph=st.booleans()),
     "disable_compile": st.booleans(),
+    "bos_token_id": words,  # an encoder-decoder starts from decoder_start_token_id, which takes precedence
 }
 FORMS = ["input_ids", "inputs", "inputs_embeds", "encoder_outputs", "encoder_outputs as a tuple",
          "encoder_outputs as a dict"]  # fmt: skip
@@ -863,3 +868,307 @@ def test_generate_keeps_its_promises_for_any_arguments(call):
 @given(call=calls())
 def test_generate_keeps_its_promises_for_thousands_of_drawn_arguments(call):
     check_call(call)
+
+
+# --- The modes the paper's methods leave to transformers. ---
+
+# Each mode with the settings that shape it, those it always sets and those it may: decoded by transformers' own
+# method, exactly as with paper_decoding=False (or refused as it refuses it). Assisted decoding's settings serve with
+# prompt lookup, its assistant-free form.
+MODES = {
+    "sampling": (
+        {"do_sample": st.just(True)},
+        {
+            "temperature": numbers(0.3, 2.0, 0.7),
+            "top_k": st.integers(0, 10),
+            "top_p": numbers(0.3, 1.0, 0.9),
+            "min_p": numbers(0.0, 0.5, 0.1),
+            "typical_p": numbers(0.3, 1.0, 0.9),
+            "epsilon_cutoff": numbers(0.0, 0.2, 0.05),
+            "eta_cutoff": numbers(0.0, 0.2, 0.05),
+            "top_h": numbers(0.1, 1.0, 0.5),
+            "watermarking_config": st.just({"greenlist_ratio": 0.25}),
+            "num_beams": st.sampled_from([1, 2]),
+        },
+    ),
+    "group beam search": (
+        {"num_beams": st.just(4), "num_beam_groups": st.just(2), "diversity_penalty": numbers(0.1, 2.0, 0.5)},
+        {},
+    ),
+    "contrastive search": (
+        {"num_beams": st.just(1), "penalty_alpha": numbers(0.1, 0.9, 0.6)},
+        {"top_k": st.integers(2, 5)},
+    ),
+    "DoLa": ({"num_beams": st.just(1), "dola_layers": st.sampled_from(["low", "high"])}, {}),
+    "constrained beam search": (
+        {"force_words_ids": st.lists(st.lists(words, min_size=1, max_size=1), min_size=1, max_size=1)},
+        {"constraints": st.just([[5, 6]])},
+    ),
+    "assisted decoding": (
+        {"num_beams": st.just(1), "prompt_lookup_num_tokens": st.integers(1, 3)},
+        {
+            "max_matching_ngram_size": st.integers(1, 3),
+            "num_assistant_tokens": st.integers(1, 5),
+            "num_assistant_tokens_schedule": st.sampled_from(["heuristic", "constant"]),
+            "assistant_confidence_threshold": numbers(0.0, 1.0, 0.4),
+            "assistant_early_exit": st.integers(1, 2),
+            "assistant_ensemble_weight": numbers(0.0, 1.0, 0.5),
+            "assistant_lookbehind": st.integers(1, 10),
+            "target_lookbehind": st.integers(1, 10),
+            "is_assistant": st.booleans(),
+            "speculation_type": st.just("dflash"),
+            "use_mtp": st.booleans(),
+        },
+    ),
+    "classifier-free guidance": (
+        {"guidance_scale": numbers(1.5, 3.0, 2.0)},
+        {
+            "negative_prompt_ids": st.just(torch.tensor([[5, 2]])),
+            "negative_prompt_attention_mask": st.just(torch.ones(1, 2)),
+        },
+    ),
+    "a tokenizer's strings": ({}, {"stop_strings": st.just(["w5"]), "token_healing": st.just(True)}),
+    "beam search in less memory": ({"low_memory": st.just(True)}, {}),
+    "continuous batching": ({"continuous_batching_config": st.just(None)}, {}),
+}
+
+
+@st.composite
+def mode_calls(draw) -> Call:
+    """A drawn call in one of transformers' modes, with a limit of max_new_tokens (the paper's limit is the paper's
+    methods' own): ours and transformers' then decode alike."""
+    call = draw(calls())
+    required, optional = MODES[draw(st.sampled_from(sorted(MODES)))]
+    mode = draw(st.fixed_dictionaries(required, optional=optional))
+    options = {**call.settings, **mode, "max_new_tokens": draw(st.integers(1, 8))}
+    options.pop("max_length", None)
+    return replace(call, options=tuple(sorted(options.items())))
+
+
+def uses_the_papers_methods(call: Call) -> bool:
+    """Whether the call's mode is one the paper's methods serve (plain beam or greedy search), so that it decodes
+    with the GNMT penalty rather than transformers' own method."""
+    settings = {"num_beams": 4, **call.settings}
+    return not settings.get("do_sample") and not any(
+        key in settings
+        for key in (
+            "num_beam_groups",
+            "penalty_alpha",
+            "dola_layers",
+            "force_words_ids",
+            "prompt_lookup_num_tokens",
+            "constraints",
+        )  # fmt: skip
+    )
+
+
+def check_mode(call: Call) -> None:
+    """The same tokens, scores and errors as transformers' method, from the same random state; where the paper's
+    methods serve the mode, its own properties (check_call)."""
+    if uses_the_papers_methods(call):
+        check_call(call)
+        return
+    torch.manual_seed(0)
+    ours = run(call)
+    torch.manual_seed(0)
+    theirs = run(call, paper_decoding=False)
+    if ours.error is not None or theirs.error is not None:
+        assert (type(ours.error), str(ours.error)) == (type(theirs.error), str(theirs.error))
+        return
+    assert torch.equal(sequences_of(ours.output), sequences_of(theirs.output))
+
+
+@settings(max_examples=10, derandomize=True, **PROFILE)
+@given(call=mode_calls())
+def test_the_modes_left_to_transformers_decode_as_transformers(call):
+    check_mode(call)
+
+
+@pytest.mark.slow
+@settings(max_examples=300, **PROFILE)
+@given(call=mode_calls())
+def test_the_modes_left_to_transformers_decode_as_transformers_in_hundreds_of_drawn_calls(call):
+    check_mode(call)
+
+
+# --- The entry points over generate(): translate_batch and the translation pipeline. ---
+
+
+@functools.cache
+def word_ids_tokenizer(padding_side: str):
+    """A tokenizer of the tiny model's vocabulary: words w4 to w23 are ids 4 to 23, and every text ends with </s>."""
+    tokenizer = word_tokenizer(words=[f"w{token}" for token in range(FIRST_WORD, SMALL_VOCAB_SIZE)])
+    tokenizer.padding_side = padding_side
+    return tokenizer
+
+
+def text(tokens) -> str:
+    return " ".join(f"w{token}" for token in tokens)
+
+
+@dataclass(frozen=True)
+class Texts:
+    """Texts to translate (one per source, its words without </s>), each with a prefix or none, through `entry`: the
+    translation pipeline or `translate_batch`, with a tokenizer that pads on `padding_side`."""
+
+    texts: tuple[str, ...]
+    prefixes: tuple[str, ...] | None
+    entry: str
+    padding_side: str
+    options: tuple[tuple[str, object], ...]
+
+
+# The options `texts()` draws for the entry points, besides the texts and their prefixes.
+TEXT_OPTIONS = {"num_beams", "num_return_sequences", "return_scores", "max_source_length", "return_alignments",
+                "alignment_layer", "truncation"}  # fmt: skip
+
+
+@st.composite
+def texts(draw) -> Texts:
+    sources = draw(st.lists(st.lists(words, min_size=1, max_size=7), min_size=1, max_size=4))
+    prefixes = None
+    if draw(st.booleans()):
+        prefixes = tuple(text(draw(st.lists(words, max_size=3))) for _ in sources)
+    options = {"num_beams": draw(st.sampled_from([4, 1, 2])), "return_scores": draw(st.booleans())}
+    if options["num_beams"] > 1:
+        options["num_return_sequences"] = draw(st.integers(1, options["num_beams"]))
+    if draw(st.booleans()):
+        options["max_source_length"] = draw(st.integers(2, 8))
+    if draw(st.booleans()):
+        options.update(return_alignments=True, alignment_layer=draw(st.sampled_from([-1, 0])))
+    entry = draw(st.sampled_from(["pipeline", "translate_batch"]))
+    if entry == "pipeline" and draw(st.booleans()):
+        options["truncation"] = True
+    return Texts(
+        texts=tuple(map(text, sources)),
+        prefixes=prefixes,
+        entry=entry,
+        padding_side=draw(st.sampled_from(["right", "left"])),
+        options=tuple(sorted(options.items())),
+    )
+
+
+def translated(call: Texts, indices) -> list:
+    """The answers of the call's entry point for the texts at `indices`, together in one call."""
+    model, tokenizer = model_for(ModelSpec()), word_ids_tokenizer(call.padding_side)
+    texts = [call.texts[i] for i in indices]
+    prefixes = None if call.prefixes is None else [call.prefixes[i] for i in indices]
+    if call.entry == "translate_batch":
+        return translate_batch(model, tokenizer, texts, prefixes, **dict(call.options))
+    answers = VaswaniTranslationPipeline(model=model, tokenizer=tokenizer)(
+        texts, prefix=prefixes, **dict(call.options)
+    )
+    return [answer if isinstance(answer, list) else [answer] for answer in answers]
+
+
+def check_texts(call: Texts) -> None:
+    """Each text gets in a batch what it gets alone, whichever side the tokenizer pads on."""
+    batch = translated(call, range(len(call.texts)))
+    for index, answers in enumerate(batch):
+        alone = translated(call, [index])[0]
+        assert [answer["translation_text"] for answer in answers] == [a["translation_text"] for a in alone]
+        for answer, alone_answer in zip(answers, alone):
+            assert answer.keys() == alone_answer.keys()
+            assert answer.get("alignment") == alone_answer.get("alignment")
+            if "score" in answer:
+                assert answer["score"] == pytest.approx(alone_answer["score"], rel=1e-5, abs=1e-5)
+
+
+@settings(max_examples=6, derandomize=True, **PROFILE)
+@given(call=texts())
+# A left-padding tokenizer and prefixes of different lengths: each source whole, not cut to the padding.
+@example(
+    call=Texts(
+        texts=("w9 w6 w23 w7", "w22"),
+        prefixes=("w13 w5", ""),
+        entry="translate_batch",
+        padding_side="left",
+        options=(("num_beams", 1),),
+    )
+)
+def test_the_entry_points_translate_each_text_as_alone(call):
+    check_texts(call)
+
+
+@pytest.mark.slow
+@settings(max_examples=200, **PROFILE)
+@given(call=texts())
+def test_the_entry_points_translate_each_text_as_alone_in_hundreds_of_drawn_calls(call):
+    check_texts(call)
+
+
+# --- What the fuzzer reaches: transformers' own surface, read from the installed release. ---
+
+# The calls' own fields and the options of `calls()`: the GenerationConfig fields every drawn call may set.
+DRAWN_FIELDS = {
+    "num_beams",
+    "num_return_sequences",
+    "length_penalty",
+    "max_new_tokens",
+    "max_length",
+    "output_scores",
+    "output_logits",
+    "output_attentions",
+    "output_hidden_states",
+    "return_dict_in_generate",
+    "max_cache_len",
+    "cache_config",
+    *OPTIONS,
+}
+# Each argument not drawn, with the test that holds it by name.
+HELD_BY_NAME = {
+    "prefill_chunk_size": "test_generation_modes.py::test_chunked_prefill_is_refused_for_the_one_pass_prompt_of_an_encoder_decoder",
+    "streamer": "test_generation_modes.py::test_a_streamer_with_beam_search_is_refused_before_any_work",
+    "assistant_model": "test_generation_modes.py::test_assisted_decoding_is_transformers_and_gives_the_greedy_translation",
+    "synced_gpus": "test_synced_decoding.py::test_processes_in_step_decode_what_each_decodes_alone",
+    "custom_generate": "test_generation_modes.py::test_a_callers_custom_generate_runs_in_place_of_the_papers",
+    "cache": "test_generation.py::test_generation_continues_from_the_cache_it_returned",
+    "decoder_start_token_id": "test_generation_modes.py::test_the_start_token_given_to_generate_starts_every_sequence",
+}
+# Not settings of a decoding: the version a config was saved with.
+NOT_SETTINGS = {"transformers_version"}
+
+
+def drawn_model_inputs() -> set[str]:
+    """The model inputs the drawn calls pass: every source form, the masks, the decoder prompt and its extras."""
+    call = Call(
+        sources=((5, 2),), prefixes=((6,),), prompt_mask=True, extras=tuple(EXTRAS), options=(("use_cache", False),)
+    )
+    names = {name for form in FORMS for name in source_arguments(replace(call, form=form))}
+    return names | set(arguments(call)) | {"decoder_attention_mask", "use_cache"}
+
+
+def test_every_argument_of_generate_is_drawn_or_held_by_name():
+    """transformers' GenerationConfig fields, generate()'s parameters and the model's inputs, as the installed release
+    has them, and the entry points' options: each is drawn by the properties above or held by a test of its own. A
+    field a new release adds fails here until it is."""
+    fields = {name for name in vars(GenerationConfig()) if not name.startswith("_")}
+    mode_fields = {name for required, optional in MODES.values() for name in (*required, *optional)}
+    covered = DRAWN_FIELDS | mode_fields | set(HELD_BY_NAME) | NOT_SETTINGS
+    assert not fields - covered, (
+        f"GenerationConfig fields neither drawn nor held by a test: {sorted(fields - covered)}"
+    )
+
+    parameters = set(inspect.signature(GenerationMixin.generate).parameters) - {"self", "kwargs"}
+    forward = set(inspect.signature(VaswaniForConditionalGeneration.forward).parameters) - {
+        "self",
+        "kwargs",
+        "return_dict",
+    }
+    generate_drawn = {"generation_config", "logits_processor", "stopping_criteria", "prefix_allowed_tokens_fn"}
+    generate_drawn |= {"negative_prompt_ids", "negative_prompt_attention_mask"} & mode_fields
+    covered = generate_drawn | drawn_model_inputs() | set(HELD_BY_NAME) | {"inputs"}
+    assert not (parameters | forward) - covered, f"not drawn: {sorted((parameters | forward) - covered)}"
+
+    entry = set(inspect.signature(translate_batch).parameters) - {"model", "tokenizer", "generate_kwargs"}
+    entry |= set(inspect.signature(VaswaniTranslationPipeline._sanitize_parameters).parameters) - {
+        "self",
+        "generate_kwargs",
+        "generation_parameters",
+    }
+    texts_drawn = {"texts", "prefixes", *TEXT_OPTIONS}
+    assert not entry - texts_drawn, f"entry point options not drawn: {sorted(entry - texts_drawn)}"
+
+    for node in HELD_BY_NAME.values():
+        file, name = node.split("::")
+        assert hasattr(importlib.import_module(file.removesuffix(".py")), name), f"no test {node}"

@@ -214,3 +214,28 @@ def test_flash_attention_decodes_each_sentence_of_a_padded_batch_as_sdpa_does(mo
     monkeypatch.setattr(model.config, "_attn_implementation_internal", "flash_attention_emulated")
     assert model.config._attn_implementation == "flash_attention_emulated"
     assert torch.equal(model.generate(**sources, num_beams=4), expected)
+
+
+def test_a_callers_custom_generate_runs_in_place_of_the_papers(model, sources):
+    """A decoding method of the caller's own (`custom_generate`) is what generate() runs, never the paper's."""
+    called = []
+
+    def first_tokens(model, input_ids, logits_processor, stopping_criteria, generation_config, **kwargs):
+        called.append(generation_config.num_beams)
+        return input_ids
+
+    decoded = model.generate(**sources, custom_generate=first_tokens)
+    assert called == [4] and decoded.shape == (sources["input_ids"].shape[0] * 4, 1)
+
+
+def test_the_start_token_given_to_generate_starts_every_sequence(model, sources):
+    """generate() starts an encoder-decoder's sequences with decoder_start_token_id: the paper's methods decode from it
+    as from the same token given as decoder_input_ids."""
+    config = copy.deepcopy(model.generation_config)
+    config.update(decoder_start_token_id=7, max_new_tokens=4)
+    given = model.generate(**sources, generation_config=config)
+    prompt = torch.full((sources["input_ids"].shape[0], 1), 7)
+    assert (given[:, 0] == 7).all()
+    assert torch.equal(
+        given, model.generate(**sources, decoder_input_ids=prompt, decoder_start_token_id=7, max_new_tokens=4)
+    )
