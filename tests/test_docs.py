@@ -206,7 +206,7 @@ WRONG_FIGURES = [
     ("README.md", "1.01x at base", "1.30x at base"),  # another figure of the same page
     ("README.md", "base has 63.0M parameters", "base has 63.5M parameters"),  # millions
     ("README.md", "| 3,207 tokens/s", "| 3,270 tokens/s"),  # thousands
-    ("README.md", "training 15 min", "training 16 min"),  # minutes, in a shell comment
+    ("README.md", "training (15 min", "training (16 min"),  # minutes, in a shell comment
     ("docs/speed.md", "| 50.0 s; bfloat16", "| 50.7 s; bfloat16"),  # seconds
     ("docs/speed.md", "521,634 tokens/s, 44.0% MFU", "521,634 tokens/s, 43.3% MFU"),  # a percentage
     ("docs/speed.md", "(vaswani 1.30x)", "(vaswani 2.75x)"),
