@@ -55,7 +55,7 @@ NUMBER = re.compile(
     r"(?P<number>\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?)(?P<suffix>x|%|M\b)?"
     rf"(?![\w]|\.\d|,\d{{3}})(?P<unit> (?:{UNITS})(?![\w]))?"
 )
-RANGE = re.compile(r"\d(?:-|–| to )\d")
+RANGE = r"-|–| to "
 CODE_SPAN = re.compile(r"`([^`\n]*)`")
 
 
@@ -87,7 +87,7 @@ def figures(text):
 def is_figure(match, line):
     """Whether a number is a figure rather than a setting or a name (see the module's docstring)."""
     marked = "." in match["number"] or "," in match["number"] or match["approx"] or match["suffix"] or match["unit"]
-    in_range = RANGE.match(line, max(match.start("number") - 2, 0)) or RANGE.match(line, match.end() - 1)
+    in_range = re.search(rf"\d(?:{RANGE})$", line[: match.start()]) or re.match(rf"(?:{RANGE})\d", line[match.end() :])
     a_cell = line[: match.start()].endswith("| ") and line[match.end() :].startswith(" |")
     a_share = re.match(r" of \d", line[match.end() :])  # "580 of 1,111"
     return bool(marked or in_range or a_cell or a_share)
@@ -146,7 +146,9 @@ FUNCTIONS = {
 OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
 # A string (an argument of a function), or a key: maybe another record's, braced where it has spaces.
 REFERENCE = re.compile(
-    r'"[^"]*"|(?<![\w.])(?:(?P<file>[\w./+-]+\.json):)?(?:\{(?P<braced>[^}]*)\}|(?P<path>[A-Za-z_][\w+-]*(?:\.(?:\*|[\w+-]+))*)(?![\w(]))'
+    r'"[^"]*"'
+    r"|(?<![\w.])(?:(?P<file>[\w./+-]+\.json):)?"
+    r"(?:\{(?P<braced>[^}]*)\}|(?P<path>[A-Za-z_][\w+-]*(?:\.(?:\*|[\w+-]+))*)(?![\w(]))"
 )
 
 
@@ -166,13 +168,14 @@ def value(source, expression):
 
 
 def evaluate(node, values):
+    """The value of an expression's tree; `values` holds its keys' values, named `_0`, `_1`, ... in the tree."""
     if isinstance(node, ast.Constant):
         return node.value
     if isinstance(node, ast.Name):
         return values[int(node.id[1:])]
     if isinstance(node, ast.BinOp):
         return OPERATORS[type(node.op)](evaluate(node.left, values), evaluate(node.right, values))
-    if isinstance(node, ast.Call) and node.func.id in FUNCTIONS:
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in FUNCTIONS:
         arguments = [evaluate(argument, values) for argument in node.args]
         if len(arguments) == 1 and isinstance(arguments[0], list):
             arguments = arguments[0]
@@ -180,10 +183,10 @@ def evaluate(node, values):
     raise ValueError(f"not an expression over a record: {ast.unparse(node)}")
 
 
-def ties(text=None):
+def ties():
     """{page: [(figure as printed, source, expression)]} from docs/figures.txt."""
     tied, page = {}, None
-    for line in (TIES.read_text() if text is None else text).splitlines():
+    for line in TIES.read_text().splitlines():
         if line.startswith("# "):
             page = tied.setdefault(line[2:].strip(), [])
         elif line.strip():
@@ -213,7 +216,7 @@ def untied(text, tied):
         else:
             try:
                 shown = value(source, expression)
-            except (KeyError, IndexError, ValueError, TypeError, ZeroDivisionError, SyntaxError) as error:
+            except (OSError, KeyError, IndexError, ValueError, TypeError, ZeroDivisionError, SyntaxError) as error:
                 problems.append(f"line {line}: {printed}: {source} {expression} does not resolve ({error!r})")
                 continue
             if not prints_as(shown, printed, approximate):
