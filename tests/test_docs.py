@@ -199,6 +199,21 @@ def test_every_figure_a_page_quotes_shows_the_record_value_it_is_tied_to(page):
     assert not problems, f"{page_id(page)}: {problems}"
 
 
+def test_figures_are_told_from_settings_and_names():
+    text = """torch 2.13 and transformers 5.25.0 on 2026-12-04 (section 5.1), 2 CPU cores, beam 4, d_k=16, 1e-4:
+`vaswani-train --max_steps 700` ([page](gpu_h200_2026-12-04/gpu.md)).
+```bash
+python3 scripts/train.py --batch_tokens 25000   # 2.5 s a step
+```
+| 239 | 0.61-0.70 s, 63.0M, 3 minutes, 2.2 times, `BLEU 8.78`, 580 of 1,111, ~3,800, 44%, 16-25% and 4 to 9 GB |
+"""
+    assert [(line, printed) for line, printed, _ in figures.figures(text)] == [
+        (4, "2.5"),
+        *[(6, printed) for printed in "239 0.61 0.70 63.0 3 2.2 8.78 580 1,111 3,800 44 16 25 4 9".split()],
+    ]
+    assert [approximate for _, printed, approximate in figures.figures(text) if printed == "3,800"] == [True]
+
+
 # One wrong figure at a time, of each kind a page prints: (page, the text around it, the same text made wrong).
 WRONG_FIGURES = [
     ("README.md", "| 10.37 sacreBLEU", "| 10.44 sacreBLEU"),  # a decimal
