@@ -199,6 +199,22 @@ def test_every_figure_a_page_quotes_shows_the_record_value_it_is_tied_to(page):
     assert not problems, f"{page_id(page)}: {problems}"
 
 
+def one_digit_off(printed):
+    """The figure with its last digit one higher (a 9 one lower)."""
+    return printed[:-1] + str(int(printed[-1]) + 1 if printed[-1] != "9" else 8)
+
+
+@pytest.mark.parametrize("page", PAGES, ids=page_id)
+def test_no_figure_one_digit_off_would_show_the_record_value(page):
+    tied = zip(figures.figures(page.read_text()), TIES[page_id(page)], strict=True)
+    passing = [
+        f"line {line}: {one_digit_off(printed)}"
+        for (line, printed, approximate), (_, source, expression) in tied
+        if source != "-" and figures.prints_as(figures.value(source, expression), one_digit_off(printed), approximate)
+    ]
+    assert not passing, f"{page_id(page)}: figures one digit off pass: {passing}"
+
+
 def test_figures_are_told_from_settings_and_names():
     text = """torch 2.13 and transformers 5.25.0 on 2026-12-04 (section 5.1), 2 CPU cores, beam 4, d_k=16, 1e-4:
 `vaswani-train --max_steps 700` ([page](gpu_h200_2026-12-04/gpu.md)).
