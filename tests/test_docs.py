@@ -1,15 +1,15 @@
 """The README and docs/ say only what the checkout holds: every relative link and every backticked path of the project
 names a file or folder that exists, every command line of a ```bash block that runs one of the project's commands
-uses only flags that command takes, and every ```python block compiles."""
+uses only flags that command takes, every ```python block compiles, and every figure shows the record value it is tied
+to."""
 
 import argparse
-import functools
 import importlib
 import importlib.metadata
-import json
 import re
 import shlex
 
+import figures
 import pytest
 from helpers import REPO_ROOT
 from transformers import HfArgumentParser
@@ -182,76 +182,99 @@ def test_the_option_lines_of_a_help_are_its_flags():
     }
 
 
-# --- Figures: each one a page quotes is held by a record. ---
+# --- Figures: each one a page quotes shows the record value docs/figures.txt ties it to (tests/figures.py). ---
 
-RECORDS = REPO_ROOT / "docs" / "benchmarks"
-# A figure: a number with a decimal point or a thousands separator, maybe a percentage or a ratio ("1.13x"), maybe
-# approximate ("~3,800", "about 5,750": two significant digits). Whole numbers without a separator are counts and
-# settings as often as figures, and are left alone; so are versions ("torch 2.13").
-FIGURE = re.compile(r"(?<![\w.\-/])(~|about )?(\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+\.\d+)(%|x)?(?![\w.\-/])")
-VERSION = re.compile(r"(torch|Python|CUDA|transformers) $")
+TIES = figures.ties()
 
 
-def numbers(value):
-    """Every number in a record, however deep."""
-    if isinstance(value, dict):
-        value = list(value.values())
-    if isinstance(value, list):
-        return [number for item in value for number in numbers(item)]
-    return [float(value)] if isinstance(value, (int, float)) and not isinstance(value, bool) else []
-
-
-@functools.cache
-def recorded():
-    """What the records hold: the numbers of each JSON under docs/benchmarks/ (a list per file, since a ratio's two
-    figures come from one record), and the figures of the pages the benchmark tools rendered from them."""
-    values = [numbers(json.loads(path.read_text())) for path in sorted(RECORDS.rglob("*.json"))]
-    rendered = {match[1] + match[2] for path in RECORDS.rglob("*.md") for match in FIGURE.findall(path.read_text())}
-    return values, rendered
-
-
-@functools.cache
-def recorded_values(decimals: int, kind: str) -> set:
-    """The records' numbers as a page would print them with `decimals` (negative: rounded to tens, hundreds, ...):
-    as they are, as percentages of fractions (kind "%"), or as ratios of two measurements of one record (kind "x")."""
-    values, _ = recorded()
-    if kind == "x":  # measurements are fractional; whole numbers are counts and settings
-        measured = [[value for value in record if not value.is_integer()] for record in values]
-        return {round(a / b, decimals) for record in measured for a in record for b in record}
-    flat = [value for record in values for value in record]
-    return {round(value, decimals) for value in flat + ([100 * value for value in flat] if kind == "%" else [])}
-
-
-def held(figure: str, approximate: bool, kind: str) -> bool:
-    """Whether some record holds `figure` as a page prints it: rounded to its decimals (to two significant digits
-    where approximate), as a percentage of a fraction, or as the ratio of two numbers of one record."""
-    if not approximate and figure + kind in recorded()[1]:
-        return True
-    number = float(figure.replace(",", ""))
-    decimals = 1 - len(str(int(number))) if approximate else len(figure.partition(".")[2])
-    return round(number, decimals) in recorded_values(decimals, kind)
-
-
-def quoted_figures(page):
-    """(line number, figure as printed) of each figure a page quotes outside code."""
-    text = re.sub(r"```.*?```", lambda block: "\n" * block[0].count("\n"), page.read_text(), flags=re.DOTALL)
-    for number, line in enumerate(text.splitlines(), 1):
-        line = re.sub(r"`[^`]*`|\]\([^)]*\)", "", line)
-        for match in FIGURE.finditer(line):
-            if not VERSION.search(line[: match.start()]):
-                yield number, match
+def test_every_page_and_no_other_has_its_figures_tied():
+    assert set(TIES) == {page_id(page) for page in PAGES}, "docs/figures.txt names other pages than the docs' own"
 
 
 @pytest.mark.parametrize("page", PAGES, ids=page_id)
-def test_every_figure_a_page_quotes_is_held_by_a_record(page):
-    """A figure a page quotes comes from docs/benchmarks/: its JSON records, or a page rendered from them. A figure
-    no record holds is stale or unrecorded: measure it into a record, or move it to CHANGELOG.md as history."""
-    unheld = [
-        f"line {number}: {match[0]}"
-        for number, match in quoted_figures(page)
-        if not held(match[2], bool(match[1]), match[3] or "")
+def test_every_figure_a_page_quotes_shows_the_record_value_it_is_tied_to(page):
+    """A figure no record holds is stale or unrecorded: measure it into a record, or move it to CHANGELOG.md as
+    history. One that is no measurement (a setting, a name) is tied to `-`."""
+    problems = figures.untied(page.read_text(), TIES[page_id(page)])
+    assert not problems, f"{page_id(page)}: {problems}"
+
+
+def one_digit_off(printed):
+    """The figure with its last digit one higher (a 9 one lower)."""
+    return printed[:-1] + str(int(printed[-1]) + 1 if printed[-1] != "9" else 8)
+
+
+@pytest.mark.parametrize("page", PAGES, ids=page_id)
+def test_no_figure_one_digit_off_would_show_the_record_value(page):
+    tied = zip(figures.figures(page.read_text()), TIES[page_id(page)], strict=True)
+    passing = [
+        f"line {line}: {one_digit_off(printed)}"
+        for (line, printed, approximate), (_, source, expression) in tied
+        if source != "-" and figures.prints_as(figures.value(source, expression), one_digit_off(printed), approximate)
     ]
-    assert not unheld, f"{page_id(page)} quotes figures no record holds: {unheld}"
+    assert not passing, f"{page_id(page)}: figures one digit off pass: {passing}"
+
+
+def test_figures_are_told_from_settings_and_names():
+    text = """torch 2.13 and transformers 5.25.0 on 2026-12-04 (section 5.1), 2 CPU cores, beam 4, d_k=16, 1e-4:
+`vaswani-train --max_steps 700` ([page](gpu_h200_2026-12-04/gpu.md)).
+```bash
+python3 scripts/train.py --batch_tokens 25000   # 2.5 s a step
+```
+| 239 | 0.61-0.70 s, 63.0M, 3 minutes, 2.2 times, `BLEU 8.78`, 580 of 1,111, ~3,800, 44%, 16-25% and 4 to 9 GB |
+"""
+    assert [(line, printed) for line, printed, _ in figures.figures(text)] == [
+        (4, "2.5"),
+        *[(6, printed) for printed in "239 0.61 0.70 63.0 3 2.2 8.78 580 1,111 3,800 44 16 25 4 9".split()],
+    ]
+    assert [approximate for _, printed, approximate in figures.figures(text) if printed == "3,800"] == [True]
+
+
+# One wrong figure at a time, of each kind a page prints: (page, the text around it, the same text made wrong).
+WRONG_FIGURES = [
+    ("README.md", "| 10.37 sacreBLEU", "| 10.44 sacreBLEU"),  # a decimal
+    ("README.md", "1.30x tokens/s at small", "1.90x tokens/s at small"),  # a ratio
+    ("README.md", "1.01x at base", "1.30x at base"),  # another figure of the same page
+    ("README.md", "base has 63.0M parameters", "base has 63.5M parameters"),  # millions
+    ("README.md", "| 3,207 tokens/s", "| 3,270 tokens/s"),  # thousands
+    ("README.md", "training (15 min", "training (16 min"),  # minutes, in a shell comment
+    ("docs/speed.md", "| 50.0 s; bfloat16", "| 50.7 s; bfloat16"),  # seconds
+    ("docs/speed.md", "521,634 tokens/s, 44.0% MFU", "521,634 tokens/s, 43.3% MFU"),  # a percentage
+    ("docs/speed.md", "(vaswani 1.30x)", "(vaswani 2.75x)"),
+    ("docs/speed.md", "takes 2.2 times", "takes 1.2 times"),  # N times
+    ("docs/speed.md", "holds 16-25% less", "holds 16-29% less"),  # a range's end
+    ("docs/speed.md", "| batch 1, greedy | 239 |", "| batch 1, greedy | 249 |"),  # a whole number alone in a cell
+    ("docs/speed.md", "matrix products 45%", "matrix products 54%"),  # a whole percentage
+    ("docs/quality.md", "| **3.092** (3.082-3.101)", "| **3.029** (3.082-3.101)"),  # a mean of seeds, in bold
+    ("docs/quality.md", "(20.18-21.33)", "(20.18-21.38)"),  # a range's end, in brackets
+    ("docs/quality.md", "8 of 13 findings", "9 of 13 findings"),  # a count of a share
+    ("docs/quality.md", "N=2: 48.80 | yes, by 3% |", "N=2: 48.80 | yes, by 4% |"),  # a derived percentage
+    ("docs/training.md", "0.48 to 0.60 GB", "0.48 to 0.66 GB"),  # a range written with "to", gigabytes
+    ("docs/training.md", "| 406 s |", "| 460 s |"),  # whole seconds in a cell
+    ("docs/training.md", "about 11 minutes", "about 13 minutes"),  # approximate minutes
+    ("docs/training.md", "`small` (7.6M", "`small` (7.9M"),  # millions, after inline code
+    ("docs/training.md", "~3,800 tokens", "~3,900 tokens"),  # approximate, to two significant digits
+    ("docs/training.md", "BLEU 8.78;", "BLEU 8.87;"),  # inside inline code
+    ("docs/training.md", "big has 1.2-4.2M fewer", "big has 1.2-2.4M fewer"),  # a range of millions
+    ("docs/decoding.md", "| 580 of 1,111 |", "| 508 of 1,111 |"),  # a count derived from a record
+    ("docs/decoding.md", "costs 0.06 BLEU", "costs 0.60 BLEU"),  # a difference
+    ("docs/exports.md", "fastest path: 0.45x", "fastest path: 0.54x"),
+    ("docs/finetuning.md", "| 7,568,384 |", "| 7,586,384 |"),  # a parameter count
+    ("docs/evaluation.md", "(BLEU 10.37)", "(BLEU 10.73)"),
+]
+
+
+@pytest.mark.parametrize(("page", "right", "wrong"), WRONG_FIGURES, ids=lambda value: value)
+def test_a_wrong_figure_is_caught(page, right, wrong):
+    """The ties in docs/figures.txt are rewritten to print the wrong figure too, as an edit of both would: only the
+    record's value can catch it."""
+    text = (REPO_ROOT / page).read_text()
+    assert text.count(right) == 1, f"{page} does not print {right!r} once"
+    assert not figures.untied(text, TIES[page])
+    changed = text.replace(right, wrong)
+    retied = [(printed, *tie[1:]) for (_, printed, _), tie in zip(figures.figures(changed), TIES[page], strict=True)]
+    assert retied != TIES[page]
+    assert figures.untied(changed, retied), f"{page} with {wrong!r} passes"
 
 
 # --- Sentences a reader takes in at once. ---
