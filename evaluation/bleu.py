@@ -232,11 +232,13 @@ class TranslationEvaluator(evaluate.TranslationEvaluator):
 
 
 def load_pairs(dataset_dir, split, source_lang, target_lang, max_samples=None):
-    """Source and reference sentences of one split, as pyarrow string arrays read from its memory-mapped files, and
-    how many pairs were left out for lacking text on a side (a row or side that is None cannot be scored)."""
+    """Source and reference sentences of one split (its first `max_samples` pairs), as pyarrow string arrays read from
+    its memory-mapped files, how many pairs were left out for lacking text on a side (a row or side that is None
+    cannot be scored), and how many pairs the whole split holds."""
     rows = load_translation_dataset(dataset_dir, source_lang, target_lang, splits=(split,))[split]
+    split_pairs = len(rows)
     if max_samples is not None:
-        rows = rows.select(range(min(max_samples, len(rows))))
+        rows = rows.select(range(min(max_samples, split_pairs)))
     pairs = rows.select_columns(["translation"]).with_format("arrow")[:].column("translation").combine_chunks()
     sources, references, usable = text_pairs(pairs, source_lang, target_lang)
-    return sources.filter(usable), references.filter(usable), len(pairs) - pc.sum(usable).as_py()
+    return sources.filter(usable), references.filter(usable), len(pairs) - pc.sum(usable).as_py(), split_pairs
