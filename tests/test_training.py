@@ -419,6 +419,13 @@ def test_resumed_run_ends_exactly_like_an_uninterrupted_one(corpus, tmp_path):
     resumed_log = [r for r in read_log(tmp_path / "stopped") if "loss" in r]
     assert [r["step"] for r in resumed_log] == [r["step"] for r in straight_log]  # no duplicated lines
     assert [r["loss"] for r in resumed_log] == pytest.approx([r["loss"] for r in straight_log], abs=1e-6)
+    # The resumed run's summary is the whole run's, as the uninterrupted run's is, not that of its last 4 steps.
+    straight, resumed = (
+        json.loads((tmp_path / run / "training_summary.json").read_text()) for run in ("straight", "stopped")
+    )
+    for key in ("steps", "tokens_seen", "target_tokens_seen", "averaged_checkpoints", "skipped_steps"):
+        assert resumed[key] == straight[key], key
+    assert resumed["final_val_loss"] == pytest.approx(straight["final_val_loss"], abs=1e-6)
 
 
 @pytest.mark.slow  # three training runs, one of two processes
