@@ -113,6 +113,36 @@ def check_output_file(path, flag="--output"):
     return path
 
 
+def check_device(device, flag="--device"):
+    """The torch device a command is asked to run on, as a `torch.device`, checked before any time is spent: a name
+    torch reads, of a device this machine has (the CPU, or `torch.accelerator`'s devices). The refusal names the
+    device, why it cannot run, and the devices that can."""
+    import torch
+
+    try:
+        asked = torch.device(device)
+    except RuntimeError:
+        raise UsageError(f"{flag} {device} is not a device name (cpu, cuda, cuda:1, mps, ...).") from None
+    accelerator = torch.accelerator.current_accelerator(check_available=True)  # None on a machine without one
+    count = torch.accelerator.device_count() if accelerator is not None else 0
+    if asked.type == "cpu" or (
+        accelerator is not None and asked.type == accelerator.type and (asked.index or 0) < count
+    ):
+        return asked
+    if asked.type == "cuda" and not torch.backends.cuda.is_built():
+        reason = f"this torch has no CUDA (torch {torch.__version__})"
+    elif accelerator is not None and asked.type == accelerator.type:
+        reason = f"torch sees {count} {asked.type} device{'s' if count > 1 else ''}"
+    else:
+        reason = f"torch {torch.__version__} sees no {asked.type} device here"
+    raise device_refusal(device, reason, ["cpu", *(f"{accelerator.type}:{i}" for i in range(count))], flag)
+
+
+def device_refusal(device, reason, available, flag="--device") -> UsageError:
+    """The one sentence that refuses a device that cannot run: `reason` why not, and the `available` devices."""
+    return UsageError(f"{flag} {device}: {reason}; available: {', '.join(available)}.")
+
+
 def check_source_lengths(tokenizer, sources, limit, max_source_length, flag="--input"):
     """Sources the model can encode: without --max_source_length, none may be longer than `limit` tokens (the
     model's positions); --max_source_length itself may not be above it. `sources`: str sentences, in order."""

@@ -194,7 +194,7 @@ def main(argv=None) -> dict:
     (args,) = parse_arguments([DecodingBenchmarkArguments], argv, description=__doc__.split("\n\n")[0])
     torch.set_num_threads(args.threads)
     model, tokenizer = load_translation_model(args.model, device="cpu")
-    sources, references, _ = load_pairs(args.dataset_dir, "test", args.source_lang, args.target_lang, args.samples)
+    sources, references, _, _ = load_pairs(args.dataset_dir, "test", args.source_lang, args.target_lang, args.samples)
     sentences, references = sources.to_pylist(), references.to_pylist()
     if args.engine:
         decode = engine(args.engine, args, model, tokenizer)

@@ -75,7 +75,7 @@ def prepare_corpus(dataset_dir, tokenizer_dir, corpus_dir: Path, source_lang="en
         arrays[side] = ids.values.to_numpy().astype(np.int16 if len(tokenizer) < 2**15 else np.int32)
         arrays[f"{side}_offsets"] = ids.offsets.to_numpy()
     np.savez_compressed(corpus_dir / "train.npz", **arrays)
-    sources, references, _ = load_pairs(dataset_dir, "test", source_lang, target_lang, max_samples=test_pairs)
+    sources, references, _, _ = load_pairs(dataset_dir, "test", source_lang, target_lang, max_samples=test_pairs)
     test = {"sources": sources.to_pylist(), "references": references.to_pylist()}
     (corpus_dir / "test.json").write_text(json.dumps(test))
     tokenizer.save_pretrained(corpus_dir / "tokenizer")

@@ -122,7 +122,9 @@ def load_study_data(args: RecipeArguments, bleu_split: str) -> StudyData:
         valid.source_lengths, valid.target_lengths, args.batch_tokens, shuffle=False, drop_remainder=False
     )
     valid_loader = pair_loader(valid, sampler, PairCollator(tokenizer.pad_token_id, tokenizer.bos_token_id))
-    sources, references, _ = load_pairs(args.dataset_dir, bleu_split, *languages, max_samples=args.bleu_samples or 1)
+    sources, references, _, _ = load_pairs(
+        args.dataset_dir, bleu_split, *languages, max_samples=args.bleu_samples or 1
+    )
     others = [other_sources(batch) for batch in valid_loader]
     return StudyData(tokenizer, train, valid_loader, others, (sources, references), Accelerator(cpu=True))
 

@@ -4,8 +4,8 @@ The output is a `datasets.DatasetDict` with train / validation / test splits, ea
 {"id": ..., "translation": {source_lang: ..., target_lang: ...}} (the Hugging Face translation layout), which
 `save_to_disk` writes and `vaswani.training.data.load_translation_dataset` memory-maps.
 
-Cleaning: each side is NFC-normalised and every run of whitespace collapsed to one space. A pair is then dropped,
-and counted by reason, when
+Cleaning: each training pair's sides are NFC-normalised and every run of whitespace collapsed to one space. A pair is
+then dropped, and counted by reason, when
     invalid_text  a side is not text (None, or bytes that were not UTF-8) or holds control characters
     empty         a side is empty
     too_long      a side has more than `max_chars` characters
@@ -24,8 +24,9 @@ Two sources are read here (the default corpus, the Bible, is `vaswani.corpora.bi
 - two plain-text files, one sentence per line, line N of one translating line N of the other
   (`parallel_files_dataset`; ids "line.N");
 - any DatasetDict with a `translation` column, e.g. from `datasets.load_dataset("wmt14", "de-en")`
-  (`prepare_translation_dataset`; ids "SPLIT.N" unless it has an `id` column). Splits it has are kept; missing
-  validation/test splits are carved from train.
+  (`prepare_translation_dataset`; ids "SPLIT.N" unless it has an `id` column). Its own validation and test splits
+  are kept whole, as published: only training pairs are cleaned and filtered. Missing validation/test splits are
+  carved from the cleaned training pairs.
 They may be of any size (WMT14 English-French has 36M pairs): the pairs stream from Arrow files through
 `datasets.map` and `filter`, and are never held in Python lists.
 """
@@ -194,19 +195,23 @@ def clean_pairs(batch, indices, split, source_lang, target_lang, carved, max_cha
     """`datasets.map` function: each pair cleaned, with the reason it is dropped ("" to keep it) and its split.
 
     A kept pair of the train split goes where its source sentence hashes to, if that is a split in `carved` (one the
-    dataset lacks), else to train; the pairs of the dataset's own validation and test splits stay there.
+    dataset lacks), else to train. The pairs of the dataset's own validation and test splits stay there as published,
+    neither cleaned nor dropped: a score on the whole set compares with others' on it.
     """
     ids = batch["id"] if "id" in batch else [f"{split}.{i}" for i in indices]
     columns = {"id": ids, "translation": [], "reason": [], "split": []}
     for pair in batch["translation"]:
         pair = pair or {}  # a row without a translation is an invalid pair, dropped and counted
-        source, target = (
-            clean_text(text) if isinstance(text, str) else None
-            for text in (pair.get(source_lang), pair.get(target_lang))
-        )
+        texts = (pair.get(source_lang), pair.get(target_lang))
+        if split != "train":
+            columns["translation"].append(dict(zip((source_lang, target_lang), texts)))
+            columns["reason"].append("")
+            columns["split"].append(split)
+            continue
+        source, target = (clean_text(text) if isinstance(text, str) else None for text in texts)
         reason = drop_reason(source, target, max_chars, max_ratio) or ""
-        assigned = split
-        if split == "train" and not reason:
+        assigned = "train"
+        if not reason:
             assigned = assign_split(source, **split_args)
             assigned = assigned if assigned in carved else "train"
         columns["translation"].append({source_lang: source or "", target_lang: target or ""})

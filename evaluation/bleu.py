@@ -22,7 +22,7 @@ import torch
 from sacremoses import MosesTokenizer
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, Pipeline, pipeline
 
-from ..checks import UsageError, check_safetensors_weights, check_tokenizer_matches_config
+from ..checks import UsageError, check_device, check_safetensors_weights, check_tokenizer_matches_config
 from ..modeling import VaswaniTranslationPipeline
 from ..modeling.pipeline_vaswani import BATCH_SIZE, longest_first, translate_batch
 from ..progress import progress_bar
@@ -38,7 +38,7 @@ def load_translation_model(model_dir, tokenizer_dir=None, device=None, int8=Fals
         raise UsageError(f"int8 decoding runs on the CPU only (torch's dynamic quantization), not on {device}.")
     if int8 and dtype != "float32":
         raise UsageError(f"--int8 quantizes float32 weights: leave out --dtype {dtype}.")
-    device = torch.device(device or ("cuda" if torch.cuda.is_available() and not int8 else "cpu"))
+    device = check_device(device or ("cuda" if torch.cuda.is_available() and not int8 else "cpu"))
     check_decoding_dtype(dtype, device)
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir or model_dir)
     model = AutoModelForSeq2SeqLM.from_pretrained(model_dir, use_safetensors=True, dtype=getattr(torch, dtype))
@@ -232,11 +232,13 @@ class TranslationEvaluator(evaluate.TranslationEvaluator):
 
 
 def load_pairs(dataset_dir, split, source_lang, target_lang, max_samples=None):
-    """Source and reference sentences of one split, as pyarrow string arrays read from its memory-mapped files, and
-    how many pairs were left out for lacking text on a side (a row or side that is None cannot be scored)."""
+    """Source and reference sentences of one split (its first `max_samples` pairs), as pyarrow string arrays read from
+    its memory-mapped files, how many pairs were left out for lacking text on a side (a row or side that is None
+    cannot be scored), and how many pairs the whole split holds."""
     rows = load_translation_dataset(dataset_dir, source_lang, target_lang, splits=(split,))[split]
+    split_pairs = len(rows)
     if max_samples is not None:
-        rows = rows.select(range(min(max_samples, len(rows))))
+        rows = rows.select(range(min(max_samples, split_pairs)))
     pairs = rows.select_columns(["translation"]).with_format("arrow")[:].column("translation").combine_chunks()
     sources, references, usable = text_pairs(pairs, source_lang, target_lang)
-    return sources.filter(usable), references.filter(usable), len(pairs) - pc.sum(usable).as_py()
+    return sources.filter(usable), references.filter(usable), len(pairs) - pc.sum(usable).as_py(), split_pairs

@@ -130,7 +130,17 @@ class VaswaniConverter(ctranslate2.converters.Converter):
 
 
 def export(model, output_dir: str | Path, tokenizer=None, quantization: str | None = None) -> Path:
-    """Write `model` as a CTranslate2 model folder (overwriting it), with `tokenizer`'s vocabulary if given."""
+    """Write `model` as a CTranslate2 model folder (overwriting it), with `tokenizer`'s vocabulary if given. The
+    converter deletes the folder first: one that holds other files and no CTranslate2 model (model.bin), such as the
+    model's own folder, is refused."""
+    output_dir = Path(output_dir)
+    others = sorted(path.name for path in output_dir.iterdir()) if output_dir.is_dir() else []
+    if others and "model.bin" not in others:
+        raise UsageError(
+            f"cannot export into {output_dir}: it holds other files ({', '.join(others[:3])}"
+            f"{', ...' if len(others) > 3 else ''}) and no CTranslate2 model, and the export replaces the whole "
+            "folder; give a new or empty one."
+        )
     if tokenizer is not None and tokenizer.unk_token is None:
         raise UsageError(
             "The tokenizer has no unk token; CTranslate2 maps input outside the vocabulary to one. Give "

@@ -6,8 +6,12 @@ transformers' beam search, whose length penalty divides by |Y|^alpha). The score
 detokenized text, printed with its signature so that it can be compared with other runs, and beside it the paper's
 own: tokenized BLEU with compounds split (tensor2tensor's get_ende_bleu.sh), the figure Table 2 reports, and
 sacreBLEU's chrF, which WMT's findings report beside BLEU. The hypotheses are written one per line next to the model,
-and the scores into its eval_results.json (which the model card reads). The scores come from the package's `evaluate` metric (metrics/vaswani_bleu, `load_metric`), which
-`evaluate.load` and `evaluate.evaluator("translation")` also take.
+and the scores into its eval_results.json (which the model card reads). A run that measures less than all of a split
+with the weights in float32 (--max_samples, --dtype bfloat16 or float16, --int8) is partial: its scores go to
+partial_eval_results.json and its hypotheses to hypotheses.NAME.txt, NAME saying what it left out
+("test.first50.bfloat16"), so that it never replaces the split's full score. The scores come from the package's
+`evaluate` metric (metrics/vaswani_bleu, `load_metric`), which `evaluate.load` and `evaluate.evaluator("translation")`
+also take.
 
 Usage:
   python scripts/evaluate_bleu.py --model OUT --dataset_dir DIR --split test      (or: vaswani-evaluate ...)
@@ -30,6 +34,12 @@ from vaswani.checks import (
 )
 from vaswani.cli import command, parse_arguments
 from vaswani.evaluation.arguments import DecodingArguments
+
+
+# eval_results.json holds each split's full score, which the model card and the docs read; partial runs are kept
+# beside it, never in its place.
+RESULTS_FILE = "eval_results.json"
+PARTIAL_RESULTS_FILE = "partial_eval_results.json"
 
 
 @dataclass
@@ -55,16 +65,20 @@ def main(argv):
     check_model_folder(args.model, model_types=seq2seq_model_types())
     if args.tokenizer is not None:
         check_tokenizer_folder(args.tokenizer)
-    output = Path(args.output) if args.output else Path(args.model) / f"hypotheses.{args.split}.txt"
-    check_output_file(output)
+    if args.output is not None:
+        check_output_file(args.output)
     from vaswani.evaluation.bleu import load_metric, load_pairs, load_translation_model, translate
 
     model, tokenizer = load_translation_model(
         args.model, args.tokenizer, decoding.device, decoding.int8, decoding.dtype
     )
-    sources, references, without_text = load_pairs(
+    sources, references, without_text, split_pairs = load_pairs(
         args.dataset_dir, args.split, args.source_lang, args.target_lang, args.max_samples
     )
+    pairs = min(args.max_samples, split_pairs) if args.max_samples is not None else split_pairs
+    less = measured_less(pairs, split_pairs, decoding.dtype, decoding.int8)
+    name = ".".join([args.split, *less])  # "test", "test.first50.bfloat16"
+    output = Path(args.output) if args.output else check_output_file(Path(args.model) / f"hypotheses.{name}.txt")
     if without_text:
         print(f"skipped {without_text} pairs of {args.split} without text on both sides")
     if not len(sources):
@@ -96,9 +110,9 @@ def main(argv):
     )
     print(f"chrF2 = {bleu['chrf']:.2f} (sacreBLEU signature: {bleu['chrf_signature']})")
 
-    results_file = Path(args.model) / "eval_results.json"
+    results_file = Path(args.model) / (PARTIAL_RESULTS_FILE if less else RESULTS_FILE)
     results = json.loads(results_file.read_text()) if results_file.exists() else {}
-    results[args.split] = {
+    results[name] = {
         "dataset_dir": args.dataset_dir,
         "bleu": round(bleu["score"], 2),
         "signature": bleu["signature"],
@@ -107,6 +121,7 @@ def main(argv):
         "chrf_signature": bleu["chrf_signature"],
         "paper_decoding": decoding.paper_decoding,
         "sentences": len(sources),
+        "split_pairs": split_pairs,
         "num_beams": decoding.num_beams,
         "length_penalty": decoding.length_penalty,
         "seconds": round(seconds, 1),
@@ -116,7 +131,26 @@ def main(argv):
         "int8": decoding.int8,
     }
     results_file.write_text(json.dumps(results, indent=2))
+    if less:
+        print(
+            f"A partial run ({', '.join(less.values())}): scores recorded as {name!r} in {results_file}, leaving "
+            f"{RESULTS_FILE}'s full scores as they were"
+        )
+    else:
+        print(f"Scores recorded as {name!r} in {results_file}, which the model card reads")
     return bleu
+
+
+def measured_less(pairs, split_pairs, dtype, int8) -> dict:
+    """What a run measures less than the split's full score (all of its pairs, the weights in float32), as the parts
+    of the name its scores are recorded under, with their words: {"first50": "the first 50 of 1111 pairs",
+    "bfloat16": "bfloat16"}; empty for a full run."""
+    less = {f"first{pairs}": f"the first {pairs} of {split_pairs} pairs"} if pairs < split_pairs else {}
+    if dtype != "float32":
+        less[dtype] = dtype
+    if int8:
+        less["int8"] = "int8 linear layers"
+    return less
 
 
 def bleu_line(bleu):

@@ -277,11 +277,13 @@ def main(argv=None):
     trainer = build_trainer(data_args, training_args, model, tokenizer, train_raw, eval_raw)
     train_result = trainer.train(resume_from_checkpoint=resume_from)
     trainable = sum(parameter.numel() for parameter in model.parameters() if parameter.requires_grad)
-    train_metrics = {**train_result.metrics, "trainable_parameters": trainable}
+    # The pair counts, as transformers' run_translation.py records them: an evaluation of --max_eval_samples pairs
+    # says it is one.
+    train_metrics = {**train_result.metrics, "trainable_parameters": trainable, "train_samples": len(train_raw)}
     trainer.log_metrics("train", train_metrics)
     trainer.save_metrics("train", train_metrics)  # OUTPUT_DIR/train_results.json
 
-    metrics = trainer.evaluate()
+    metrics = {**trainer.evaluate(), "eval_samples": len(eval_raw)}
     trainer.log_metrics("eval", metrics)
     trainer.save_metrics("eval", metrics)  # OUTPUT_DIR/eval_results.json
     trainer.save_model()  # the model (with its code) or the adapter, and the tokenizer, in OUTPUT_DIR

@@ -8,7 +8,8 @@
 # Everything lands in $OUT (default outputs/main_job): data/, tokenizer/, model/ (loads with from_pretrained and
 # holds training_curves.png, lr_schedule.png, the attention and positional-encoding pictures,
 # training_summary.json, eval_results.json): ready for scripts/push_to_hub.py.
-# Knobs: OUT, STEPS (700), PRESET (small), TEST_SAMPLES (all; a number for the first N test sentences).
+# Knobs: OUT, STEPS (700), PRESET (small), TEST_SAMPLES (all; a number for the first N test sentences, scored as a
+# partial run into partial_eval_results.json).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

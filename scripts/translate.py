@@ -29,6 +29,7 @@ from vaswani.checks import (
     check_model_folder,
     check_output_file,
     check_source_lengths,
+    device_refusal,
     seq2seq_model_types,
 )
 from vaswani.cli import command, parse_arguments
@@ -119,7 +120,13 @@ def translate_with_ctranslate2(args: TranslateArguments, decoding: DecodingArgum
     from vaswani.export.ctranslate2 import translate_sentences
 
     tokenizer = AutoTokenizer.from_pretrained(args.model)
-    device = decoding.device or ("cuda" if ctranslate2.get_cuda_device_count() else "cpu")
+    devices = ["cpu", "cuda"] if ctranslate2.get_cuda_device_count() else ["cpu"]  # CTranslate2's own, not torch's
+    device = decoding.device or devices[-1]
+    if device not in devices:
+        reason = f"CTranslate2 {ctranslate2.__version__} " + (
+            "sees no CUDA device" if device == "cuda" else "runs on cpu or cuda"
+        )
+        raise device_refusal(device, reason, devices)
     translator = ctranslate2.Translator(
         args.ctranslate2, device=device, compute_type="int8" if decoding.int8 else "default"
     )

@@ -273,3 +273,60 @@ def test_an_output_file_needs_its_folder(trained_text_model, tmp_path, monkeypat
             message = error_of(name, [*arguments, "--output", output], monkeypatch)
             assert message == f"{name}: error: cannot write --output {output}: {problem}."
     assert not (tmp_path / "nowhere").exists()
+
+
+# --- Devices. ---
+
+
+@pytest.fixture
+def without_cuda(monkeypatch):
+    """The machine as one without CUDA: this one, or a GPU machine whose GPUs torch and CTranslate2 do not see. The
+    reason the refusal gives: what torch says of CUDA here."""
+    import ctranslate2
+    import torch
+
+    if torch.cuda.is_available():
+        monkeypatch.setattr(torch.accelerator, "current_accelerator", lambda check_available=False: None)
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+        monkeypatch.setattr(ctranslate2, "get_cuda_device_count", lambda: 0)
+    if torch.backends.cuda.is_built():
+        return f"torch {torch.__version__} sees no cuda device here"
+    return f"this torch has no CUDA (torch {torch.__version__})"
+
+
+def device_arguments(name, folder, tmp_path):
+    (tmp_path / "in.txt").write_text("Jesus wept.\n")
+    data = save_pairs(tmp_path / "data", [{"en": "Jesus wept.", "es": "Y lloró Jesús."}])
+    return {
+        "vaswani-translate": ["--model", folder, "--input", tmp_path / "in.txt", "--output", tmp_path / "out.txt"],
+        "vaswani-evaluate": ["--model", folder, "--dataset_dir", data, "--split", "validation"],
+    }[name]
+
+
+@pytest.mark.parametrize("name", ["vaswani-translate", "vaswani-evaluate"])
+def test_a_device_that_cannot_run_is_one_sentence_naming_what_can(
+    name, trained_text_model, without_cuda, tmp_path, monkeypatch
+):
+    _, _, folder = trained_text_model
+    arguments = device_arguments(name, folder, tmp_path)
+    for device in ("cuda", "cuda:1"):
+        message = error_of(name, [*arguments, "--device", device], monkeypatch)
+        assert message == f"{name}: error: --device {device}: {without_cuda}; available: cpu."
+    message = error_of(name, [*arguments, "--device", "gpu"], monkeypatch)
+    assert message == f"{name}: error: --device gpu is not a device name (cpu, cuda, cuda:1, mps, ...)."
+    assert not (tmp_path / "out.txt").exists()
+
+
+def test_a_device_ctranslate2_cannot_run_on_is_one_sentence(trained_text_model, without_cuda, tmp_path, monkeypatch):
+    import ctranslate2
+
+    _, _, folder = trained_text_model
+    (tmp_path / "ct2").mkdir()
+    (tmp_path / "ct2" / "model.bin").write_bytes(b"")  # never read: the device is refused first
+    arguments = [*device_arguments("vaswani-translate", folder, tmp_path), "--ctranslate2", tmp_path / "ct2"]
+    for device, reason in (("cuda", "sees no CUDA device"), ("mps", "runs on cpu or cuda")):
+        message = error_of("vaswani-translate", [*arguments, "--device", device], monkeypatch)
+        assert message == (
+            f"vaswani-translate: error: --device {device}: CTranslate2 {ctranslate2.__version__} {reason}; "
+            "available: cpu."
+        )

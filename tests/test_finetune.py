@@ -200,6 +200,22 @@ def test_a_users_seq2seq_trainer_leaves_the_papers_decoding_in_the_model_it_save
     assert reloaded.generate(**source).shape[1] == 20
 
 
+def test_the_records_count_the_pairs_a_run_trained_on_and_evaluated(workspace, tmp_path):
+    """An evaluation of --max_eval_samples pairs says it is one, in the records the model card shows (the pair counts
+    of transformers' run_translation.py)."""
+    from vaswani.hub.model_card import render_model_card
+
+    output_dir = tmp_path / "finetuned"
+    flags = "--max_steps 2 --per_device_train_batch_size 4 --max_train_samples 6 --max_eval_samples 3".split()
+    run_finetune(workspace["model"], workspace["data"], output_dir, *flags)
+    assert json.loads((output_dir / "eval_results.json").read_text())["eval_samples"] == 3
+    assert json.loads((output_dir / "train_results.json").read_text())["train_samples"] == 6
+    assert {"train_samples": 6, "eval_samples": 3}.items() <= json.loads(
+        (output_dir / "all_results.json").read_text()
+    ).items()
+    assert "| eval_samples | 3 |" in render_model_card(output_dir, "alice/finetuned")
+
+
 def test_finetune_evaluates_with_the_decoding_and_score_of_vaswani_evaluate(workspace, tmp_path):
     """vaswani-finetune's evaluation decodes as vaswani-evaluate does (beam 4, the GNMT penalty, each sentence's own
     limit of its source length + 50, not one limit for all) and scores with the same metric: on the same model and

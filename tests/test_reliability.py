@@ -501,8 +501,8 @@ def test_pairs_without_text_are_dropped_and_counted(corpus, tmp_path):
     split = tokenize_split(rows, tokenizer, "en", "es")
     assert (split.without_text, len(split), split.rows.tolist()) == (3, 1, [1])
     datasets.DatasetDict(train=rows, validation=rows).save_to_disk(str(tmp_path / "data"))
-    sources, references, without_text = load_pairs(str(tmp_path / "data"), "validation", "en", "es")
-    assert (sources.to_pylist(), references.to_pylist(), without_text) == (["the cat"], ["el gato"], 3)
+    sources, references, without_text, split_pairs = load_pairs(str(tmp_path / "data"), "validation", "en", "es")
+    assert (sources.to_pylist(), references.to_pylist(), without_text, split_pairs) == (["the cat"], ["el gato"], 3, 4)
     assert len(load_translation_dataset(tmp_path / "data", "en", "es")["train"]) == 4
     # prepare_data.py's Hugging Face path: the same pairs are invalid_text, counted, not a crash.
     splits, dropped = prepare_translation_dataset(

@@ -419,6 +419,13 @@ def test_resumed_run_ends_exactly_like_an_uninterrupted_one(corpus, tmp_path):
     resumed_log = [r for r in read_log(tmp_path / "stopped") if "loss" in r]
     assert [r["step"] for r in resumed_log] == [r["step"] for r in straight_log]  # no duplicated lines
     assert [r["loss"] for r in resumed_log] == pytest.approx([r["loss"] for r in straight_log], abs=1e-6)
+    # The resumed run's summary is the whole run's, as the uninterrupted run's is, not that of its last 4 steps.
+    straight, resumed = (
+        json.loads((tmp_path / run / "training_summary.json").read_text()) for run in ("straight", "stopped")
+    )
+    for key in ("steps", "tokens_seen", "target_tokens_seen", "averaged_checkpoints", "skipped_steps"):
+        assert resumed[key] == straight[key], key
+    assert resumed["final_val_loss"] == pytest.approx(straight["final_val_loss"], abs=1e-6)
 
 
 @pytest.mark.slow  # three training runs, one of two processes
@@ -722,7 +729,7 @@ def test_evaluate_prints_bleu_with_signature_and_writes_hypotheses(trained, corp
     paper_line = next(
         line for line in result.stdout.splitlines() if line.startswith("Tokenized BLEU, compounds split")
     )
-    recorded = json.loads((trained / "eval_results.json").read_text())["test"]
+    recorded = json.loads((trained / "partial_eval_results.json").read_text())["test.first12"]  # 12 of 30 pairs
     assert float(paper_line.split("BLEU = ")[1].split()[0]) == pytest.approx(recorded["tokenized_bleu"], abs=0.01)
     assert recorded["paper_decoding"] is True and recorded["dtype"] == "float32" and "float32 on cpu)" in result.stdout
     chrf_line = next(line for line in result.stdout.splitlines() if line.startswith("chrF2 = "))

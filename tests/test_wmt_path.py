@@ -65,6 +65,31 @@ def test_a_local_copy_in_the_hubs_layout_takes_the_configuration_name(tmp_path, 
     assert train[0]["translation"] == {"fr": "fr train 0.", "en": "en train 0."}
 
 
+def test_a_datasets_own_test_and_validation_splits_are_kept_whole_as_published(tmp_path, capsys):
+    """newstest's layout: a pair of extreme length ratio, and one with a run of spaces and a decomposed accent, in
+    every split. The training pairs are cleaned and the extreme one dropped; the test and validation splits keep
+    every pair, word for word, so that their scores compare with others' on the same sets."""
+    extreme = {"de": "Ja.", "en": "Yes, and that is what the committee said in its report on the matter last year."}
+    untidy = {"de": "Cafe\u0301  am   Markt.", "en": "A  cafe\u0301 on the market."}
+    (tmp_path / "wmt" / "de-en").mkdir(parents=True)
+    published = {}
+    for split, count in (("train", 300), ("validation", 5), ("test", 7)):
+        rows = [{"translation": {"de": f"Satz {split} {i}.", "en": f"Sentence {split} {i}."}} for i in range(count)]
+        published[split] = [*rows, {"translation": extreme}, {"translation": untidy}]
+        path = tmp_path / "wmt" / "de-en" / f"{split}-00000-of-00001.parquet"
+        datasets.Dataset.from_list(published[split]).to_parquet(str(path))
+
+    prepare_data.main(["--dataset", tmp_path / "wmt", *DOCS_FLAGS, "--output_dir", tmp_path / "data"])
+
+    log = capsys.readouterr().out
+    assert log.splitlines()[:2] == ["kept 317 pairs, dropped 1", "  dropped length_ratio                   1"]
+    prepared = datasets.load_from_disk(str(tmp_path / "data"))
+    for split in ("validation", "test"):
+        assert prepared[split]["translation"] == [row["translation"] for row in published[split]]
+    assert extreme not in prepared["train"]["translation"]
+    assert {"de": "Caf\u00e9 am Markt.", "en": "A caf\u00e9 on the market."} in prepared["train"]["translation"]
+
+
 def test_the_configuration_of_a_folder_is_named_or_asked_for(tmp_path):
     folder = write_hub_layout(tmp_path / "wmt14", {"train": 2})
     with pytest.raises(SystemExit, match=r"holds one configuration per subfolder \(de-en, fr-en\).*--dataset_config"):
