@@ -707,7 +707,8 @@ def calls(draw) -> Call:
     options = {"num_beams": k}
     if k > 1:
         options["num_return_sequences"] = draw(st.integers(1, k))
-        options["length_penalty"] = draw(numbers(-1.0, 3.0, 0.6, 0.0, 1.0, -0.5, 2.0))
+        # Half from large penalties, where the stop rule's bound on a live hypothesis decides when a sentence is done.
+        options["length_penalty"] = draw(st.one_of(numbers(-1.0, 3.0, 0.6, 0.0, -0.5), numbers(1.0, 3.0, 1.0, 2.0)))
     limit = draw(st.sampled_from([None, "max_new_tokens", "max_length"]))
     prompt_width = 1 + max(map(len, prefixes or [()]))
     if limit == "max_new_tokens":
@@ -858,6 +859,37 @@ PROFILE = {"deadline": None, "suppress_health_check": [HealthCheck.too_slow, Hea
 # output_logits: the model's logits for every row, a finished sentence's too.
 @example(
     call=Call(sources=((9, 6, 23, 2), (22, 2)), options=(("output_logits", True), ("return_dict_in_generate", True)))
+)
+# The stop rule's bound: a live hypothesis may beat the finished ones at any length up to its longest, the last included.
+@example(
+    call=Call(
+        sources=((5, 19, 20, 2), (2,)),
+        model=ModelSpec(pad_token_id=None),
+        options=(("length_penalty", 2.0), ("num_beams", 4), ("num_return_sequences", 2)),
+    )
+)
+@example(
+    call=Call(
+        sources=((10, 16, 21, 2), (15, 14, 5, 2), (22, 23, 13, 15, 11, 21, 2)),
+        model=ModelSpec(max_positions=40),
+        holes=(((1, 4),), (), ()),
+        as_config=True,
+        prefixes=((), (9,), (10, 16, 21)),
+        prompt_mask=True,
+        options=(
+            ("cache_implementation", "static"),
+            ("disable_compile", False),
+            ("encoder_repetition_penalty", 0.5),
+            ("length_penalty", 2.0),
+            ("num_beams", 4),
+            ("num_return_sequences", 4),
+            ("output_attentions", True),
+            ("output_logits", True),
+            ("output_scores", True),
+            ("return_dict_in_generate", True),
+        ),
+        allowed=True,
+    )
 )
 def test_generate_keeps_its_promises_for_any_arguments(call):
     check_call(call)
