@@ -12,6 +12,8 @@ and the scores into its eval_results.json (which the model card reads). The scor
 Usage:
   python scripts/evaluate_bleu.py --model OUT --dataset_dir DIR --split test      (or: vaswani-evaluate ...)
   python scripts/evaluate_bleu.py --model OUT --dataset_dir DIR --split validation --num_beams 1 --max_samples 200
+  accelerate launch --num_processes 8 scripts/evaluate_bleu.py --model OUT --dataset_dir DIR --max_tokens 8192
+                                                  (each process translates its share; the main process scores)
 """
 
 import json
@@ -57,15 +59,17 @@ def main(argv):
         check_tokenizer_folder(args.tokenizer)
     output = Path(args.output) if args.output else Path(args.model) / f"hypotheses.{args.split}.txt"
     check_output_file(output)
-    from vaswani.evaluation.bleu import load_metric, load_pairs, load_translation_model, translate
+    from accelerate.utils import gather_object
 
-    model, tokenizer = load_translation_model(
-        args.model, args.tokenizer, decoding.device, decoding.int8, decoding.dtype
-    )
+    from vaswani.evaluation.bleu import load_metric, load_pairs, load_translation_model, translate
+    from vaswani.translation.files import launch
+
+    state, device = launch(decoding.device, decoding.int8)
+    model, tokenizer = load_translation_model(args.model, args.tokenizer, device, decoding.int8, decoding.dtype)
     sources, references, without_text = load_pairs(
         args.dataset_dir, args.split, args.source_lang, args.target_lang, args.max_samples
     )
-    if without_text:
+    if without_text and state.is_main_process:
         print(f"skipped {without_text} pairs of {args.split} without text on both sides")
     if not len(sources):
         raise UsageError(f"no pair to translate in the {args.split} split of {args.dataset_dir}.")
@@ -73,8 +77,16 @@ def main(argv):
     check_source_lengths(tokenizer, sources, limit, decoding.max_source_length, f"the {args.split} split's sources")
 
     start = time.time()
-    hypotheses = translate(model, tokenizer, sources, **decoding.options(), progress=True)
+    # Under accelerate launch, each process translates a stretch of the split; gathered in rank order, the
+    # hypotheses are in the split's order, and the main process alone scores and writes them.
+    with state.split_between_processes(list(range(len(sources)))) as share:
+        mine = sources.slice(share[0], len(share)) if share else sources.slice(0, 0)
+        hypotheses = gather_object(
+            translate(model, tokenizer, mine, **decoding.options(), progress=state.is_main_process)
+        )
     seconds = time.time() - start
+    if not state.is_main_process:
+        return None
     bleu = load_metric(args.target_lang).compute(
         predictions=hypotheses, references=references.to_pylist(), tokenize=args.tokenize
     )
@@ -86,7 +98,8 @@ def main(argv):
     print(
         f"Translated {len(sources)} sentences of {args.split} in {seconds:.1f}s "
         f"(num_beams={decoding.num_beams}, length_penalty={decoding.length_penalty}, "
-        f"paper_decoding={decoding.paper_decoding}, {decoding.dtype} on {model.device.type}); hypotheses in {output}"
+        f"paper_decoding={decoding.paper_decoding}, {decoding.dtype} on {model.device.type}, "
+        f"{state.num_processes} processes); hypotheses in {output}"
     )
     print(bleu_line(bleu))  # "BLEU = 27.30 58.1/33.0/20.9/13.6 (BP = ... ratio = ... hyp_len = ... ref_len = ...)"
     print(f"sacreBLEU signature: {bleu['signature']}")
