@@ -2,15 +2,17 @@
 processes under `accelerate launch`, batched by tokens, resumed after a process is killed without translating a line
 twice, and refusing bad input in one sentence before any work, without leaving a partial output."""
 
+import json
 import re
+import shutil
 import signal
 import time
 
 import psutil
 import pytest
-from helpers import PAIRS, finish, run_command, script_command, start, two_process_launch
+from helpers import PAIRS, finish, run_command, save_pairs, script_command, start, two_process_launch
 
-from vaswani.scripts import translate
+from vaswani.scripts import evaluate_bleu, translate
 
 
 SOURCES = [source for source, _ in PAIRS]
@@ -127,3 +129,37 @@ def test_bad_input_is_refused_in_one_sentence_before_any_work(trained_text_model
     assert done.returncode in (1, 2) and message.startswith("translate.py: error: "), done.stderr[-3000:]
     assert expected in message and "Traceback" not in done.stderr
     assert not output.exists() and not (tmp_path / "out.txt.parts").exists()
+
+
+def test_two_processes_evaluate_as_one(trained_text_model, tmp_path, capsys):
+    """vaswani-evaluate under accelerate launch: each process translates its stretch of the split (11 pairs: one
+    more for the first), the main process scores them all: the hypotheses and scores of one process."""
+    _, _, trained = trained_text_model
+    folder = shutil.copytree(trained, tmp_path / "model")  # eval_results.json is written beside the model
+    pairs = [{"en": source, "es": target} for source, target in (PAIRS * 3)[:11]]
+    data = save_pairs(tmp_path / "data", pairs)
+    common = [
+        "--model",
+        folder,
+        "--dataset_dir",
+        data,
+        "--split",
+        "validation",
+        "--device",
+        "cpu",
+        "--max_tokens",
+        "30",
+    ]
+    evaluate_bleu.main([*common, "--output", tmp_path / "one.txt"])
+    one = json.loads((folder / "eval_results.json").read_text())["validation"]
+    launched = start(
+        [*two_process_launch(), script_command("evaluate_bleu")[1], *common, "--output", tmp_path / "two.txt"]
+    )
+    stdout, stderr = finish(launched, timeout=600)
+    assert launched.returncode == 0, stderr[-5000:]
+    assert (tmp_path / "two.txt").read_bytes() == (tmp_path / "one.txt").read_bytes()
+    two = json.loads((folder / "eval_results.json").read_text())["validation"]
+    assert {key: two[key] for key in ("bleu", "tokenized_bleu", "chrf", "sentences")} == {
+        key: one[key] for key in ("bleu", "tokenized_bleu", "chrf", "sentences")
+    }
+    assert one["bleu"] == 100.0 and stdout.count("BLEU = ") == 2  # the model learnt them; one process printed
