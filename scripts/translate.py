@@ -173,7 +173,7 @@ def main(argv):
     if STANDARD_STREAM not in (args.input, args.output, args.prefixes) and not args.ctranslate2:
         check_model_folder(args.model, model_types=seq2seq_model_types())
         return translate_file(args, decoding)
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # torchrun's, set in each process accelerate launch starts
         raise UsageError(
             "standard input and output and --ctranslate2 are one process's: under accelerate launch, give --input "
             "and --output files and leave out --ctranslate2."
