@@ -163,3 +163,15 @@ def test_two_processes_evaluate_as_one(trained_text_model, tmp_path, capsys):
         key: one[key] for key in ("bleu", "tokenized_bleu", "chrf", "sentences")
     }
     assert one["bleu"] == 100.0 and stdout.count("BLEU = ") == 2  # the model learnt them; one process printed
+
+
+def test_standard_input_is_refused_under_several_processes(trained_text_model, monkeypatch):
+    """A pipe cannot be shared: under accelerate launch (torchrun's WORLD_SIZE), the command asks for files at once."""
+    _, _, folder = trained_text_model
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(SystemExit) as refused:
+        translate.main(["--model", folder, "--device", "cpu"])
+    assert str(refused.value.code).endswith(
+        "error: standard input and output and --ctranslate2 are one process's: under accelerate launch, give --input "
+        "and --output files and leave out --ctranslate2."
+    )

@@ -123,6 +123,7 @@ class FileTranslation:
         self.source, self.prefixes, self.state = source, prefixes, state
         self.output = Path(output)
         self.parts = self.output.with_name(self.output.name + ".parts")
+        self.removed = self.output.with_name(self.output.name + ".parts.removed")
         self.manifest = {
             "input": source.describe(),
             "prefixes": None if prefixes is None else prefixes.describe(),
@@ -184,6 +185,7 @@ class FileTranslation:
         run and those `done_before` it, and this run's `seconds`."""
         start = time.perf_counter()
         if self.state.is_main_process:
+            shutil.rmtree(self.removed, ignore_errors=True)  # the work folder of a finished run, killed as it went
             self.parts.mkdir(exist_ok=True)
             for leftover in self.parts.glob("*.tmp"):  # a chunk being written when a run was killed
                 leftover.unlink()
@@ -227,7 +229,9 @@ class FileTranslation:
                     shutil.copyfileobj(part, joined)
             durable(joined)
         os.replace(temporary, self.output)
-        shutil.rmtree(self.parts)
+        # Renamed before it is emptied: a run killed meanwhile leaves no work folder with some chunks gone.
+        os.replace(self.parts, self.removed)
+        shutil.rmtree(self.removed)
 
 
 def write_whole(path: Path, text: str):
