@@ -4,6 +4,7 @@ CTranslate2's `translate_file` beside it.
     python -m benchmarks.translate_files run --model M --dataset_dir BIBLE --workdir WORK [--lines 100000]
         [--seconds 240] [--big 1000000,10000000] [--max_tokens 1024] [--chunk_lines 200] [--ctranslate2_lines 2000]
         [--load TEXT] [--notes TEXT]
+    python -m benchmarks.translate_files large ... --max_source_length 1024   (the large files again, rows added)
     python -m benchmarks.translate_files report        (the page again from its JSON)
 
 Writes `translate_files.{json,md}` in docs/benchmarks. How it measures:
@@ -69,6 +70,8 @@ def measure(model, corpus: Path, output: Path, processes: int, args, stop_at_fir
             path.unlink()
         parts.rmdir()
     flags = ["--max_tokens", args.max_tokens, "--chunk_lines", args.chunk_lines, "--device", "cpu"]
+    if args.max_source_length is not None:
+        flags += ["--max_source_length", args.max_source_length]
     command = translate_command(processes, ["--model", model, "--input", corpus, "--output", output, *flags])
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     started, peaks, first_chunk = time.perf_counter(), {}, None
@@ -110,6 +113,7 @@ def measure(model, corpus: Path, output: Path, processes: int, args, stop_at_fir
         "chunks_finished": len(chunks),
         "lines_per_s": None if stop_at_first or rate is None else round(rate, 2),
         "peak_memory_per_process_mib": sorted(round(peak / 2**20) for peak in peaks.values()),
+        "max_source_length": args.max_source_length,
     }
 
 
@@ -189,6 +193,7 @@ def render(data: dict) -> str:
         [
             f"{row['input_lines']:,}",
             row["processes"],
+            row.get("max_source_length") or "",
             ", ".join(f"{mib:,}" for mib in row["peak_memory_per_process_mib"]),
             f"{row['to_first_chunk_s']:.1f}",
         ]
@@ -219,7 +224,16 @@ def render(data: dict) -> str:
                     rows,
                 ),
                 "## Memory and start time as the file grows (stopped at the first chunk)",
-                harness.table(["input lines", "processes", "peak MiB per process", "to the first chunk (s)"], big),
+                harness.table(
+                    [
+                        "input lines",
+                        "processes",
+                        "--max_source_length",
+                        "peak MiB per process",
+                        "to the first chunk (s)",
+                    ],
+                    big,
+                ),
                 "## CTranslate2's translate_file on the corpus's first lines",
                 harness.table(["CTranslate2 float32", "lines/s", "run"], ct2),
                 data["notes"],
@@ -229,9 +243,19 @@ def render(data: dict) -> str:
     )
 
 
+def large_files(args) -> list:
+    """The large files, each measured to its first chunk in one process."""
+    rows = []
+    for lines in map(int, args.big.split(",")):
+        big = build_corpus(args.dataset_dir, args.workdir / f"corpus_{lines}.txt", lines)
+        log = args.workdir / f"log_{lines}"
+        rows.append(measure(args.model, big, args.workdir / "out_big.txt", 1, args, True, log))
+    return rows
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("command", choices=["run", "ctranslate2", "report"])
+    parser.add_argument("command", choices=["run", "large", "ctranslate2", "report"])
     parser.add_argument("job", nargs="?", help="ctranslate2's JOB.json (run writes it)")
     parser.add_argument("--model", help="a model folder with its tokenizer")
     parser.add_argument("--dataset_dir", type=Path, help="BIBLE, the default corpus (prepare_data.py's DatasetDict)")
@@ -243,6 +267,11 @@ def main():
     parser.add_argument("--max_tokens", type=int, default=1024)
     parser.add_argument("--chunk_lines", type=int, default=200)
     parser.add_argument("--ctranslate2_lines", type=int, default=2000)
+    parser.add_argument(
+        "--max_source_length",
+        type=int,
+        help="large: the large files again with it (no line's tokens are counted before the first chunk)",
+    )
     parser.add_argument("--load", default="", help="what else ran on the machine, for the page")
     parser.add_argument("--notes", default="", help="a paragraph for the page")
     args = parser.parse_args()
@@ -254,6 +283,11 @@ def main():
         harness.write_page(RESULTS, data, render(data))
         return
     args.workdir.mkdir(parents=True, exist_ok=True)
+    if args.command == "large":  # more rows of large files, added to the record
+        data = json.loads(Path(f"{RESULTS}.json").read_text())
+        data["large_files"] += large_files(args)
+        harness.write_page(RESULTS, data, render(data))
+        return
     corpus = build_corpus(args.dataset_dir, args.workdir / f"corpus_{args.lines}.txt", args.lines)
     scaling = [
         measure(
@@ -261,19 +295,13 @@ def main():
         )
         for processes in (1, 2)
     ]
-    large = []
-    for lines in map(int, args.big.split(",")):
-        big = build_corpus(args.dataset_dir, args.workdir / f"corpus_{lines}.txt", lines)
-        large.append(
-            measure(args.model, big, args.workdir / "out_big.txt", 1, args, True, args.workdir / f"log_{lines}")
-        )
     data = {
         "environment": harness.environment("torch", "transformers", "accelerate", "ctranslate2"),
         "settings": {key: getattr(args, key) for key in ("model", "lines", "seconds", "max_tokens", "chunk_lines")},
         "load": args.load,
         "notes": args.notes,
         "scaling": scaling,
-        "large_files": large,
+        "large_files": large_files(args),
         "ctranslate2": run_ctranslate2(args.model, corpus, args.workdir, args),
     }
     harness.write_page(RESULTS, data, render(data))
