@@ -5,6 +5,7 @@ CTranslate2's `translate_file` beside it.
         [--seconds 240] [--big 1000000,10000000] [--max_tokens 1024] [--chunk_lines 200] [--ctranslate2_lines 2000]
         [--load TEXT] [--notes TEXT]
     python -m benchmarks.translate_files large ... --max_source_length 1024   (the large files again, rows added)
+    python -m benchmarks.translate_files compare --workdir WORK       (CTranslate2's translations beside vaswani's)
     python -m benchmarks.translate_files report        (the page again from its JSON)
 
 Writes `translate_files.{json,md}` in docs/benchmarks. How it measures:
@@ -174,6 +175,23 @@ def run_ctranslate2(model, corpus: Path, workdir: Path, args) -> dict:
     return harness.run_json(["-m", "benchmarks.translate_files", "ctranslate2", workdir / "ct2_job.json"])
 
 
+def compare_outputs(workdir: Path, lines: int) -> dict:
+    """CTranslate2's translations of the first `lines` lines beside vaswani's (the chunks the 2-process run finished,
+    in order): how many are the same, and how many ran past 100 words (a sentence whose translation does not end)."""
+    ctranslate2 = (workdir / "ct2_out.txt").read_text(encoding="utf-8").splitlines()
+    parts = sorted((workdir / "out.txt.parts").glob("*[0-9].txt"))
+    vaswani = [line for part in parts for line in part.read_text(encoding="utf-8").splitlines()][:lines]
+    ctranslate2 = ctranslate2[: len(vaswani)]
+    return {
+        "lines": len(vaswani),
+        "identical": sum(a == b for a, b in zip(ctranslate2, vaswani)),
+        "over_100_words": {
+            "ctranslate2": sum(len(line.split()) > 100 for line in ctranslate2),
+            "vaswani": sum(len(line.split()) > 100 for line in vaswani),
+        },
+    }
+
+
 def render(data: dict) -> str:
     scaling = data["scaling"]
     rows = [
@@ -203,6 +221,16 @@ def render(data: dict) -> str:
         [name, f"{row['lines_per_s']:.2f}", f"{row['lines']:,} lines in {row['seconds']:.1f} s"]
         for name, row in data["ctranslate2"].items()
     ]
+    same = data.get("ctranslate2_outputs")
+    if same:
+        ct2.append(
+            [
+                "translations beside vaswani's",
+                "",
+                f"{same['identical']:,} of {same['lines']:,} the same; past 100 words: "
+                f"{same['over_100_words']['ctranslate2']} (vaswani: {same['over_100_words']['vaswani']})",
+            ]
+        )
     settings = data["settings"]
     return (
         "\n\n".join(
@@ -255,7 +283,7 @@ def large_files(args) -> list:
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("command", choices=["run", "large", "ctranslate2", "report"])
+    parser.add_argument("command", choices=["run", "large", "compare", "ctranslate2", "report"])
     parser.add_argument("job", nargs="?", help="ctranslate2's JOB.json (run writes it)")
     parser.add_argument("--model", help="a model folder with its tokenizer")
     parser.add_argument("--dataset_dir", type=Path, help="BIBLE, the default corpus (prepare_data.py's DatasetDict)")
@@ -283,6 +311,11 @@ def main():
         harness.write_page(RESULTS, data, render(data))
         return
     args.workdir.mkdir(parents=True, exist_ok=True)
+    if args.command == "compare":  # CTranslate2's translations beside vaswani's, added to the record
+        data = json.loads(Path(f"{RESULTS}.json").read_text())
+        data["ctranslate2_outputs"] = compare_outputs(args.workdir, args.ctranslate2_lines)
+        harness.write_page(RESULTS, data, render(data))
+        return
     if args.command == "large":  # more rows of large files, added to the record
         data = json.loads(Path(f"{RESULTS}.json").read_text())
         data["large_files"] += large_files(args)
@@ -304,6 +337,7 @@ def main():
         "large_files": large_files(args),
         "ctranslate2": run_ctranslate2(args.model, corpus, args.workdir, args),
     }
+    data["ctranslate2_outputs"] = compare_outputs(args.workdir, args.ctranslate2_lines)
     harness.write_page(RESULTS, data, render(data))
 
 

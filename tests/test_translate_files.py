@@ -12,6 +12,7 @@ import psutil
 import pytest
 from helpers import PAIRS, finish, run_command, save_pairs, script_command, start, two_process_launch
 
+from vaswani.evaluation.bleu import token_batches
 from vaswani.scripts import evaluate_bleu, translate
 
 
@@ -175,3 +176,16 @@ def test_standard_input_is_refused_under_several_processes(trained_text_model, m
         "error: standard input and output and --ctranslate2 are one process's: under accelerate launch, give --input "
         "and --output files and leave out --ctranslate2."
     )
+
+
+def test_batches_by_tokens_hold_the_budget_with_their_padding():
+    """fairseq's --max-tokens: a batch's sentences times its longest stay within the budget, and a batch takes every
+    sentence that still fits; a sentence longer than the budget goes alone."""
+    lengths = [5, 30, 7, 7, 12, 50, 3, 12, 9]
+    batches = token_batches(lengths, 40)
+    assert sorted(index for batch in batches for index in batch) == list(range(len(lengths)))
+    assert batches == [[5], [1], [4, 7, 8], [2, 3, 0, 6]]
+    for batch in batches[:-1]:
+        longest = lengths[batch[0]]
+        assert len(batch) * longest <= 40 or len(batch) == 1
+        assert (len(batch) + 1) * longest > 40  # the next sentence did not fit
