@@ -181,10 +181,10 @@ def test_standard_input_is_refused_under_several_processes(trained_text_model, m
 def test_batches_by_tokens_hold_the_budget_with_their_padding():
     """fairseq's --max-tokens: a batch's sentences times its longest stay within the budget, and a batch takes every
     sentence that still fits; a sentence longer than the budget goes alone."""
-    lengths = [5, 30, 7, 7, 12, 50, 3, 12, 9]
+    lengths = [5, 30, 10, 10, 12, 50, 3, 10, 9]
     batches = token_batches(lengths, 40)
     assert sorted(index for batch in batches for index in batch) == list(range(len(lengths)))
-    assert batches == [[5], [1], [4, 7, 8], [2, 3, 0, 6]]
+    assert batches == [[5], [1], [4, 2, 3], [7, 8, 0, 6]]  # the last exactly 40: 4 sentences of 10 tokens
     for batch in batches[:-1]:
         longest = lengths[batch[0]]
         assert len(batch) * longest <= 40 or len(batch) == 1
