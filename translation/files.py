@@ -110,7 +110,8 @@ class LineFile:
 
 
 class FileTranslation:
-    """The translation of `source` into `output` by the processes of `state`: `check` before any work, then `run`.
+    """The translation of `source` into `output` by the processes of `state`: `check_lengths` before any work, then
+    `run`.
 
     `settings` (a JSON-able dict: the model, the decoding, the output's format) go into the manifest with the input's
     and `prefixes`' descriptions; a work folder whose manifest differs is refused in one sentence."""
@@ -181,8 +182,8 @@ class FileTranslation:
     def run(self, translate_chunk, tokenizer) -> dict:
         """Translate this process's missing chunks with `translate_chunk(lines, prefixes, first_line, on_batch)`,
         which returns a chunk's output lines and calls `on_batch(indices)` after each batch (`translations`); then
-        join the chunks into the output. Returns, over all processes, the input's `lines`, those `translated` by this
-        run and those `done_before` it, and this run's `seconds`."""
+        join the chunks into the output. Returns, over all processes, the input's `lines`, those `translated` (decoded)
+        by this run and those `done_before` it (in chunks found on disk), and this run's `seconds`."""
         start = time.perf_counter()
         if self.state.is_main_process:
             shutil.rmtree(self.removed, ignore_errors=True)  # the work folder of a finished run, killed as it went
@@ -208,15 +209,16 @@ class FileTranslation:
             )
             write_whole(self.part(index), "".join(line.replace("\n", " ") + "\n" for line in output))
         bar.close()
-        translated = sum(gather_object([share]))
+        # The lines each process decoded (counted batch by batch) and those its missing chunks held.
+        decoded, shares = zip(*gather_object([(bar.done, share)]))
         self.state.wait_for_everyone()
         if self.state.is_main_process:
             self.join()
         self.state.wait_for_everyone()
         return {
             "lines": self.source.lines,
-            "translated": translated,
-            "done_before": self.source.lines - translated,
+            "translated": sum(decoded),
+            "done_before": self.source.lines - sum(shares),
             "seconds": time.perf_counter() - start,
         }
 
