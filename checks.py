@@ -143,9 +143,10 @@ def device_refusal(device, reason, available, flag="--device") -> UsageError:
     return UsageError(f"{flag} {device}: {reason}; available: {', '.join(available)}.")
 
 
-def check_source_lengths(tokenizer, sources, limit, max_source_length, flag="--input"):
+def check_source_lengths(tokenizer, sources, limit, max_source_length, flag="--input", first_line=1):
     """Sources the model can encode: without --max_source_length, none may be longer than `limit` tokens (the
-    model's positions); --max_source_length itself may not be above it. `sources`: str sentences, in order."""
+    model's positions); --max_source_length itself may not be above it. `sources`: str sentences, in order, the first
+    of them line `first_line` of `flag`."""
     if limit is None:
         return
     if max_source_length is not None:
@@ -155,16 +156,24 @@ def check_source_lengths(tokenizer, sources, limit, max_source_length, flag="--i
                 f"pass --max_source_length {limit} or less."
             )
         return
+    lengths = token_lengths(tokenizer, sources)
+    longest = next((index for index, length in enumerate(lengths) if length > limit), None)
+    if longest is not None:
+        raise UsageError(
+            f"line {first_line + longest} of {flag} is {lengths[longest]} tokens long, more than the model's "
+            f"{limit} source positions: pass --max_source_length {limit} (or less) to cut longer sources."
+        )
+
+
+def token_lengths(tokenizer, sources) -> list[int]:
+    """The number of tokens of each source, with its special tokens. `sources`: a list of str, or a pyarrow string
+    array (vaswani-evaluate's), turned into Python strings a thousand at a time."""
+    lengths = []
     for start in range(0, len(sources), 1000):
-        chunk = sources[start : start + 1000]  # a list, or a pyarrow string array (vaswani-evaluate's)
+        chunk = sources[start : start + 1000]
         chunk = chunk.to_pylist() if hasattr(chunk, "to_pylist") else list(chunk)
-        lengths = [len(ids) for ids in tokenizer(chunk).input_ids]
-        longest = max(range(len(lengths)), key=lengths.__getitem__, default=None)
-        if longest is not None and lengths[longest] > limit:
-            raise UsageError(
-                f"line {start + longest + 1} of {flag} is {lengths[longest]} tokens long, more than the model's "
-                f"{limit} source positions: pass --max_source_length {limit} (or less) to cut longer sources."
-            )
+        lengths += [len(ids) for ids in tokenizer(chunk).input_ids]
+    return lengths
 
 
 # The folders `check_writable_dir` created in this process, deepest first: a command that fails removes those it left

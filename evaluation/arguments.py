@@ -5,6 +5,8 @@ in the flags answer without the training extras."""
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
+from ..checks import UsageError
+
 
 @dataclass
 class DecodingArguments:
@@ -17,7 +19,11 @@ class DecodingArguments:
         default=True,
         metadata={"help": "section 6.1's beam search: GNMT length penalty, each sentence's own length limit"},
     )
-    batch_size: int = field(default=32, metadata={"help": "sentences per generate() call"})
+    batch_size: int = field(default=32, metadata={"help": "sentences per generate() call (without --max_tokens)"})
+    max_tokens: int | None = field(
+        default=None,
+        metadata={"help": "instead of --batch_size: source tokens per generate() call, padding included (fairseq's)"},
+    )
     max_source_length: int | None = field(default=None, metadata={"help": "cut longer sources (tokens), and say so"})
     device: str | None = field(default=None, metadata={"help": "cpu, cuda, ...; default: cuda if available"})
     dtype: Literal["float32", "bfloat16", "float16"] = field(
@@ -30,6 +36,11 @@ class DecodingArguments:
             "help": "on the CPU, int8 linear layers (torch's dynamic quantization); with --ctranslate2, its int8"
         },
     )
+
+    def __post_init__(self):
+        for flag, value in (("--batch_size", self.batch_size), ("--max_tokens", self.max_tokens)):
+            if value is not None and value < 1:
+                raise UsageError(f"{flag} must be at least 1, got {value}.")
 
     def options(self) -> dict:
         """The keyword arguments of `translations` (the device and the weights' type are the model's)."""

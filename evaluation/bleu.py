@@ -22,7 +22,7 @@ import torch
 from sacremoses import MosesTokenizer
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, Pipeline, pipeline
 
-from ..checks import UsageError, check_device, check_safetensors_weights, check_tokenizer_matches_config
+from ..checks import UsageError, check_device, check_safetensors_weights, check_tokenizer_matches_config, token_lengths
 from ..modeling import VaswaniTranslationPipeline
 from ..modeling.pipeline_vaswani import BATCH_SIZE, longest_first, translate_batch
 from ..progress import progress_bar
@@ -91,7 +91,9 @@ def translations(
     max_new_tokens=None,
     paper_decoding=None,
     prefixes=None,
+    max_tokens=None,
     progress=False,
+    on_batch=None,
     **answer_options,
 ):
     """Translate `sentences`: for each, in the same order, its hypotheses as `translate_batch` answers them (dicts
@@ -104,7 +106,9 @@ def translations(
     says so. `paper_decoding=True` decodes as section 6.1 does (the GNMT length penalty, each sentence's own limit:
     modeling/generation_vaswani.py), False with transformers' beam search, None as the model's generation config
     says (the only choice for a model of another class, such as Marian). `prefixes`: one forced beginning per
-    sentence. `answer_options`: `num_return_sequences`, `return_scores`, `return_alignments`, `alignment_layer`.
+    sentence. `max_tokens`: batches of at most that many source tokens, padding included (fairseq's --max-tokens),
+    instead of `batch_size` sentences. `on_batch(indices)` is called after each batch with its sentences' indices.
+    `answer_options`: `num_return_sequences`, `return_scores`, `return_alignments`, `alignment_layer`.
     """
     if not len(sentences):
         return []
@@ -113,7 +117,14 @@ def translations(
         raise ValueError(f"{len(prefixes)} prefixes for {len(sentences)} sentences: give one per sentence.")
     was_training = model.training
     model.eval()
-    order = longest_first(pc.utf8_length(sentences).to_pylist())
+    if max_tokens is None:
+        order = longest_first(pc.utf8_length(sentences).to_pylist())
+        batches = [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
+    else:
+        lengths = token_lengths(tokenizer, sentences)
+        if max_source_length is not None:
+            lengths = [min(length, max_source_length) for length in lengths]
+        batches = token_batches(lengths, max_tokens)
     generate_kwargs = {"num_beams": num_beams, "do_sample": False}
     if paper_decoding is not None:
         generate_kwargs["paper_decoding"] = paper_decoding
@@ -122,10 +133,7 @@ def translations(
     if max_new_tokens is not None:
         generate_kwargs["max_new_tokens"] = max_new_tokens
     answers = [None] * len(sentences)
-    for start in progress_bar(
-        range(0, len(order), batch_size), desc="translating", unit="batch", disable=not progress
-    ):
-        chunk = order[start : start + batch_size]
+    for chunk in progress_bar(batches, desc="translating", unit="batch", disable=not progress):
         batch = translate_batch(
             model,
             tokenizer,
@@ -137,8 +145,23 @@ def translations(
         )
         for i, hypotheses in zip(chunk, batch):
             answers[i] = hypotheses
+        if on_batch is not None:
+            on_batch(chunk)
     model.train(was_training)
     return answers
+
+
+def token_batches(lengths, max_tokens) -> list[list[int]]:
+    """The indices of sources of these token lengths, longest first, cut into batches of at most `max_tokens` tokens
+    with their padding (each as long as its batch's longest, its first), as fairseq's --max-tokens counts them. A source
+    longer than `max_tokens` makes a batch of its own."""
+    batches = []
+    for index in longest_first(lengths):
+        if batches and (len(batches[-1]) + 1) * lengths[batches[-1][0]] <= max_tokens:
+            batches[-1].append(index)
+        else:
+            batches.append([index])
+    return batches
 
 
 def reference_lists(hypotheses, references):

@@ -16,6 +16,8 @@ also take.
 Usage:
   python scripts/evaluate_bleu.py --model OUT --dataset_dir DIR --split test      (or: vaswani-evaluate ...)
   python scripts/evaluate_bleu.py --model OUT --dataset_dir DIR --split validation --num_beams 1 --max_samples 200
+  accelerate launch --num_processes 8 scripts/evaluate_bleu.py --model OUT --dataset_dir DIR --max_tokens 8192
+                                                  (each process translates its share; the main process scores)
 """
 
 import json
@@ -67,11 +69,13 @@ def main(argv):
         check_tokenizer_folder(args.tokenizer)
     if args.output is not None:
         check_output_file(args.output)
-    from vaswani.evaluation.bleu import load_metric, load_pairs, load_translation_model, translate
+    from accelerate.utils import gather_object
 
-    model, tokenizer = load_translation_model(
-        args.model, args.tokenizer, decoding.device, decoding.int8, decoding.dtype
-    )
+    from vaswani.evaluation.bleu import load_metric, load_pairs, load_translation_model, translate
+    from vaswani.translation.files import launch
+
+    state, device = launch(decoding.device, decoding.int8)
+    model, tokenizer = load_translation_model(args.model, args.tokenizer, device, decoding.int8, decoding.dtype)
     sources, references, without_text, split_pairs = load_pairs(
         args.dataset_dir, args.split, args.source_lang, args.target_lang, args.max_samples
     )
@@ -79,7 +83,7 @@ def main(argv):
     less = measured_less(pairs, split_pairs, decoding.dtype, decoding.int8)
     name = ".".join([args.split, *less])  # "test", "test.first50.bfloat16"
     output = Path(args.output) if args.output else check_output_file(Path(args.model) / f"hypotheses.{name}.txt")
-    if without_text:
+    if without_text and state.is_main_process:
         print(f"skipped {without_text} pairs of {args.split} without text on both sides")
     if not len(sources):
         raise UsageError(f"no pair to translate in the {args.split} split of {args.dataset_dir}.")
@@ -87,8 +91,16 @@ def main(argv):
     check_source_lengths(tokenizer, sources, limit, decoding.max_source_length, f"the {args.split} split's sources")
 
     start = time.time()
-    hypotheses = translate(model, tokenizer, sources, **decoding.options(), progress=True)
+    # Under accelerate launch, each process translates a stretch of the split; gathered in rank order, the
+    # hypotheses are in the split's order, and the main process alone scores and writes them.
+    with state.split_between_processes(list(range(len(sources)))) as share:
+        mine = sources.slice(share[0], len(share)) if share else sources.slice(0, 0)
+        hypotheses = gather_object(
+            translate(model, tokenizer, mine, **decoding.options(), progress=state.is_main_process)
+        )
     seconds = time.time() - start
+    if not state.is_main_process:
+        return None
     bleu = load_metric(args.target_lang).compute(
         predictions=hypotheses, references=references.to_pylist(), tokenize=args.tokenize
     )
@@ -100,7 +112,8 @@ def main(argv):
     print(
         f"Translated {len(sources)} sentences of {args.split} in {seconds:.1f}s "
         f"(num_beams={decoding.num_beams}, length_penalty={decoding.length_penalty}, "
-        f"paper_decoding={decoding.paper_decoding}, {decoding.dtype} on {model.device.type}); hypotheses in {output}"
+        f"paper_decoding={decoding.paper_decoding}, {decoding.dtype} on {model.device.type}, "
+        f"{state.num_processes} processes); hypotheses in {output}"
     )
     print(bleu_line(bleu))  # "BLEU = 27.30 58.1/33.0/20.9/13.6 (BP = ... ratio = ... hyp_len = ... ref_len = ...)"
     print(f"sacreBLEU signature: {bleu['signature']}")

@@ -6,9 +6,16 @@
     python scripts/translate.py --model M --ctranslate2 CT2 --input F --output G   (CTranslate2, the fastest on CPUs)
     sacremoses normalize < raw.txt | vaswani-translate --model M > hyp.txt       (a pipe: standard input and output)
 
+    accelerate launch --num_processes 8 scripts/translate.py --model M --input F --output G --max_tokens 8192
+                                                         (every launched process translates its share of the file)
+
 --input and --output left out, or given as -, are standard input and standard output (UTF-8), so that the command sits
 in a shell pipeline as fairseq-interactive and marian-decoder do; its progress and summary go to standard error.
-Sentences are decoded in batches of similar length (less padding) and written in their input order, one line each.
+Sentences are decoded in batches of similar length (less padding), --batch_size sentences or --max_tokens source
+tokens each, and written in their input order, one line each. A file is read --chunk_lines lines at a time and
+translated chunk by chunk, shared by every process `accelerate launch` starts; each finished chunk is kept in
+OUTPUT.parts, so that the same command, run again after a kill, goes on where the run stopped; the output appears
+whole at the end (vaswani.translation.files).
 With --nbest, --scores or --alignments, each line is instead tab-separated, --nbest lines per sentence, best first:
 the sentence's line number (from 0), the hypothesis' rank, the score (with --scores: its log-probability divided by
 the length penalty, as the beam ranked it), the translation, and the alignment (with --alignments: fairseq's
@@ -19,9 +26,10 @@ instead, tokenized by --model's tokenizer: CTranslate2's beam search with --num_
 penalty is |Y| ** alpha, as transformers' beam search's), each batch limited to its longest source + 50 tokens.
 """
 
+import os
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from vaswani.checks import (
@@ -34,6 +42,10 @@ from vaswani.checks import (
 )
 from vaswani.cli import command, parse_arguments
 from vaswani.evaluation.arguments import DecodingArguments
+
+
+# --chunk_lines' default (vaswani.translation.files.CHUNK_LINES, which imports accelerate: --help answers without it).
+CHUNK_LINES = 10_000
 
 
 @dataclass
@@ -52,6 +64,10 @@ class TranslateArguments:
     ctranslate2: str | None = field(
         default=None,
         metadata={"help": "translate with this CTranslate2 export of --model (vaswani-export-ctranslate2)"},
+    )
+    chunk_lines: int = field(
+        default=CHUNK_LINES,
+        metadata={"help": "lines of a file translated, sorted by length and kept on disk together"},
     )
 
 
@@ -159,6 +175,16 @@ def main(argv):
         check_output_file(args.output)
     if args.prefixes == STANDARD_STREAM == args.input:
         raise UsageError("--prefixes - and --input - would both read standard input: give one of them as a file.")
+    if args.chunk_lines < 1:
+        raise UsageError(f"--chunk_lines must be at least 1, got {args.chunk_lines}.")
+    if STANDARD_STREAM not in (args.input, args.output, args.prefixes) and not args.ctranslate2:
+        check_model_folder(args.model, model_types=seq2seq_model_types())
+        return translate_file(args, decoding)
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # torchrun's, set in each process accelerate launch starts
+        raise UsageError(
+            "standard input and output and --ctranslate2 are one process's: under accelerate launch, give --input "
+            "and --output files and leave out --ctranslate2."
+        )
     sources = read_lines(args.input, "--input")
     if not sources:
         source = "standard input" if args.input == STANDARD_STREAM else f"--input {args.input}"
@@ -197,17 +223,81 @@ def main(argv):
         for rank, answer in enumerate(hypotheses)
     ]
     write_lines(args.output, lines)
-    cut = [i for i, hypotheses in enumerate(answers) if "source_tokens_dropped" in hypotheses[0]]
-    if cut:
-        report(
-            f"{len(cut)} sources longer than --max_source_length {decoding.max_source_length} tokens were cut (lines "
-            f"{', '.join(map(str, cut[:20]))}{', ...' if len(cut) > 20 else ''}, counted from 0)."
-        )
+    report_cut(
+        [i for i, hypotheses in enumerate(answers) if "source_tokens_dropped" in hypotheses[0]],
+        decoding.max_source_length,
+    )
     report(
         f"Translated {len(sources)} sentences in {seconds:.1f}s ({len(sources) / seconds:.1f}/s) into "
         f"{destination(args.output)}"
     )
     return answers
+
+
+def translate_file(args: TranslateArguments, decoding: DecodingArguments) -> dict:
+    """--input and --output files: translated chunk by chunk by every launched process, resumably
+    (`FileTranslation`). Returns its summary."""
+    import torch
+    from accelerate.utils import gather_object
+
+    from vaswani.evaluation.bleu import load_translation_model, translations
+    from vaswani.translation.files import FileTranslation, LineFile, launch
+
+    state, device = launch(decoding.device, decoding.int8)
+    source = LineFile.scan(args.input, args.chunk_lines)
+    prefixes = LineFile.scan(args.prefixes, args.chunk_lines, "--prefixes") if args.prefixes else None
+    weights = Path(args.model) / "model.safetensors"
+    settings = {
+        "model": str(Path(args.model).resolve()),
+        "weights": [weights.stat().st_size, weights.stat().st_mtime_ns] if weights.is_file() else None,
+        "device": torch.device(device).type,
+        **{key: value for key, value in asdict(decoding).items() if key != "device"},
+        **{key: getattr(args, key) for key in ("nbest", "scores", "alignments", "alignment_layer")},
+    }
+    job = FileTranslation(source, args.output, settings, state, prefixes)
+    model, tokenizer = load_translation_model(args.model, device=device, int8=decoding.int8, dtype=decoding.dtype)
+    job.check_lengths(tokenizer, getattr(model.config, "max_position_embeddings", None), decoding.max_source_length)
+    cut = []
+
+    def translate_chunk(lines, prefixes, first_line, on_batch):
+        answers = translations(
+            model,
+            tokenizer,
+            lines,
+            **decoding.options(),
+            prefixes=prefixes,
+            num_return_sequences=args.nbest,
+            return_scores=args.scores,
+            return_alignments=args.alignments,
+            alignment_layer=args.alignment_layer,
+            on_batch=on_batch,
+        )
+        cut.extend(first_line + i for i, hypotheses in enumerate(answers) if "source_tokens_dropped" in hypotheses[0])
+        return [
+            format_answer(first_line + i, rank, answer, args)
+            for i, hypotheses in enumerate(answers)
+            for rank, answer in enumerate(hypotheses)
+        ]
+
+    done = job.run(translate_chunk, tokenizer)
+    cut = sorted(gather_object(cut))
+    if state.is_main_process:
+        report_cut(cut, decoding.max_source_length)
+        earlier = f"; {done['done_before']} were translated before" if done["done_before"] else ""
+        report(
+            f"Translated {done['translated']} of {done['lines']} sentences in {done['seconds']:.1f}s "
+            f"({done['translated'] / done['seconds']:.1f}/s, {state.num_processes} processes){earlier}, into "
+            f"{args.output}"
+        )
+    return done
+
+
+def report_cut(cut: list[int], max_source_length: int | None):
+    if cut:
+        report(
+            f"{len(cut)} sources longer than --max_source_length {max_source_length} tokens were cut (lines "
+            f"{', '.join(map(str, cut[:20]))}{', ...' if len(cut) > 20 else ''}, counted from 0)."
+        )
 
 
 if __name__ == "__main__":
