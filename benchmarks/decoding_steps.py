@@ -61,7 +61,7 @@ class DecodingStepsArguments:
 class DecoderSteps:
     """The decoder's calls and row-steps while a model decodes: each call's rows are its batch rows times the positions
     it computes (one a step with a cache). The first call after each encoding (the start token's step) is counted
-    too, and its rows apart (`first_rows`)."""
+    too, and its rows apart (`first_step_rows`)."""
 
     def __init__(self, model):
         self.calls = self.row_steps = self.first_rows = 0
