@@ -164,6 +164,16 @@ def markdown(results: dict) -> str:
     )
 
 
+def ctranslate2_job(name: str, model: str, export: Path, sentences: list[str], batch_size: int, threads: int) -> dict:
+    """The `benchmarks.ctranslate2_timing` job that decodes the sentences once as CTranslate2's row `name` does, in
+    the batches vaswani decodes, to the same limit (the longest source + 50 tokens)."""
+    decoding = {"name": name, "beam_size": 4 if name.endswith("beam 4") else 1, "length_penalty": 0.6}
+    job = {"model_dir": str(export), "tokenizer": str(Path(model) / "tokenizer.json")}
+    job |= {"device": "cpu", "threads": threads, "decodings": [decoding], "extra_length": 50}
+    job |= {"batches": [[sentences[i] for i in batch] for batch in batches(sentences, batch_size)]}
+    return job | {"warmup": 0, "repeats": 1}
+
+
 def measure_once(args, name: str, sentences: list[str], tokenizer, exports: dict[str, Path]) -> dict:
     """One decoding of the sentences by `name`, in a fresh process: vaswani's and Marian's in this module's own
     (`--engine`), CTranslate2's in `benchmarks.ctranslate2_timing`, which imports no torch."""
@@ -175,10 +185,7 @@ def measure_once(args, name: str, sentences: list[str], tokenizer, exports: dict
         forwarded = [f"--{key}={value}" for key, value in asdict(args).items() if key != "engine"]
         return harness.run_json(["-m", "benchmarks.decoding", *forwarded, "--engine", name])
     quantization, order = name.split()[1].rstrip(","), batches(sentences, args.batch_size)
-    decoding = {"name": name, "beam_size": 4 if name.endswith("beam 4") else 1, "length_penalty": 0.6}
-    job = {"model_dir": str(exports[quantization]), "tokenizer": str(Path(args.model) / "tokenizer.json")}
-    job |= {"device": "cpu", "threads": args.threads, "decodings": [decoding], "extra_length": 50}
-    job |= {"batches": [[sentences[i] for i in batch] for batch in order], "warmup": 0, "repeats": 1}
+    job = ctranslate2_job(name, args.model, exports[quantization], sentences, args.batch_size, args.threads)
     measured = harness.time_ctranslate2(job, exports[quantization].parent)
     # Back in the order of the sentences, from the order of the batches, detokenized as vaswani's translations are
     # (transformers' tokenizer), so that translations are compared, not two detokenizers.

@@ -108,7 +108,7 @@ from pathlib import Path
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 from accelerate import Accelerator
-from benchmarks import benchmark, gpu_report_measure, gpu_report_prepare
+from benchmarks import benchmark, decoding_steps, gpu_report_measure, gpu_report_prepare
 from vaswani import VaswaniConfig, VaswaniForConditionalGeneration
 from vaswani.modeling.modeling_vaswani import shift_tokens_right
 from vaswani.training import step
@@ -158,6 +158,15 @@ facts["training"] = {
     "replayed_loss": replayed.loss / replayed.target_tokens,
     "tokens": [measured["tokens"], replayed.tokens],
 }
+
+# The decoder's row-steps: 3 sentences held to 5 new tokens, greedy and in beams of 4; and CTranslate2's estimate.
+model = VaswaniForConditionalGeneration(VaswaniConfig.from_preset("tiny", vocab_size=500)).eval()
+facts["decoder_steps"] = []
+for beams in (1, 4):
+    steps = decoding_steps.DecoderSteps(model)
+    model.generate(input_ids=torch.randint(4, 500, (3, 7)), num_beams=beams, max_new_tokens=5, min_new_tokens=5)
+    facts["decoder_steps"].append(steps.counts())
+facts["estimated_steps"] = decoding_steps.estimated_steps([4, 2, 6], 2, {"beam_size": 4})
 
 # The worker's flags stay out of --help.
 shown = io.StringIO()
@@ -222,6 +231,17 @@ def test_the_benchmarks_training_measurement_takes_the_recipes_step(probed):
     assert training["decoder_input_ids_are_shifted_labels"]
     assert len(training["losses"]) == 3 and training["losses"][0] == pytest.approx(training["replayed_loss"], rel=1e-6)
     assert training["tokens"] == [128, 128]  # 8 pairs of 8 source and 8 target tokens
+
+
+def test_decoding_steps_counts_every_decoder_call_and_row_the_start_tokens_included(probed):
+    """benchmarks/decoding_steps.py's counter: a call and a row per sentence and beam for each token, the first
+    step's apart; CTranslate2's estimate from lengths: each sentence's length + 1 steps on its beam's rows, a batch's
+    calls those of its longest."""
+    greedy, beam = probed[0]["decoder_steps"]
+    assert greedy == {"decoder_calls": 5, "row_steps": 15, "first_step_rows": 3}
+    assert beam == {"decoder_calls": 5, "row_steps": 60, "first_step_rows": 12}
+    estimated = {"decoder_calls": 5 + 7, "row_steps": 4 * (5 + 3 + 7), "first_step_rows": 12}
+    assert probed[0]["estimated_steps"] == estimated
 
 
 def test_worker_flags_stay_out_of_the_benchmarks_help(probed):
