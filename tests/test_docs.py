@@ -310,3 +310,9 @@ def test_the_readmes_extras_table_names_every_extra_of_pyproject():
     table = (REPO_ROOT / "README.md").read_text().split("| extra | adds | for |")[1].split("\n\n")[0]
     listed = {name for row in table.strip().splitlines() for name in re.findall(r"`([a-z0-9]+)`", row.split("|")[1])}
     assert listed == declared, f"README's extras table lists {sorted(listed)}; pyproject.toml has {sorted(declared)}"
+
+
+def test_the_pages_stay_short():
+    """The README and docs/*.md answer their questions in at most 110 KB together: history goes to CHANGELOG.md."""
+    total = sum(len(page.read_bytes()) for page in PAGES)
+    assert total <= 110_000, f"README.md and docs/*.md hold {total:,} bytes: move history to CHANGELOG.md"
