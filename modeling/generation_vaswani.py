@@ -42,7 +42,8 @@ TRANSFORMERS_PRIVATE_NAMES = {
     "_beam_search) ask before their loop; a decoding method passed as custom_generate asks it to compile exactly when "
     "they do",
     "GenerationConfig._get_default_generation_params": "the table Seq2SeqTrainer (predict_with_generate) fills the "
-    "model's generation config from: the only way to tell its filled-in max_length from one a user set",
+    "model's generation config from: the only way to tell its filled-in max_length from one a user set; and the "
+    "defaults generate() fills in before it chooses a decoding mode, which the paper's methods choose alike",
 }
 
 
@@ -58,6 +59,15 @@ def holds_library_defaults(generation_config) -> bool:
     return generation_config.max_length == defaults["max_length"] and all(
         getattr(generation_config, key, None) is not None for key, value in defaults.items() if value is not None
     )
+
+
+def generation_mode(generation_config, assistant_model=None):
+    """The decoding mode `generate()` chooses for the config, with transformers' defaults filled in where it leaves a
+    setting unset, as generate() fills them before choosing (a top_k of 50 makes penalty_alpha alone contrastive
+    search)."""
+    config = copy.deepcopy(generation_config)
+    config.update(**config._get_default_generation_params(), defaults_only=True)  # TRANSFORMERS_PRIVATE_NAMES
+    return config.get_generation_mode(assistant_model)
 
 
 def gnmt_length_penalty(length: torch.Tensor | int, alpha: float) -> torch.Tensor | float:

@@ -36,6 +36,7 @@ from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 from ..configuration.configuration_vaswani import VaswaniConfig
 from .generation_vaswani import (
     DecoderPrompt,
+    generation_mode,
     gnmt_beam_search,
     greedy_search,
     holds_library_defaults,
@@ -847,6 +848,11 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
         merged = copy.deepcopy(base)
         paper_decoding = kwargs.pop("paper_decoding", getattr(base, "paper_decoding", False))
         merged.update(**kwargs)
+        if kwargs.get("decoder_inputs_embeds") is not None:  # else refused by the decoder, after the encoder ran
+            raise ValueError(
+                "generate() decodes from token ids, the start token or decoder_input_ids, and embeds each new token "
+                "itself: pass decoder_input_ids rather than decoder_inputs_embeds."
+            )
         if kwargs.get("labels") is not None:  # else passed on to every decoding step, where they mean nothing
             raise ValueError(
                 "generate() decodes without labels: pass them to the model's forward() for the loss, and the source "
@@ -917,7 +923,7 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
         leaves the batch. None, transformers' own method, for every other mode (sampling, beam sampling, assisted,
         constrained, group beam and contrastive search, DoLa), and for greedy search asked for what only transformers'
         gives (per-step attentions or hidden states, a static cache, a streamer)."""
-        mode = config.get_generation_mode(kwargs.get("assistant_model"))
+        mode = generation_mode(config, kwargs.get("assistant_model"))
         if mode == GenerationMode.BEAM_SAMPLE:
             logger.warning_once(
                 "The paper's decoding is beam search without sampling (section 6.1): do_sample=True with "
