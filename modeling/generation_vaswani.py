@@ -606,7 +606,8 @@ class BeamStep:
 
     @classmethod
     def of(cls, state: BeamSearchState, candidates: Candidates, ends: torch.Tensor, kept: torch.Tensor, prompt: int):
-        live = torch.zeros_like(ends).scatter_(1, kept, True) & (candidates.scores > -float("inf"))
+        # The k kept are the best that did not end; where fewer are left, the rest of them are no hypotheses.
+        live = torch.zeros_like(ends).scatter_(1, kept, True) & (candidates.scores > -float("inf")) & ~ends
         return cls(
             sentences=state.active.cpu(),
             tokens=candidates.sequences[:, :, prompt:].cpu(),

@@ -176,7 +176,8 @@ class Call:
     masks whole. form: how the source is given to generate(): as `input_ids`, its first argument (`inputs`),
     `inputs_embeds`, or the encoder's output as a `BaseModelOutput`, a tuple or a dict. as_config: the options given
     as a `generation_config` rather than as arguments. extras: model inputs generate() passes on or refuses
-    (`decoder_position_ids` as the model counts them, `decoder_inputs_embeds`, `labels`). prefixes: each sentence's forced target prefix (after the start token),
+    (`decoder_position_ids` as the model counts them, `decoder_inputs_embeds`, `labels`), or the beam search's own
+    `beam_steps`. prefixes: each sentence's forced target prefix (after the start token),
     or None for no decoder_input_ids. The batch pads sources on `padding_side`, passes their attention mask where
     `source_mask`, and left-pads the prompts with their decoder_attention_mask where `prompt_mask` (else they must be
     of one length). boosts: (token, amount) for each `Boost`; only: the token of an `Only`, if any; allowed:
@@ -302,6 +303,7 @@ class Outcome:
     output: object = None
     error: Exception | None = None
     encoder_runs: int = 0  # the encoder's forward passes before generate() returned or raised
+    beam_steps: list | None = None  # the paper's beam search at work, where the call asks for it
 
 
 def run(call: Call, **overrides) -> Outcome:
@@ -311,6 +313,8 @@ def run(call: Call, **overrides) -> Outcome:
     try:
         kwargs = {**arguments(call), **overrides}  # a GenerationConfig may refuse its settings here
         inputs = kwargs.pop("inputs", None)
+        if "beam_steps" in call.extras and overrides.get("paper_decoding", True) and uses_the_papers_methods(call):
+            kwargs["beam_steps"] = outcome.beam_steps = []
         hook = model.model.encoder.register_forward_hook(lambda *_: setattr(outcome, "encoder_runs", 1))
         outcome.output = model.generate(inputs, **kwargs)
     except Exception as error:  # noqa: BLE001 - what was raised is what the properties judge
@@ -633,6 +637,17 @@ def check_call(call: Call) -> None:
     check_oracle(call, output)
     check_alone(call, output)
     check_transformers(call, output)
+    check_beam_steps(ours.beam_steps or [])
+
+
+def check_beam_steps(steps) -> None:
+    """The search at work (`beam_steps`): a candidate that ends or stays live has a score, none does both, and the
+    finished hypotheses' scores are kept best first."""
+    for step in steps:
+        scored = step.scores > -math.inf
+        assert not (step.ended & ~scored).any(), "a candidate without a score finished"
+        assert not (step.live & ~scored).any() and not (step.live & step.ended).any()
+        assert (step.finished_scores[:, :-1] >= step.finished_scores[:, 1:]).all()
 
 
 # --- The calls drawn. ---
@@ -682,7 +697,7 @@ OPTIONS = {
 }
 FORMS = ["input_ids", "inputs", "inputs_embeds", "encoder_outputs", "encoder_outputs as a tuple",
          "encoder_outputs as a dict"]  # fmt: skip
-EXTRAS = ["decoder_position_ids", "decoder_inputs_embeds", "labels"]
+EXTRAS = ["decoder_position_ids", "decoder_inputs_embeds", "labels", "beam_steps"]
 
 
 @st.composite
@@ -866,6 +881,8 @@ PROFILE = {"deadline": None, "suppress_health_check": [HealthCheck.too_slow, Hea
         options=(("num_return_sequences", 4), ("output_scores", True), ("return_dict_in_generate", True)),
     )
 )
+# The search at work: a candidate without a score (-inf) never finishes.
+@example(call=Call(sources=((9, 6, 2),), only=5, extras=("beam_steps",), options=(("num_return_sequences", 4),)))
 # output_logits: the model's logits for every row, a finished sentence's too.
 @example(
     call=Call(sources=((9, 6, 23, 2), (22, 2)), options=(("output_logits", True), ("return_dict_in_generate", True)))
