@@ -853,11 +853,9 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
                 "generate() decodes from token ids, the start token or decoder_input_ids, and embeds each new token "
                 "itself: pass decoder_input_ids rather than decoder_inputs_embeds."
             )
-        if kwargs.get("labels") is not None:  # else passed on to every decoding step, where they mean nothing
-            raise ValueError(
-                "generate() decodes without labels: pass them to the model's forward() for the loss, and the source "
-                "alone to generate()."
-            )
+        # Seq2SeqTrainer's predict_with_generate passes the batch's labels along: they are the loss's, and passed on
+        # to every decoding step they would turn its cache off.
+        kwargs.pop("labels", None)
         if merged.guidance_scale not in (
             None,
             1,

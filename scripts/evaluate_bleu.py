@@ -113,7 +113,7 @@ def main(argv):
         f"Translated {len(sources)} sentences of {args.split} in {seconds:.1f}s "
         f"(num_beams={decoding.num_beams}, length_penalty={decoding.length_penalty}, "
         f"paper_decoding={decoding.paper_decoding}, {decoding.dtype} on {model.device.type}, "
-        f"{state.num_processes} processes); hypotheses in {output}"
+        f"{state.num_processes} process{'es' if state.num_processes > 1 else ''}); hypotheses in {output}"
     )
     print(bleu_line(bleu))  # "BLEU = 27.30 58.1/33.0/20.9/13.6 (BP = ... ratio = ... hyp_len = ... ref_len = ...)"
     print(f"sacreBLEU signature: {bleu['signature']}")

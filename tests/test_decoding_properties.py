@@ -175,8 +175,8 @@ class Call:
     into its row and masked out by its attention mask (a mask of any pattern); `silent`: a sentence whose row the mask
     masks whole. form: how the source is given to generate(): as `input_ids`, its first argument (`inputs`),
     `inputs_embeds`, or the encoder's output as a `BaseModelOutput`, a tuple or a dict. as_config: the options given
-    as a `generation_config` rather than as arguments. extras: model inputs generate() passes on or refuses
-    (`decoder_position_ids` as the model counts them, `decoder_inputs_embeds`, `labels`), or the beam search's own
+    as a `generation_config` rather than as arguments. extras: model inputs generate() passes on, leaves or refuses
+    (`decoder_position_ids` as the model counts them, `labels`, `decoder_inputs_embeds`), or the beam search's own
     `beam_steps`. prefixes: each sentence's forced target prefix (after the start token),
     or None for no decoder_input_ids. The batch pads sources on `padding_side`, passes their attention mask where
     `source_mask`, and left-pads the prompts with their decoder_attention_mask where `prompt_mask` (else they must be
@@ -621,8 +621,6 @@ def undefined(call: Call) -> str | None:
         return "early_stopping=True"
     if call.silent is not None and call.source_mask:
         return "a source row masked whole"
-    if "labels" in call.extras:
-        return "labels"
     return None
 
 

@@ -731,7 +731,11 @@ def test_evaluate_prints_bleu_with_signature_and_writes_hypotheses(trained, corp
     )
     recorded = json.loads((trained / "partial_eval_results.json").read_text())["test.first12"]  # 12 of 30 pairs
     assert float(paper_line.split("BLEU = ")[1].split()[0]) == pytest.approx(recorded["tokenized_bleu"], abs=0.01)
-    assert recorded["paper_decoding"] is True and recorded["dtype"] == "float32" and "float32 on cpu)" in result.stdout
+    assert (
+        recorded["paper_decoding"] is True
+        and recorded["dtype"] == "float32"
+        and "float32 on cpu, 1 process)" in result.stdout
+    )
     chrf_line = next(line for line in result.stdout.splitlines() if line.startswith("chrF2 = "))
     assert chrf_line == f"chrF2 = {recorded['chrf']:.2f} (sacreBLEU signature: {recorded['chrf_signature']})"
     assert 0 < recorded["chrf"] < 100 and "|nc:6|nw:0|" in recorded["chrf_signature"]
