@@ -879,6 +879,15 @@ PROFILE = {"deadline": None, "suppress_health_check": [HealthCheck.too_slow, Hea
         options=(("num_return_sequences", 4), ("output_scores", True), ("return_dict_in_generate", True)),
     )
 )
+# A model without an end token under a one-token constraint: the slots no hypothesis finished in are padding.
+@example(
+    call=Call(
+        sources=((20, 22, 9, 21, 2),),
+        model=ModelSpec(eos_token_id=None),
+        only=5,
+        options=(("num_beams", 2), ("num_return_sequences", 2)),
+    )
+)
 # The search at work: a candidate without a score (-inf) never finishes.
 @example(call=Call(sources=((9, 6, 2),), only=5, extras=("beam_steps",), options=(("num_return_sequences", 4),)))
 # output_logits: the model's logits for every row, a finished sentence's too.
