@@ -313,7 +313,8 @@ def run(call: Call, **overrides) -> Outcome:
     try:
         kwargs = {**arguments(call), **overrides}  # a GenerationConfig may refuse its settings here
         inputs = kwargs.pop("inputs", None)
-        if "beam_steps" in call.extras and overrides.get("paper_decoding", True) and uses_the_papers_methods(call):
+        beam_search = num_beams(call) > 1 and uses_the_papers_methods(call)
+        if "beam_steps" in call.extras and overrides.get("paper_decoding", True) and beam_search:
             kwargs["beam_steps"] = outcome.beam_steps = []
         hook = model.model.encoder.register_forward_hook(lambda *_: setattr(outcome, "encoder_runs", 1))
         outcome.output = model.generate(inputs, **kwargs)
