@@ -856,6 +856,10 @@ PROFILE = {"deadline": None, "suppress_health_check": [HealthCheck.too_slow, Hea
 # The source given as the encoder's output, in each form: the paper's limit from its attention mask.
 @example(call=Call(sources=((9, 6, 2),), form="encoder_outputs", boosts=((EOS, -30.0),), options=(("num_beams", 1),)))
 @example(call=Call(sources=((9, 6, 2), (22, 2)), form="encoder_outputs as a tuple", options=(("num_beams", 1),)))
+# Masked tokens inside a row: a sentence's length is what its mask leaves.
+@example(
+    call=Call(sources=((9, 6, 2), (22, 2)), holes=(((1, 7),), ()), options=(("num_beams", 1),), boosts=((EOS, -30.0),))
+)
 # forced_eos_token_id forces its token at each sentence's own limit, as alone.
 @example(
     call=Call(
