@@ -205,16 +205,7 @@ def main(argv):
 
     start = time.time()
     answers = translations(
-        model,
-        tokenizer,
-        sources,
-        **decoding.options(),
-        prefixes=prefixes,
-        num_return_sequences=args.nbest,
-        return_scores=args.scores,
-        return_alignments=args.alignments,
-        alignment_layer=args.alignment_layer,
-        progress=True,
+        model, tokenizer, sources, prefixes=prefixes, progress=True, **answer_options(args, decoding)
     )
     seconds = time.time() - start
     lines = [
@@ -232,6 +223,17 @@ def main(argv):
         f"{destination(args.output)}"
     )
     return answers
+
+
+def answer_options(args: TranslateArguments, decoding: DecodingArguments) -> dict:
+    """What the command asks of each translation: its decoding, and the hypotheses, scores and alignments answered."""
+    return {
+        **decoding.options(),
+        "num_return_sequences": args.nbest,
+        "return_scores": args.scores,
+        "return_alignments": args.alignments,
+        "alignment_layer": args.alignment_layer,
+    }
 
 
 def translate_file(args: TranslateArguments, decoding: DecodingArguments) -> dict:
@@ -261,16 +263,7 @@ def translate_file(args: TranslateArguments, decoding: DecodingArguments) -> dic
 
     def translate_chunk(lines, prefixes, first_line, on_batch):
         answers = translations(
-            model,
-            tokenizer,
-            lines,
-            **decoding.options(),
-            prefixes=prefixes,
-            num_return_sequences=args.nbest,
-            return_scores=args.scores,
-            return_alignments=args.alignments,
-            alignment_layer=args.alignment_layer,
-            on_batch=on_batch,
+            model, tokenizer, lines, prefixes=prefixes, on_batch=on_batch, **answer_options(args, decoding)
         )
         cut.extend(first_line + i for i, hypotheses in enumerate(answers) if "source_tokens_dropped" in hypotheses[0])
         return [
