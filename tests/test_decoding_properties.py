@@ -1056,7 +1056,7 @@ def test_the_modes_left_to_transformers_decode_as_transformers(call):
 
 
 @pytest.mark.slow
-@settings(max_examples=300, **PROFILE)
+@settings(max_examples=200, **PROFILE)
 @given(call=mode_calls())
 def test_the_modes_left_to_transformers_decode_as_transformers_in_hundreds_of_drawn_calls(call):
     check_mode(call)
@@ -1162,7 +1162,7 @@ def test_the_entry_points_translate_each_text_as_alone(call):
 
 
 @pytest.mark.slow
-@settings(max_examples=200, **PROFILE)
+@settings(max_examples=100, **PROFILE)
 @given(call=texts())
 def test_the_entry_points_translate_each_text_as_alone_in_hundreds_of_drawn_calls(call):
     check_texts(call)
