@@ -81,7 +81,10 @@ class SourceLengthLimit(LogitsProcessor):
     `limits` holds one limit per source sentence, in positions of the decoder input: the start token, then its prompt's
     left padding (which takes no position, `positions_of`) and forced prefix, then the tokens generated. The rows a
     decoding method scores (beams, returned sequences) are that sentence's rows in order, as `generate()` lays them
-    out. The model's own log-probability of `</s>` is kept, so a forced ending is scored like any other.
+    out. The model's own log-probability of `</s>` is kept, so a forced ending is scored like any other. Where the
+    processors before it left `</s>` no score (-inf: a processor of the caller's that lets a sentence never end), the
+    limit ends the sentence all the same, at the lowest score a float holds: every decoding method then takes `</s>`
+    there (greedy search's argmax, sampling, beam search's finished hypotheses), below any ending the processors allow.
     """
 
     def __init__(self, limits: torch.Tensor, eos_token_id: int | list[int]):
@@ -101,8 +104,9 @@ class SourceLengthLimit(LogitsProcessor):
         return torch.where(at_limit[:, None], forced, scores)
 
     def forced_scores(self, scores: torch.FloatTensor) -> torch.FloatTensor:
-        """What the forced end tokens score: the model's log-probability."""
-        return scores[:, self.eos_token_id]
+        """What the forced end tokens score: the model's log-probability, or the lowest float where none is left."""
+        forced = scores[:, self.eos_token_id]
+        return forced.masked_fill(forced == -float("inf"), torch.finfo(forced.dtype).min)
 
     def rows(self, sentences: torch.Tensor) -> "SourceLengthLimit":
         """The same limit for the sentences kept (their positions in the batch searched)."""
@@ -759,6 +763,9 @@ def gnmt_beam_search(
         record_step(recorded, outputs, logits)
         del outputs
         log_probs = logits_processor(flat_live, torch.log_softmax(logits, dim=-1))
+        # An ending the limit forces where no processor allowed one scores the lowest float (`SourceLengthLimit`):
+        # the search returns only hypotheses with a probability, so it is no hypothesis here.
+        log_probs = log_probs.masked_fill(log_probs == torch.finfo(log_probs.dtype).min, -float("inf"))
         if finished_rows is not None:
             log_probs = log_probs.masked_fill(finished_rows, -float("inf"))
         if generation_config.return_dict_in_generate and generation_config.output_scores:

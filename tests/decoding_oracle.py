@@ -158,8 +158,9 @@ def processed(rules: Rules, tokens: list[int], prompt_length: int, scores: torch
         scores = processor(tokens, scores)
     if rules.renormalize_logits:
         scores = torch.log_softmax(scores, dim=-1)
-    if at_limit:  # the token chosen now would be past the limit
-        scores = forced(scores, rules.eos[:1])
+    if at_limit:  # the token chosen now would be past the limit: it ends the sentence, allowed or not
+        end = rules.eos[0]
+        scores = forced(scores, [end], scores[end] if scores[end] > NEG_INF else torch.finfo(scores.dtype).min)
     return scores
 
 
@@ -216,7 +217,7 @@ def gnmt_beam_search(
         for hypothesis, row in zip(live, log_probs):
             scores = processed(rules, hypothesis.tokens, len(prompt), row)
             for token, score in enumerate(scores.tolist()):
-                if score > NEG_INF:
+                if score > torch.finfo(scores.dtype).min:  # the limit's ending that no processor allowed is none
                     # Summed in float32, step by step, as generate() sums a hypothesis' scores.
                     total = (torch.tensor(hypothesis.log_probability) + torch.tensor(score)).item()
                     candidates.append(Hypothesis([*hypothesis.tokens, token], total))

@@ -895,6 +895,20 @@ PROFILE = {"deadline": None, "suppress_health_check": [HealthCheck.too_slow, Hea
 )
 # The search at work: a candidate without a score (-inf) never finishes.
 @example(call=Call(sources=((9, 6, 2),), only=5, extras=("beam_steps",), options=(("num_return_sequences", 4),)))
+# A processor that never lets a sentence end: the limit ends it all the same, in greedy search as in transformers'.
+@example(call=Call(sources=((2,), (4, 2)), model=ModelSpec(pad_token_id=None), only=5, options=(("num_beams", 1),)))
+@example(
+    call=Call(
+        sources=((2,), (4, 2)),
+        only=5,
+        options=(
+            ("num_beams", 1),
+            ("output_attentions", True),
+            ("output_scores", True),
+            ("return_dict_in_generate", True),
+        ),
+    )
+)
 # output_logits: the model's logits for every row, a finished sentence's too.
 @example(
     call=Call(sources=((9, 6, 23, 2), (22, 2)), options=(("output_logits", True), ("return_dict_in_generate", True)))
