@@ -699,8 +699,17 @@ FORMS = ["input_ids", "inputs", "inputs_embeds", "encoder_outputs", "encoder_out
 EXTRAS = ["decoder_position_ids", "decoder_inputs_embeds", "labels", "beam_steps"]
 
 
+# The options whose processors only lower a log-probability (SCORE_LOWERING_PROCESSORS): with no others, the paper's
+# beam search ends a sentence by its stop rule's bound on what a live hypothesis may still score.
+LOWERING_OPTIONS = ["bad_words_ids", "begin_suppress_tokens", "encoder_no_repeat_ngram_size",
+                    "encoder_repetition_penalty", "min_length", "min_new_tokens", "no_repeat_ngram_size",
+                    "renormalize_logits", "repetition_penalty", "suppress_tokens"]  # fmt: skip
+
+
 @st.composite
-def calls(draw) -> Call:
+def calls(draw, bounded_searches: bool = False) -> Call:
+    """Calls of generate() with drawn sources, masks, forms, options and processors; `bounded_searches` draws only
+    beam searches whose stop rule ends them by its bound (no processor that lifts a score), at penalties up to 4."""
     model = ModelSpec(
         pad_token_id=draw(st.sampled_from([PAD, None])),
         eos_token_id=draw(st.sampled_from([EOS, EOS, None])),
@@ -727,25 +736,31 @@ def calls(draw) -> Call:
         length = draw(st.integers(0, 4))
         prefixes = tuple(draw(st.lists(words, min_size=length, max_size=length).map(tuple)) for _ in sources)
 
-    k = draw(st.sampled_from([4, 1, 2]))
+    k = draw(st.sampled_from([4, 2] if bounded_searches else [4, 1, 2]))
     options = {"num_beams": k}
     if k > 1:
         options["num_return_sequences"] = draw(st.integers(1, k))
         # Half from large penalties, where the stop rule's bound on a live hypothesis decides when a sentence is done.
-        options["length_penalty"] = draw(st.one_of(numbers(-1.0, 3.0, 0.6, 0.0, -0.5), numbers(1.0, 3.0, 1.0, 2.0)))
+        large = numbers(1.0, 4.0, 1.0, 2.0)
+        options["length_penalty"] = draw(
+            large if bounded_searches else st.one_of(numbers(-1.0, 3.0, 0.6, 0.0, -0.5), large)
+        )
     limit = draw(st.sampled_from([None, "max_new_tokens", "max_length"]))
     prompt_width = 1 + max(map(len, prefixes or [()]))
     if limit == "max_new_tokens":
         options["max_new_tokens"] = draw(st.integers(1, 12))
     elif limit == "max_length":
         options["max_length"] = prompt_width + draw(st.integers(1, 12))
-    for name in draw(st.lists(st.sampled_from(sorted(OPTIONS)), unique=True, max_size=3)):
+    for name in draw(
+        st.lists(st.sampled_from(LOWERING_OPTIONS if bounded_searches else sorted(OPTIONS)), unique=True, max_size=3)
+    ):
         options[name] = draw(OPTIONS[name])
     recorded = draw(st.lists(st.sampled_from(["output_scores", "output_logits", "output_attentions",
                                               "output_hidden_states"]), unique=True))  # fmt: skip
     if recorded or draw(st.booleans()):
         options.update(return_dict_in_generate=True, **dict.fromkeys(recorded, True))
-    boosts = tuple(draw(st.lists(st.tuples(st.sampled_from([EOS, 5, 9]), numbers(-5.0, 5.0, 2.0, -3.0)), max_size=1)))
+    drawn_boosts = st.lists(st.tuples(st.sampled_from([EOS, 5, 9]), numbers(-5.0, 5.0, 2.0, -3.0)), max_size=1)
+    boosts = () if bounded_searches else tuple(draw(drawn_boosts))
     stops = tuple(draw(st.lists(st.one_of(st.tuples(st.just("stop at"), words),
                                           st.tuples(st.just("budget"), st.integers(1, 8))), max_size=1)))  # fmt: skip
     return Call(
@@ -762,7 +777,9 @@ def calls(draw) -> Call:
         prompt_mask=prompt_mask,
         options=tuple(sorted(options.items())),
         boosts=boosts,
-        only=draw(st.one_of(st.none(), st.sampled_from([EOS, 5, 9]))) if draw(st.booleans()) else None,
+        only=draw(st.one_of(st.none(), st.sampled_from([EOS, 5, 9])))
+        if not bounded_searches and draw(st.booleans())
+        else None,
         allowed=draw(st.booleans()),
         stops=stops,
     )
@@ -952,6 +969,15 @@ def test_generate_keeps_its_promises_for_any_arguments(call):
 @settings(max_examples=2000, **PROFILE)
 @given(call=calls())
 def test_generate_keeps_its_promises_for_thousands_of_drawn_arguments(call):
+    check_call(call)
+
+
+@pytest.mark.slow
+@settings(max_examples=300, **PROFILE)
+@given(call=calls(bounded_searches=True))
+def test_the_beam_search_ends_a_sentence_only_once_no_live_hypothesis_can_win(call):
+    """The stop rule's bound decides where no processor lifts a score: a search that stops early, or late, leaves
+    another result or other scores than the definition's."""
     check_call(call)
 
 
