@@ -440,6 +440,14 @@ def share_encoder_output(model_kwargs: dict, num_beams: int) -> None:
         model_kwargs["attention_mask"] = model_kwargs["attention_mask"][::num_beams]
 
 
+def best_first(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The k highest scores of each row and their positions, best first; equal scores in the order they stand, on
+    every device (top-k leaves the order of a tie to its kernel): a processor that forces several tokens to one score
+    ties their candidates, and the earlier hypothesis, then the lower token, comes first."""
+    scores, positions = scores.sort(dim=1, descending=True, stable=True)
+    return scores[:, :k], positions[:, :k]
+
+
 @dataclass
 class Candidates:
     """The 2k best one-token continuations of a sentence's k live hypotheses, best first, per sentence searched:
@@ -516,6 +524,9 @@ class BeamSearchState:
         vocab_size = log_probs.shape[-1]
         totals = (self.live_scores[:, :, None] + log_probs.view(searched, num_beams, vocab_size)).view(searched, -1)
         scores, ids = totals.topk(2 * num_beams, dim=1)
+        ids, by_id = ids.sort(dim=1)  # in candidate order (hypothesis, then token), which breaks a tie
+        scores, order = best_first(scores.gather(1, by_id), 2 * num_beams)
+        ids = ids.gather(1, order)
         origin, tokens = ids // vocab_size, ids % vocab_size
         sequences = torch.cat((self.live.gather(1, origin[:, :, None].expand(-1, -1, cur_len)), tokens[:, :, None]), 2)
         history = self.live_beams.gather(1, origin[:, :, None].expand(-1, -1, self.live_beams.shape[2]))
@@ -531,7 +542,7 @@ class BeamSearchState:
         penalised = (candidates.scores / gnmt_length_penalty(length, alpha)).masked_fill(~ends, -float("inf"))
         padded = torch.nn.functional.pad(candidates.sequences, (0, padding), value=self.fill)
         padded_beams = torch.nn.functional.pad(candidates.beams, (0, padding), value=-1)
-        self.finished_scores, keep = torch.cat((self.finished_scores, penalised), 1).topk(num_beams, dim=1)
+        self.finished_scores, keep = best_first(torch.cat((self.finished_scores, penalised), 1), num_beams)
         # A slot no hypothesis has finished in (-inf) holds padding, whichever -inf candidate the top-k tie put there.
         empty = (self.finished_scores == -float("inf"))[:, :, None]
         self.finished = (
@@ -549,7 +560,7 @@ class BeamSearchState:
         """The k best candidates that did not end stay live; returns which they are (their positions among the
         candidates)."""
         num_beams = self.live.shape[1]
-        self.live_scores, keep = candidates.scores.masked_fill(ends, -float("inf")).topk(num_beams, dim=1)
+        self.live_scores, keep = best_first(candidates.scores.masked_fill(ends, -float("inf")), num_beams)
         self.live = candidates.sequences.gather(1, keep[:, :, None].expand(-1, -1, candidates.sequences.shape[2]))
         self.live_beams = candidates.beams.gather(1, keep[:, :, None].expand(-1, -1, candidates.beams.shape[2]))
         return keep

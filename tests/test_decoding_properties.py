@@ -926,6 +926,18 @@ PROFILE = {"deadline": None, "suppress_health_check": [HealthCheck.too_slow, Hea
         ),
     )
 )
+# Candidates tied by forced tokens: the earlier hypothesis, then the lower token, first.
+@example(
+    call=Call(
+        sources=((2,),),
+        options=(
+            ("forced_eos_token_id", [2, 5]),
+            ("max_new_tokens", 1),
+            ("num_beams", 4),
+            ("num_return_sequences", 1),
+        ),
+    )
+)
 # output_logits: the model's logits for every row, a finished sentence's too.
 @example(
     call=Call(sources=((9, 6, 23, 2), (22, 2)), options=(("output_logits", True), ("return_dict_in_generate", True)))
