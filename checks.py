@@ -7,6 +7,7 @@ it into one exit style (`vaswani.cli.command`), and a user's own code can catch 
 import contextlib
 import importlib.util
 import json
+import math
 import os
 from pathlib import Path
 
@@ -156,24 +157,79 @@ def check_source_lengths(tokenizer, sources, limit, max_source_length, flag="--i
                 f"pass --max_source_length {limit} or less."
             )
         return
-    lengths = token_lengths(tokenizer, sources)
-    longest = next((index for index, length in enumerate(lengths) if length > limit), None)
-    if longest is not None:
-        raise UsageError(
-            f"line {first_line + longest} of {flag} is {lengths[longest]} tokens long, more than the model's "
-            f"{limit} source positions: pass --max_source_length {limit} (or less) to cut longer sources."
-        )
+    bound = token_bound(tokenizer)
+    for start, block in blocks(sources):
+        # Only a source the bound cannot rule out is tokenized: a file's check costs a read, not a tokenization.
+        could_be = [index for index, source in enumerate(block) if bound is None or bound(source) > limit]
+        lengths = token_lengths(tokenizer, [block[index] for index in could_be])
+        longest = next(((index, length) for index, length in zip(could_be, lengths) if length > limit), None)
+        if longest is not None:
+            raise UsageError(
+                f"line {first_line + start + longest[0]} of {flag} is {longest[1]} tokens long, more than the model's "
+                f"{limit} source positions: pass --max_source_length {limit} (or less) to cut longer sources."
+            )
+
+
+def blocks(sources, size=1000):
+    """(position, list of str) of each block of `size` sources: a list of str, or a pyarrow string array
+    (vaswani-evaluate's), turned into Python strings a block at a time."""
+    for start in range(0, len(sources), size):
+        block = sources[start : start + size]
+        yield start, block.to_pylist() if hasattr(block, "to_pylist") else list(block)
 
 
 def token_lengths(tokenizer, sources) -> list[int]:
-    """The number of tokens of each source, with its special tokens. `sources`: a list of str, or a pyarrow string
-    array (vaswani-evaluate's), turned into Python strings a thousand at a time."""
-    lengths = []
-    for start in range(0, len(sources), 1000):
-        chunk = sources[start : start + 1000]
-        chunk = chunk.to_pylist() if hasattr(chunk, "to_pylist") else list(chunk)
-        lengths += [len(ids) for ids in tokenizer(chunk).input_ids]
-    return lengths
+    """The number of tokens of each source, with its special tokens (`sources` as `blocks` takes them)."""
+    return [len(ids) for _, block in blocks(sources) if block for ids in tokenizer(block).input_ids]
+
+
+# How many times longer in UTF-8 bytes each normalizer of a fast tokenizer (its tokenizer.json) may make a text, at
+# most: Unicode's normal forms (UAX #15's maximum expansion factors: 3 for NFC and NFD, 11 for NFKC and NFKD),
+# lower-casing ("İ" gives "i̇") and BERT's (lower-casing, accents stripped after NFD, spaces around CJK characters). ASCII
+# text none of them lengthens. A sentencepiece charsmap (`Precompiled`), a `Replace` or a `Prepend` may do anything.
+NORMALIZER_GROWTH = {"NFC": 3, "NFD": 3, "NFKC": 11, "NFKD": 11, "Lowercase": 2, "Strip": 1, "StripAccents": 1,
+                     "BertNormalizer": 12}  # fmt: skip
+# Pre-tokenizers that split a text and add at most one character in front (ByteLevel's prefix space, Metaspace's "▁",
+# which also takes each space's place), and models of which each token covers a character or more, or one byte of
+# one (byte fallback).
+SPLITTING_PRE_TOKENIZERS = {"ByteLevel", "Metaspace", "Whitespace", "WhitespaceSplit", "Punctuation", "Digits",
+                            "Split", "BertPreTokenizer", "CharDelimiterSplit"}  # fmt: skip
+CHARACTER_MODELS = {"BPE", "Unigram", "WordPiece", "WordLevel"}
+
+
+def token_bound(tokenizer):
+    """A function giving, without tokenizing, at least as many tokens as `tokenizer` gives a source, its special
+    tokens included: 1 + the special tokens + the UTF-8 bytes of the source as its normalizers may lengthen it
+    (NORMALIZER_GROWTH; ASCII as it is), where each token covers a byte or more of that text (SPLITTING_PRE_TOKENIZERS,
+    CHARACTER_MODELS). None for a tokenizer with other parts (a slow one among them)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        return None
+    parts = json.loads(backend.to_str())
+    model, normalizers = parts["model"], leaves(parts["normalizer"], "normalizers")
+    pre_tokenizers = leaves(parts["pre_tokenizer"], "pretokenizers")
+    vocab = model.get("vocab") or {}
+    pieces = set(vocab) if isinstance(vocab, dict) else {entry[0] for entry in vocab}  # Unigram's: [piece, score]
+    spaces = {part.get("replacement") for part in pre_tokenizers if part["type"] == "Metaspace"}
+    if (
+        not {part["type"] for part in normalizers} <= NORMALIZER_GROWTH.keys()
+        or not {part["type"] for part in pre_tokenizers} <= SPLITTING_PRE_TOKENIZERS
+        or model["type"] not in CHARACTER_MODELS
+        or (model.get("byte_fallback") and not spaces <= pieces)  # a "▁" out of the vocabulary: three byte tokens
+    ):
+        return None
+    growth = math.prod(NORMALIZER_GROWTH[part["type"]] for part in normalizers)
+    added = 1 + tokenizer.num_special_tokens_to_add(pair=False)
+    return lambda source: added + (len(source) if source.isascii() else growth * len(source.encode("utf-8")))
+
+
+def leaves(part, sequence_key) -> list[dict]:
+    """The parts of a tokenizer.json normalizer or pre-tokenizer, those of a `Sequence` one by one."""
+    if part is None:
+        return []
+    if part["type"] == "Sequence":
+        return [leaf for inner in part[sequence_key] for leaf in leaves(inner, sequence_key)]
+    return [part]
 
 
 # The folders `check_writable_dir` created in this process, deepest first: a command that fails removes those it left

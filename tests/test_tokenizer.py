@@ -2,13 +2,17 @@
 decoding, and the checked loading of a tokenizer."""
 
 import itertools
+import json
 
 import datasets
 import pytest
 from helpers import run_command, script_command, word_tokenizer
-from transformers import AutoTokenizer
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
+from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-from vaswani.checks import UsageError
+from vaswani.checks import UsageError, check_source_lengths, token_bound
 from vaswani.corpora.tokenizer import SplitSentences, load_tokenizer, sample_pairs, train_bpe_tokenizer
 from vaswani.scripts import train_tokenizer
 from vaswani.training.data import load_translation_dataset
@@ -197,3 +201,103 @@ def test_load_tokenizer_refuses_what_the_model_cannot_use(tokenizer, tmp_path):
     no_eos = word_tokenizer(tmp_path / "no_eos", words=["a"], bare=True)
     with pytest.raises(UsageError, match=r"no_eos does not end sequences with </s> \(id 2\)"):
         load_tokenizer(no_eos)
+
+
+# --- The bound on a source's tokens that lets a file's length check skip tokenizing. ---
+
+
+def trained(normalizer, pre_tokenizer, model, trainer, byte_fallback=False):
+    """A fast tokenizer of these parts, trained on the corpus above, that ends every sequence with </s>; a Unigram
+    model with `byte_fallback` spells a character out of its vocabulary in byte pieces (training drops the flag)."""
+    backend = Tokenizer(model)
+    backend.normalizer, backend.pre_tokenizer = normalizer, pre_tokenizer
+    english, spanish = parallel_corpus()
+    backend.train_from_iterator(english + spanish, trainer)
+    if byte_fallback:
+        unigram = json.loads(backend.to_str())["model"]
+        vocab = [tuple(entry) for entry in unigram["vocab"]]
+        backend.model = models.Unigram(vocab, unk_id=unigram["unk_id"], byte_fallback=True)
+    backend.post_processor = processors.TemplateProcessing(
+        single="$A </s>", special_tokens=[("</s>", backend.token_to_id("</s>"))]
+    )
+    return PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="</s>", unk_token="<unk>")
+
+
+SPECIALS = ["<pad>", "<s>", "</s>", "<unk>"]
+BYTES = [f"<0x{byte:02X}>" for byte in range(256)]
+TOKENIZERS = {
+    "sentencepiece-like: NFKC, lower case, Metaspace, Unigram with byte fallback": lambda: trained(
+        normalizers.Sequence([normalizers.NFKC(), normalizers.Lowercase()]),
+        pre_tokenizers.Metaspace(),
+        models.Unigram(),
+        trainers.UnigramTrainer(vocab_size=600, special_tokens=SPECIALS + BYTES, unk_token="<unk>"),
+        byte_fallback=True,
+    ),
+    "BERT-like: its normalizer and pre-tokenizer, WordPiece": lambda: trained(
+        normalizers.BertNormalizer(),
+        pre_tokenizers.BertPreTokenizer(),
+        models.WordPiece(unk_token="<unk>"),
+        trainers.WordPieceTrainer(vocab_size=200, special_tokens=SPECIALS),
+    ),
+}
+# Characters that normalizers lengthen the most: NFKC's longest (18 characters), a composition exclusion that NFC
+# decomposes into three, a ligature, the capital whose lower case is two characters, a CJK character (BERT spaces it).
+LENGTHENED = "\ufdfa\U0001d160\ufb03\u0130\u6771 \u00e9e\u0301"
+
+
+@pytest.fixture(scope="module", params=["project's BPE", *TOKENIZERS])
+def any_tokenizer(request, tokenizer):
+    return tokenizer if request.param == "project's BPE" else TOKENIZERS[request.param]()
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=st.text(st.characters(codec="utf-8"), max_size=40) | st.text(st.sampled_from(LENGTHENED), max_size=40))
+def test_the_bound_on_a_sources_tokens_is_never_below_them(any_tokenizer, text):
+    bound = token_bound(any_tokenizer)
+    assert bound is not None
+    assert bound(text) >= len(any_tokenizer(text).input_ids)
+
+
+def test_no_bound_where_a_normalizer_may_lengthen_ascii(tokenizer):
+    replacing = trained(
+        normalizers.Replace("a", "aaaa"),
+        pre_tokenizers.Metaspace(),
+        models.Unigram(),
+        trainers.UnigramTrainer(vocab_size=200, special_tokens=SPECIALS, unk_token="<unk>"),
+    )
+    assert token_bound(replacing) is None
+    # Byte fallback where Metaspace's "▁" is not a piece: each space becomes three byte tokens.
+    spelled = Tokenizer(models.Unigram([("<unk>", 0.0), ("a", -1.0), *((piece, -2.0) for piece in BYTES)], 0, True))
+    spelled.pre_tokenizer = pre_tokenizers.Metaspace()
+    spelled = PreTrainedTokenizerFast(tokenizer_object=spelled, unk_token="<unk>")
+    assert len(spelled("a a a").input_ids) > len("a a a") + 1
+    assert token_bound(spelled) is None
+    assert token_bound(word_tokenizer(words=["a"])) is not None
+
+
+class Counting:
+    """A tokenizer that keeps every text it is asked to tokenize."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer, self.texts = tokenizer, []
+
+    def __getattr__(self, name):
+        return getattr(self.tokenizer, name)
+
+    def __call__(self, texts, **kwargs):
+        self.texts += texts
+        return self.tokenizer(texts, **kwargs)
+
+
+def test_a_length_check_tokenizes_only_the_lines_the_bound_leaves_open(tokenizer):
+    """Sentences far shorter than the model's positions are checked without tokenizing one (a file's check costs a
+    read); a line that may be too long is tokenized, and refused by its number."""
+    english, spanish = parallel_corpus()
+    lines, counting = english + spanish, Counting(tokenizer)
+    check_source_lengths(counting, lines, 256, None)
+    assert counting.texts == []
+    long_line = " ".join(english[:60])
+    lines.insert(200, long_line)
+    with pytest.raises(UsageError, match=r"^line 201 of --input is \d+ tokens long, more than the model's 256 "):
+        check_source_lengths(counting, lines, 256, None)
+    assert counting.texts == [long_line]
