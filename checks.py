@@ -144,10 +144,11 @@ def device_refusal(device, reason, available, flag="--device") -> UsageError:
     return UsageError(f"{flag} {device}: {reason}; available: {', '.join(available)}.")
 
 
-def check_source_lengths(tokenizer, sources, limit, max_source_length, flag="--input", first_line=1):
+def check_source_lengths(tokenizer, sources, limit, max_source_length, flag="--input", first_line=1, bound=None):
     """Sources the model can encode: without --max_source_length, none may be longer than `limit` tokens (the
     model's positions); --max_source_length itself may not be above it. `sources`: str sentences, in order, the first
-    of them line `first_line` of `flag`."""
+    of them line `first_line` of `flag`. `bound`: `token_bound(tokenizer)`, read once by a caller that checks a file
+    in many parts (reading it takes a copy of the tokenizer's whole vocabulary)."""
     if limit is None:
         return
     if max_source_length is not None:
@@ -157,7 +158,7 @@ def check_source_lengths(tokenizer, sources, limit, max_source_length, flag="--i
                 f"pass --max_source_length {limit} or less."
             )
         return
-    bound = token_bound(tokenizer)
+    bound = token_bound(tokenizer) if bound is None else bound
     for start, block in blocks(sources):
         # Only a source the bound cannot rule out is tokenized: a file's check costs a read, not a tokenization.
         could_be = [index for index, source in enumerate(block) if bound is None or bound(source) > limit]

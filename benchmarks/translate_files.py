@@ -4,7 +4,8 @@ CTranslate2's `translate_file` beside it.
     python -m benchmarks.translate_files run --model M --dataset_dir BIBLE --workdir WORK [--lines 100000]
         [--seconds 240] [--big 1000000,10000000] [--max_tokens 1024] [--chunk_lines 200] [--ctranslate2_lines 2000]
         [--load TEXT] [--notes TEXT]
-    python -m benchmarks.translate_files large ... --max_source_length 1024   (the large files again, rows added)
+    python -m benchmarks.translate_files large ... [--max_source_length 1024]   (the large files again: their rows
+        replace those of the same size and flag)
     python -m benchmarks.translate_files compare --workdir WORK       (CTranslate2's translations beside vaswani's)
     python -m benchmarks.translate_files report        (the page again from its JSON)
 
@@ -316,9 +317,13 @@ def main():
         data["ctranslate2_outputs"] = compare_outputs(args.workdir, args.ctranslate2_lines)
         harness.write_page(RESULTS, data, render(data))
         return
-    if args.command == "large":  # more rows of large files, added to the record
+    if args.command == "large":  # rows of large files, in the record's place of those of the same size and flag
         data = json.loads(Path(f"{RESULTS}.json").read_text())
-        data["large_files"] += large_files(args)
+        measured = {(row["input_lines"], row.get("max_source_length")): row for row in large_files(args)}
+        for index, row in enumerate(data["large_files"]):
+            data["large_files"][index] = measured.pop((row["input_lines"], row.get("max_source_length")), row)
+        data["large_files"] += measured.values()
+        data["notes"] = args.notes or data["notes"]
         harness.write_page(RESULTS, data, render(data))
         return
     corpus = build_corpus(args.dataset_dir, args.workdir / f"corpus_{args.lines}.txt", args.lines)

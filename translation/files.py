@@ -25,7 +25,7 @@ import torch
 from accelerate import PartialState
 from accelerate.utils import gather_object
 
-from ..checks import UsageError, check_device, check_source_lengths, token_lengths
+from ..checks import UsageError, check_device, check_source_lengths, token_bound, token_lengths
 from ..progress import progress_bar, watched
 
 
@@ -162,6 +162,7 @@ class FileTranslation:
         if max_source_length is not None or limit is None:
             check_source_lengths(tokenizer, [], limit, max_source_length)
         else:
+            bound = token_bound(tokenizer)
             for index in self.missing():
                 try:
                     check_source_lengths(
@@ -170,6 +171,7 @@ class FileTranslation:
                         limit,
                         None,
                         first_line=index * self.source.chunk_lines + 1,
+                        bound=bound,
                     )
                 except UsageError as error:
                     first = [(index, str(error))]
