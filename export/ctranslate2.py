@@ -170,22 +170,40 @@ def translate_ids(
 
 
 def translate_sentences(
-    translator: ctranslate2.Translator, tokenizer, sentences: list[str], batch_size: int = 32, **options
+    translator: ctranslate2.Translator,
+    tokenizer,
+    sentences: list[str],
+    batch_size: int = 32,
+    max_tokens: int | None = None,
+    on_batch=None,
+    **options,
 ) -> list[str]:
     """Translate `sentences` with an exported model, in their order: batches of similar length (longest first, as
-    `vaswani.evaluation.bleu.translations` makes them), each limited to its longest source + 50 tokens (section 6.1),
-    tokenized and detokenized by the model's own `tokenizer`. `options` go to `translate_batch` (beam_size,
-    length_penalty, ...). A blank sentence gives a blank translation."""
-    order = [i for i in longest_first([len(text) for text in sentences]) if sentences[i].strip()]
+    `vaswani.evaluation.bleu.translations` makes them: `batch_size` sentences, or `max_tokens` source tokens with
+    their padding), each limited to its longest source + 50 tokens (section 6.1), tokenized and detokenized by the
+    model's own `tokenizer`. `options` go to `translate_batch` (beam_size, length_penalty, ...). A blank sentence gives
+    a blank translation. `on_batch(indices)` is called with the blank sentences' indices, then after each batch."""
+    from ..evaluation.bleu import token_batches
+
+    written = [i for i, text in enumerate(sentences) if text.strip()]
+    ids = dict(zip(written, tokenizer([sentences[i] for i in written]).input_ids if written else []))
+    if max_tokens is None:
+        order = [i for i in longest_first([len(text) for text in sentences]) if i in ids]
+        batches = [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
+    else:
+        batches = token_batches([len(ids[i]) for i in written], max_tokens)
+        batches = [[written[position] for position in batch] for batch in batches]
     answers = [""] * len(sentences)
-    for start in range(0, len(order), batch_size):
-        chunk = order[start : start + batch_size]
-        ids = tokenizer([sentences[i] for i in chunk]).input_ids
-        limit = max(map(len, ids)) + EXTRA_OUTPUT_TOKENS
+    if on_batch is not None and len(written) < len(sentences):
+        on_batch([i for i in range(len(sentences)) if i not in ids])
+    for chunk in batches:
+        limit = max(len(ids[i]) for i in chunk) + EXTRA_OUTPUT_TOKENS
         results = translator.translate_batch(
-            [tokenizer.convert_ids_to_tokens(row) for row in ids], max_decoding_length=limit, **options
+            [tokenizer.convert_ids_to_tokens(ids[i]) for i in chunk], max_decoding_length=limit, **options
         )
         for i, result in zip(chunk, results):
             target = tokenizer.convert_tokens_to_ids(result.hypotheses[0])
             answers[i] = tokenizer.decode(target, skip_special_tokens=True).strip()
+        if on_batch is not None:
+            on_batch(chunk)
     return answers

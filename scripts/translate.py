@@ -23,7 +23,8 @@ the length penalty, as the beam ranked it), the translation, and the alignment (
 --prefixes names a file with one beginning per sentence that each translation is forced to start with.
 --ctranslate2 names the model's CTranslate2 export (vaswani-export-ctranslate2, `export` extra) to translate with
 instead, tokenized by --model's tokenizer: CTranslate2's beam search with --num_beams and --length_penalty (its length
-penalty is |Y| ** alpha, as transformers' beam search's), each batch limited to its longest source + 50 tokens.
+penalty is |Y| ** alpha, as transformers' beam search's), each batch limited to its longest source + 50 tokens; a
+file is shared, resumed and written whole as with the model.
 """
 
 import os
@@ -114,12 +115,16 @@ def format_answer(index: int, rank: int, answer: dict, args: TranslateArguments)
     return "\t".join(fields)
 
 
-def translate_with_ctranslate2(args: TranslateArguments, decoding: DecodingArguments, sources: list[str]) -> list:
-    """--ctranslate2: the sentences translated by CTranslate2, one line each."""
+def ctranslate2_device(args: TranslateArguments, decoding: DecodingArguments) -> str:
+    """--ctranslate2: the device CTranslate2 decodes on (its own choice: cuda where it sees one), with every flag it
+    cannot honour refused, before any work."""
     unsupported = [flag for flag, used in (("--nbest", args.nbest > 1), ("--scores", args.scores),
-                   ("--alignments", args.alignments), ("--prefixes", args.prefixes)) if used]  # fmt: skip
+                   ("--alignments", args.alignments), ("--prefixes", args.prefixes),
+                   ("--max_source_length", decoding.max_source_length is not None)) if used]  # fmt: skip
     if unsupported:
-        raise UsageError(f"--ctranslate2 writes one translation a line: leave out {', '.join(unsupported)}.")
+        raise UsageError(
+            f"--ctranslate2 writes one translation a line of each whole source: leave out {', '.join(unsupported)}."
+        )
     if decoding.dtype != "float32":
         raise UsageError("--ctranslate2 decodes in its model's own type (--int8 for int8): leave out --dtype.")
     if not (Path(args.ctranslate2) / "model.bin").is_file():
@@ -131,11 +136,6 @@ def translate_with_ctranslate2(args: TranslateArguments, decoding: DecodingArgum
         import ctranslate2
     except ImportError as error:
         raise UsageError("--ctranslate2 needs CTranslate2: pip install 'vaswani[export]'.") from error
-    from transformers import AutoTokenizer
-
-    from vaswani.export.ctranslate2 import translate_sentences
-
-    tokenizer = AutoTokenizer.from_pretrained(args.model)
     devices = ["cpu", "cuda"] if ctranslate2.get_cuda_device_count() else ["cpu"]  # CTranslate2's own, not torch's
     device = decoding.device or devices[-1]
     if device not in devices:
@@ -143,25 +143,50 @@ def translate_with_ctranslate2(args: TranslateArguments, decoding: DecodingArgum
             "sees no CUDA device" if device == "cuda" else "runs on cpu or cuda"
         )
         raise device_refusal(device, reason, devices)
-    translator = ctranslate2.Translator(
-        args.ctranslate2, device=device, compute_type="int8" if decoding.int8 else "default"
-    )
-    start = time.time()
-    answers = translate_sentences(
-        translator,
-        tokenizer,
-        sources,
-        decoding.batch_size,
-        beam_size=decoding.num_beams,
-        length_penalty=decoding.length_penalty,
-    )
-    seconds = time.time() - start
-    write_lines(args.output, answers)
-    report(
-        f"Translated {len(sources)} sentences with CTranslate2 ({translator.compute_type}) in {seconds:.1f}s into "
-        f"{destination(args.output)}"
-    )
-    return answers
+    return device
+
+
+class CTranslate2Engine:
+    """--ctranslate2: the export's translator on `device` (`device_index`: a launched process's own GPU), with
+    --model's tokenizer, translating lines as `translate_sentences` does."""
+
+    def __init__(self, args: TranslateArguments, decoding: DecodingArguments, device: str, device_index: int = 0):
+        import ctranslate2
+        from transformers import AutoTokenizer
+
+        self.tokenizer = AutoTokenizer.from_pretrained(args.model)
+        self.translator = ctranslate2.Translator(
+            args.ctranslate2,
+            device=device,
+            device_index=device_index,
+            compute_type="int8" if decoding.int8 else "default",
+        )
+        self.decoding = decoding
+
+    def __call__(self, lines: list[str], on_batch=None) -> list[str]:
+        from vaswani.export.ctranslate2 import translate_sentences
+
+        decoding = self.decoding
+        return translate_sentences(
+            self.translator,
+            self.tokenizer,
+            lines,
+            decoding.batch_size,
+            decoding.max_tokens,
+            on_batch,
+            beam_size=decoding.num_beams,
+            length_penalty=decoding.length_penalty,
+        )
+
+    def describe(self) -> str:
+        return f"with CTranslate2 ({self.translator.compute_type}) "
+
+
+def source_positions(model: str) -> int | None:
+    """The source positions of --model's config: the longest source it encodes."""
+    from transformers import AutoConfig
+
+    return getattr(AutoConfig.from_pretrained(model), "max_position_embeddings", None)
 
 
 @command(extra="train", needs=("pyarrow", "datasets", "sacrebleu", "sacremoses"))
@@ -177,13 +202,13 @@ def main(argv):
         raise UsageError("--prefixes - and --input - would both read standard input: give one of them as a file.")
     if args.chunk_lines < 1:
         raise UsageError(f"--chunk_lines must be at least 1, got {args.chunk_lines}.")
-    if STANDARD_STREAM not in (args.input, args.output, args.prefixes) and not args.ctranslate2:
-        check_model_folder(args.model, model_types=seq2seq_model_types())
+    if STANDARD_STREAM not in (args.input, args.output, args.prefixes):
+        if not args.ctranslate2:
+            check_model_folder(args.model, model_types=seq2seq_model_types())
         return translate_file(args, decoding)
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # torchrun's, set in each process accelerate launch starts
         raise UsageError(
-            "standard input and output and --ctranslate2 are one process's: under accelerate launch, give --input "
-            "and --output files and leave out --ctranslate2."
+            "standard input and output are one process's: under accelerate launch, give --input and --output files."
         )
     sources = read_lines(args.input, "--input")
     if not sources:
@@ -192,9 +217,18 @@ def main(argv):
     prefixes = read_lines(args.prefixes, "--prefixes") if args.prefixes else None
     if prefixes is not None and len(prefixes) != len(sources):
         raise UsageError(f"--prefixes has {len(prefixes)} lines but --input {len(sources)}: give one per sentence.")
-    check_model_folder(args.model, model_types=seq2seq_model_types())
     if args.ctranslate2:
-        return translate_with_ctranslate2(args, decoding, sources)
+        engine = CTranslate2Engine(args, decoding, ctranslate2_device(args, decoding))
+        check_source_lengths(engine.tokenizer, sources, source_positions(args.model), None)
+        start = time.time()
+        answers = engine(sources)
+        write_lines(args.output, answers)
+        report(
+            f"Translated {len(sources)} sentences {engine.describe()}in {time.time() - start:.1f}s into "
+            f"{destination(args.output)}"
+        )
+        return answers
+    check_model_folder(args.model, model_types=seq2seq_model_types())
     from vaswani.evaluation.bleu import load_translation_model, translations
 
     model, tokenizer = load_translation_model(
@@ -245,40 +279,59 @@ def translate_file(args: TranslateArguments, decoding: DecodingArguments) -> dic
     from vaswani.evaluation.bleu import load_translation_model, translations
     from vaswani.translation.files import FileTranslation, LineFile, launch
 
-    state, device = launch(decoding.device, decoding.int8)
+    if args.ctranslate2:
+        engine_device = ctranslate2_device(args, decoding)
+        state, _ = launch("cpu", decoding.int8)  # the processes meet over gloo; CTranslate2 places its own work
+        weights = Path(args.ctranslate2) / "model.bin"
+    else:
+        state, device = launch(decoding.device, decoding.int8)
+        engine_device = torch.device(device).type
+        weights = Path(args.model) / "model.safetensors"
     source = LineFile.scan(args.input, args.chunk_lines)
     prefixes = LineFile.scan(args.prefixes, args.chunk_lines, "--prefixes") if args.prefixes else None
-    weights = Path(args.model) / "model.safetensors"
     settings = {
         "model": str(Path(args.model).resolve()),
+        "ctranslate2": str(Path(args.ctranslate2).resolve()) if args.ctranslate2 else None,
         "weights": [weights.stat().st_size, weights.stat().st_mtime_ns] if weights.is_file() else None,
-        "device": torch.device(device).type,
+        "device": engine_device,
         **{key: value for key, value in asdict(decoding).items() if key != "device"},
         **{key: getattr(args, key) for key in ("nbest", "scores", "alignments", "alignment_layer")},
     }
     job = FileTranslation(source, args.output, settings, state, prefixes)
-    model, tokenizer = load_translation_model(args.model, device=device, int8=decoding.int8, dtype=decoding.dtype)
-    job.check_lengths(tokenizer, getattr(model.config, "max_position_embeddings", None), decoding.max_source_length)
-    cut = []
+    cut, engine = [], ""
+    if args.ctranslate2:
+        index = state.local_process_index if engine_device == "cuda" else 0  # each launched process its own GPU
+        translator = CTranslate2Engine(args, decoding, engine_device, index)
+        tokenizer, limit, engine = translator.tokenizer, source_positions(args.model), translator.describe()
 
-    def translate_chunk(lines, prefixes, first_line, on_batch):
-        answers = translations(
-            model, tokenizer, lines, prefixes=prefixes, on_batch=on_batch, **answer_options(args, decoding)
-        )
-        cut.extend(first_line + i for i, hypotheses in enumerate(answers) if "source_tokens_dropped" in hypotheses[0])
-        return [
-            format_answer(first_line + i, rank, answer, args)
-            for i, hypotheses in enumerate(answers)
-            for rank, answer in enumerate(hypotheses)
-        ]
+        def translate_chunk(lines, prefixes, first_line, on_batch):
+            return translator(lines, on_batch)
 
+    else:
+        model, tokenizer = load_translation_model(args.model, device=device, int8=decoding.int8, dtype=decoding.dtype)
+        limit = getattr(model.config, "max_position_embeddings", None)
+
+        def translate_chunk(lines, prefixes, first_line, on_batch):
+            answers = translations(
+                model, tokenizer, lines, prefixes=prefixes, on_batch=on_batch, **answer_options(args, decoding)
+            )
+            cut.extend(
+                first_line + i for i, hypotheses in enumerate(answers) if "source_tokens_dropped" in hypotheses[0]
+            )
+            return [
+                format_answer(first_line + i, rank, answer, args)
+                for i, hypotheses in enumerate(answers)
+                for rank, answer in enumerate(hypotheses)
+            ]
+
+    job.check_lengths(tokenizer, limit, decoding.max_source_length)
     done = job.run(translate_chunk, tokenizer)
     cut = sorted(gather_object(cut))
     if state.is_main_process:
         report_cut(cut, decoding.max_source_length)
         earlier = f"; {done['done_before']} were translated before" if done["done_before"] else ""
         report(
-            f"Translated {done['translated']} of {done['lines']} sentences in {done['seconds']:.1f}s "
+            f"Translated {done['translated']} of {done['lines']} sentences {engine}in {done['seconds']:.1f}s "
             f"({done['translated'] / done['seconds']:.1f}/s, {state.num_processes} processes){earlier}, into "
             f"{args.output}"
         )

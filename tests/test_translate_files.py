@@ -67,6 +67,35 @@ def test_two_processes_write_what_one_writes(trained_text_model, tmp_path):
     assert not (tmp_path / "one.txt.parts").exists() and not (tmp_path / "two.txt.parts").exists()
 
 
+@pytest.mark.slow
+def test_ctranslate2_shares_a_file_between_processes_as_the_model_does(trained_text_model, tmp_path):
+    """--ctranslate2 on a file: chunks batched by tokens, shared by two gloo processes with unequal work, the same
+    bytes as one process and as the pipe, which holds its input whole."""
+    pytest.importorskip("ctranslate2")
+    from vaswani.scripts import export_ctranslate2
+
+    _, _, folder = trained_text_model
+    export_ctranslate2.main(["--model", folder, "--output_dir", tmp_path / "ct2"])
+    source = write_input(tmp_path, [*uneven_lines(), ""])
+    one, two = tmp_path / "one.txt", tmp_path / "two.txt"
+    flags = ["--ctranslate2", tmp_path / "ct2", "--max_tokens", "40"]
+    translate.main(arguments(folder, source, one, *flags))
+    launched = start([*two_process_launch(), script_command("translate")[1], *arguments(folder, source, two, *flags)])
+    _, stderr = finish(launched, timeout=600)
+    assert launched.returncode == 0, stderr[-5000:]
+    assert summary(stderr) == (54, 54, 0) and "with CTranslate2 (float32)" in stderr and "2 processes" in stderr
+    assert two.read_bytes() == one.read_bytes()
+    piped = run_command(
+        script_command("translate", "--model", folder, "--ctranslate2", tmp_path / "ct2"),
+        input=source.read_text(),
+        check=True,
+    )
+    assert one.read_text(encoding="utf-8") == piped.stdout
+    lines = one.read_text(encoding="utf-8").splitlines()
+    assert lines[4:8] == [target for _, target in PAIRS] and lines[-1] == ""
+    assert not (tmp_path / "two.txt.parts").exists()
+
+
 def test_a_killed_run_resumes_without_translating_a_line_twice(trained_text_model, tmp_path, capsys):
     """One of two processes killed once chunks are on disk: no output, the chunks kept; a resume with other settings
     refused; the same command (here in one process) translates only the lines not done and writes what an unbroken
@@ -173,8 +202,7 @@ def test_standard_input_is_refused_under_several_processes(trained_text_model, m
     with pytest.raises(SystemExit) as refused:
         translate.main(["--model", folder, "--device", "cpu"])
     assert str(refused.value.code).endswith(
-        "error: standard input and output and --ctranslate2 are one process's: under accelerate launch, give --input "
-        "and --output files and leave out --ctranslate2."
+        "error: standard input and output are one process's: under accelerate launch, give --input and --output files."
     )
 
 
