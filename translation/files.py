@@ -11,6 +11,7 @@ settings. Once every chunk is there, the main process joins them into a temporar
 removes the work folder.
 """
 
+import atexit
 import hashlib
 import json
 import os
@@ -42,13 +43,17 @@ MANIFEST = "manifest.json"
 
 def launch(device: str | None, int8: bool) -> tuple[PartialState, str]:
     """The processes `accelerate launch` started (or this one alone), which wait SHARE_WAIT for each other at a
-    barrier, and the device this process decodes on: `device` in a single process; each process's own
+    barrier and part at exit, and the device this process decodes on: `device` in a single process; each process's own
     (`cuda:LOCAL_RANK`) when several; an accelerator if there is one; the CPU, over gloo, for `device` cpu, `int8` or
     a machine without an accelerator."""
     if device is not None:
         check_device(device)  # refused in one sentence before the processes meet
     on_cpu = int8 or (device or "").startswith("cpu") or not torch.accelerator.is_available()
     state = PartialState(cpu=on_cpu, timeout=SHARE_WAIT)
+    if state.num_processes > 1:
+        # Before the interpreter ends: torch (2.15) aborts a process that ends with its process group alive
+        # ("terminate called without an active exception"), after the command's work is done.
+        atexit.register(state.destroy_process_group)
     return state, str(device if device and state.num_processes == 1 else state.device)
 
 
