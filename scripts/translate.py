@@ -298,11 +298,11 @@ def translate_file(args: TranslateArguments, decoding: DecodingArguments) -> dic
         **{key: getattr(args, key) for key in ("nbest", "scores", "alignments", "alignment_layer")},
     }
     job = FileTranslation(source, args.output, settings, state, prefixes)
-    cut, engine = [], ""
+    cut, engine_name = [], ""
     if args.ctranslate2:
         index = state.local_process_index if engine_device == "cuda" else 0  # each launched process its own GPU
         translator = CTranslate2Engine(args, decoding, engine_device, index)
-        tokenizer, limit, engine = translator.tokenizer, source_positions(args.model), translator.describe()
+        tokenizer, limit, engine_name = translator.tokenizer, source_positions(args.model), translator.describe()
 
         def translate_chunk(lines, prefixes, first_line, on_batch):
             return translator(lines, on_batch)
@@ -331,7 +331,7 @@ def translate_file(args: TranslateArguments, decoding: DecodingArguments) -> dic
         report_cut(cut, decoding.max_source_length)
         earlier = f"; {done['done_before']} were translated before" if done["done_before"] else ""
         report(
-            f"Translated {done['translated']} of {done['lines']} sentences {engine}in {done['seconds']:.1f}s "
+            f"Translated {done['translated']} of {done['lines']} sentences {engine_name}in {done['seconds']:.1f}s "
             f"({done['translated'] / done['seconds']:.1f}/s, {state.num_processes} processes){earlier}, into "
             f"{args.output}"
         )
