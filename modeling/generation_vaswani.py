@@ -98,15 +98,21 @@ class SourceLengthLimit(LogitsProcessor):
         if input_ids.shape[1] < self.earliest:
             return scores
         limits = self.limits.to(input_ids.device).repeat_interleave(input_ids.shape[0] // self.limits.shape[0])
-        at_limit = limits <= input_ids.shape[1]
-        forced = torch.full_like(scores, -float("inf"))
-        forced[:, self.eos_token_id] = self.forced_scores(scores)
-        return torch.where(at_limit[:, None], forced, scores)
+        at_limit = (limits <= input_ids.shape[1])[:, None]
+        ends = scores[:, self.ends]
+        # One pass over the vocabulary: the scores are a step's widest tensor, and reading them is most of its cost.
+        scores = scores.masked_fill(at_limit, -float("inf"))
+        scores[:, self.ends] = torch.where(at_limit, self.forced_scores(ends), ends)
+        return scores
 
-    def forced_scores(self, scores: torch.FloatTensor) -> torch.FloatTensor:
-        """What the forced end tokens score: the model's log-probability, or the lowest float where none is left."""
-        forced = scores[:, self.eos_token_id]
-        return forced.masked_fill(forced == -float("inf"), torch.finfo(forced.dtype).min)
+    @property
+    def ends(self) -> list[int]:
+        return self.eos_token_id if isinstance(self.eos_token_id, list) else [self.eos_token_id]
+
+    def forced_scores(self, ends: torch.FloatTensor) -> torch.FloatTensor:
+        """What the forced end tokens score, from their scores `ends`: the model's log-probability, or the lowest float
+        where none is left."""
+        return ends.masked_fill(ends == -float("inf"), torch.finfo(ends.dtype).min)
 
     def rows(self, sentences: torch.Tensor) -> "SourceLengthLimit":
         """The same limit for the sentences kept (their positions in the batch searched)."""
@@ -119,8 +125,8 @@ class ForcedEOSAtSourceLimit(SourceLengthLimit):
     last position (its `SourceLengthLimit`, or the batch's where that comes first), so that a sentence decodes in a
     batch as it decodes alone."""
 
-    def forced_scores(self, scores: torch.FloatTensor) -> torch.FloatTensor:
-        return torch.zeros_like(scores[:, self.eos_token_id])
+    def forced_scores(self, ends: torch.FloatTensor) -> torch.FloatTensor:
+        return torch.zeros_like(ends)
 
 
 def per_sentence_processors(logits_processor: LogitsProcessorList) -> LogitsProcessorList:
@@ -448,6 +454,14 @@ def best_first(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor
     return scores[:, :k], positions[:, :k]
 
 
+def no_forced_ending(scores: torch.Tensor) -> torch.Tensor:
+    """Scores with the endings the limit forced where no processor allowed one (the lowest float,
+    `SourceLengthLimit`) at -inf: the search returns only hypotheses with a probability, so those are none. Summed
+    with a hypothesis' log-probability, such an ending stays at or below the lowest float, under every real score: the
+    2k best continuations hold them only where fewer real ones are left, so the search reads them there alone."""
+    return scores.masked_fill(scores <= torch.finfo(scores.dtype).min, -float("inf"))
+
+
 @dataclass
 class Candidates:
     """The 2k best one-token continuations of a sentence's k live hypotheses, best first, per sentence searched:
@@ -525,7 +539,7 @@ class BeamSearchState:
         totals = (self.live_scores[:, :, None] + log_probs.view(searched, num_beams, vocab_size)).view(searched, -1)
         scores, ids = totals.topk(2 * num_beams, dim=1)
         ids, by_id = ids.sort(dim=1)  # in candidate order (hypothesis, then token), which breaks a tie
-        scores, order = best_first(scores.gather(1, by_id), 2 * num_beams)
+        scores, order = best_first(no_forced_ending(scores.gather(1, by_id)), 2 * num_beams)
         ids = ids.gather(1, order)
         origin, tokens = ids // vocab_size, ids % vocab_size
         sequences = torch.cat((self.live.gather(1, origin[:, :, None].expand(-1, -1, cur_len)), tokens[:, :, None]), 2)
@@ -774,13 +788,10 @@ def gnmt_beam_search(
         record_step(recorded, outputs, logits)
         del outputs
         log_probs = logits_processor(flat_live, torch.log_softmax(logits, dim=-1))
-        # An ending the limit forces where no processor allowed one scores the lowest float (`SourceLengthLimit`):
-        # the search returns only hypotheses with a probability, so it is no hypothesis here.
-        log_probs = log_probs.masked_fill(log_probs == torch.finfo(log_probs.dtype).min, -float("inf"))
         if finished_rows is not None:
             log_probs = log_probs.masked_fill(finished_rows, -float("inf"))
         if generation_config.return_dict_in_generate and generation_config.output_scores:
-            step_scores += (state.whole_batch(log_probs),)
+            step_scores += (state.whole_batch(no_forced_ending(log_probs)),)
 
         candidates = state.continuations(log_probs)
         ends = candidates.end(stopping_criteria, step_scores)
