@@ -296,20 +296,21 @@ def next_step_kwargs(outputs, model_kwargs: dict) -> dict:
 
 
 class BeamSearchCacheLayer(DynamicLayer):
-    """A decoder self-attention cache layer for beam search, which moves each position's keys and values once a step.
+    """A decoder self-attention cache layer for beam search, which writes each step in place.
 
-    `DynamicLayer` appends a step's keys and values by concatenation, a copy of the whole cache, and a beam reorder
-    copies it again. Here keys and values live in one buffer with room for the steps to come: a step writes its
-    position in place, and a reorder gathers the chosen rows straight into a second buffer, which becomes the first.
-    `keys` and `values` are views of the filled positions, as `DynamicLayer`'s tensors are read (of the first d_k and
-    d_v dimensions, where a model's keys and values differ in size: Table 3, row (B)).
+    `DynamicLayer` appends a step's keys and values by concatenation, a copy of the whole cache. Here keys and values
+    live in one buffer with room for the steps to come: a step writes its position in place, and the hypotheses that
+    took a row from another one are copied into it there (`copy_cache_rows`); only sentences leaving the search
+    gather the rows kept into a new buffer. `keys` and `values` are views of the filled positions, as `DynamicLayer`'s
+    tensors are read (of the first d_k and d_v dimensions, where a model's keys and values differ in size: Table 3,
+    row (B)).
     """
 
     room = 32  # positions allocated ahead, each time the buffer fills up
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         super().lazy_initialization(key_states, value_states)
-        self.filled, self.buffer, self.spare = 0, None, None
+        self.filled, self.buffer = 0, None
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         if not self.is_initialized:
@@ -321,7 +322,7 @@ class BeamSearchCacheLayer(DynamicLayer):
             buffer = key_states.new_empty(shape)
             if self.buffer is not None:
                 buffer[:, :, :, : self.filled] = self.buffer[:, :, :, : self.filled]
-            self.buffer, self.spare = buffer, key_states.new_empty(shape)
+            self.buffer = buffer
             self.key_size, self.value_size = key_states.shape[-1], value_states.shape[-1]
         self.buffer[0, :, :, self.filled : end, : self.key_size] = key_states
         self.buffer[1, :, :, self.filled : end, : self.value_size] = value_states
@@ -336,9 +337,9 @@ class BeamSearchCacheLayer(DynamicLayer):
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         """Keep row `beam_idx[i]` as row i (fewer rows where sentences left the batch)."""
-        target = self.spare[:, : beam_idx.shape[0], :, : self.filled]
-        torch.index_select(self.buffer[:, :, :, : self.filled], 1, beam_idx, out=target)
-        self.buffer, self.spare = self.spare[:, : beam_idx.shape[0]], self.buffer
+        buffer = self.buffer.new_empty((2, beam_idx.shape[0], *self.buffer.shape[2:]))
+        torch.index_select(self.buffer[:, :, :, : self.filled], 1, beam_idx, out=buffer[:, :, :, : self.filled])
+        self.buffer = buffer
         self.show_filled()
 
 
@@ -363,6 +364,20 @@ def reorder_self_attention_cache(cache, rows: torch.Tensor, filled: int) -> None
                 held.copy_(held.index_select(0, rows))
         else:
             layer.reorder_cache(rows)
+
+
+def copy_cache_rows(cache, sources: torch.Tensor, targets: torch.Tensor, filled: int) -> None:
+    """Give rows `targets` of the decoder's self-attention cache the keys and values of rows `sources` (no row both),
+    in place, for the `filled` positions it holds; the other rows keep theirs. A layer of a kind that holds its keys
+    and values otherwise (quantized, offloaded) is reordered whole, by its own method."""
+    for layer in cache.self_attention_cache.layers:
+        if layer.is_compileable or type(layer) in (DynamicLayer, BeamSearchCacheLayer):
+            for states in (layer.keys, layer.values):
+                held = states[:, :, :filled]
+                held.index_copy_(0, targets, held.index_select(0, sources))
+        else:
+            rows = torch.arange(layer.keys.shape[0], device=targets.device)
+            layer.reorder_cache(rows.index_copy(0, targets, sources))
 
 
 def select_batch_rows(model_kwargs: dict, sentences: torch.Tensor, num_beams: int) -> None:
@@ -465,11 +480,12 @@ def no_forced_ending(scores: torch.Tensor) -> torch.Tensor:
 @dataclass
 class Candidates:
     """The 2k best one-token continuations of a sentence's k live hypotheses, best first, per sentence searched:
-    their summed log-probabilities, the live hypothesis each extends, their tokens (start token included) and the
-    batch row each of their tokens came from (`beam_indices`)."""
+    their summed log-probabilities, the live hypothesis each extends and the row of the sentence's k that holds it,
+    their tokens (start token included) and the batch row each of their tokens came from (`beam_indices`)."""
 
     scores: torch.Tensor  # (sentences, 2k)
-    origin: torch.Tensor  # (sentences, 2k), the live hypothesis extended, 0..k-1
+    origin: torch.Tensor  # (sentences, 2k), the live hypothesis extended, 0..k-1, best first
+    rows: torch.Tensor  # (sentences, 2k), the row of the sentence's k that holds it (`BeamSearchState.held`)
     sequences: torch.Tensor  # (sentences, 2k, length)
     beams: torch.Tensor  # (sentences, 2k, steps)
 
@@ -483,10 +499,12 @@ class Candidates:
 @dataclass
 class BeamSearchState:
     """The hypotheses of the sentences still searched, one row per sentence: `active` holds their indices in the
-    batch, `longest` the longest hypothesis each may grow to; the k live ones (their tokens, summed log-probabilities
-    and source rows) and the k best finished ones (padded to max_length with `fill`, their scores divided by
-    lp(|Y|)). `batch_size` counts every sentence of the batch; `scores_fall` says whether log-probabilities only fall
-    as a hypothesis grows (`settled`)."""
+    batch, `longest` the longest hypothesis each may grow to; the k live ones, best first (their tokens, summed
+    log-probabilities and source rows), and the k best finished ones (padded to max_length with `fill`, their scores
+    divided by lp(|Y|)). `held` says which live hypothesis each of the sentence's k rows of the decoder holds: a
+    hypothesis stays in the row of the one it extends where it is the first to extend it (`follow`), so that the
+    decoder's cache moves only for the others. `batch_size` counts every sentence of the batch; `scores_fall` says
+    whether log-probabilities only fall as a hypothesis grows (`settled`)."""
 
     batch_size: int
     fill: int
@@ -496,6 +514,7 @@ class BeamSearchState:
     live: torch.Tensor
     live_scores: torch.Tensor
     live_beams: torch.Tensor
+    held: torch.Tensor
     finished: torch.Tensor
     finished_scores: torch.Tensor
     finished_beams: torch.Tensor
@@ -522,6 +541,7 @@ class BeamSearchState:
             live=input_ids.view(batch_size, num_beams, prompt_length),
             live_scores=live_scores,
             live_beams=torch.zeros((batch_size, num_beams, 0), dtype=torch.long, device=device),
+            held=torch.arange(num_beams, device=device).repeat(batch_size, 1),
             finished=torch.full((batch_size, num_beams, max_length), fill, device=device),
             finished_scores=torch.full((batch_size, num_beams), -float("inf"), device=device),
             finished_beams=torch.full((batch_size, num_beams, max_length - prompt_length), -1, device=device),
@@ -531,21 +551,28 @@ class BeamSearchState:
     def returned(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         return self.finished, self.finished_scores, self.finished_beams
 
+    def in_rows(self) -> torch.Tensor:
+        """The live hypotheses' tokens as the decoder's rows hold them, (searched, k, length)."""
+        return self.live.gather(1, self.held[:, :, None].expand(-1, -1, self.live.shape[2]))
+
     def continuations(self, log_probs: torch.Tensor) -> Candidates:
         """Section 6.1's beam of k: the 2k best continuations of the k live hypotheses, so that k of them survive
-        even when up to k end at this step."""
+        even when up to k end at this step. `log_probs` has the decoder's rows (`in_rows`)."""
         searched, num_beams, cur_len = self.live.shape
         vocab_size = log_probs.shape[-1]
-        totals = (self.live_scores[:, :, None] + log_probs.view(searched, num_beams, vocab_size)).view(searched, -1)
+        row_scores = self.live_scores.gather(1, self.held)
+        totals = (row_scores[:, :, None] + log_probs.view(searched, num_beams, vocab_size)).view(searched, -1)
         scores, ids = totals.topk(2 * num_beams, dim=1)
-        ids, by_id = ids.sort(dim=1)  # in candidate order (hypothesis, then token), which breaks a tie
+        rows, tokens = ids // vocab_size, ids % vocab_size
+        # In candidate order (the hypothesis extended, best first, then the token), which breaks a tie.
+        ids, by_id = (self.held.gather(1, rows) * vocab_size + tokens).sort(dim=1)
         scores, order = best_first(no_forced_ending(scores.gather(1, by_id)), 2 * num_beams)
-        ids = ids.gather(1, order)
+        ids, rows = ids.gather(1, order), rows.gather(1, by_id).gather(1, order)
         origin, tokens = ids // vocab_size, ids % vocab_size
         sequences = torch.cat((self.live.gather(1, origin[:, :, None].expand(-1, -1, cur_len)), tokens[:, :, None]), 2)
         history = self.live_beams.gather(1, origin[:, :, None].expand(-1, -1, self.live_beams.shape[2]))
-        beams = torch.cat((history, (origin + self.active[:, None] * num_beams)[:, :, None]), 2)
-        return Candidates(scores, origin, sequences, beams)
+        beams = torch.cat((history, (rows + self.active[:, None] * num_beams)[:, :, None]), 2)
+        return Candidates(scores, origin, rows, sequences, beams)
 
     def settle_finished(self, candidates: Candidates, ends: torch.Tensor, length: int, alpha: float):
         """The candidates that end (`ends`) join the finished hypotheses with their score divided by the GNMT length
@@ -578,6 +605,20 @@ class BeamSearchState:
         self.live = candidates.sequences.gather(1, keep[:, :, None].expand(-1, -1, candidates.sequences.shape[2]))
         self.live_beams = candidates.beams.gather(1, keep[:, :, None].expand(-1, -1, candidates.beams.shape[2]))
         return keep
+
+    def follow(self, parents: torch.Tensor) -> torch.Tensor:
+        """Give the live hypotheses, which extend those the decoder's rows `parents` hold, their rows: each the row of
+        the one it extends where it is the first to extend it, the others, best first, the rows no hypothesis extends,
+        in order. Returns, for each row of each sentence searched, the row whose cache it continues."""
+        searched, num_beams = parents.shape
+        earlier = torch.ones(num_beams, num_beams, dtype=torch.bool, device=parents.device).tril(-1)
+        first = ~((parents[:, :, None] == parents[:, None, :]) & earlier).any(2)
+        extended = torch.zeros_like(first).scatter_(1, parents, True)
+        unextended = extended.long().argsort(dim=1, stable=True)  # the rows no hypothesis extends first, in order
+        rows = torch.where(first, parents, unextended.gather(1, ((~first).long().cumsum(1) - 1).clamp(min=0)))
+        ranks = torch.arange(num_beams, device=parents.device).expand(searched, -1)
+        self.held = torch.empty_like(self.held).scatter_(1, rows, ranks)
+        return ranks.clone().scatter_(1, rows, parents)
 
     def settled(self, length: int, alpha: float, num_return: int) -> torch.Tensor:
         """Which sentences are done: the hypotheses they return are finished, and no live one can still beat the
@@ -774,7 +815,7 @@ def gnmt_beam_search(
     this_peer_finished = False
     while any_peer_unfinished(this_peer_finished, synced_gpus, device):
         searched, _, cur_len = state.live.shape
-        flat_live = state.live.reshape(searched * num_beams, -1)
+        flat_live = state.in_rows().reshape(searched * num_beams, -1)
         # A process done before the others (synced_gpus) feeds its last tokens again: a step that counts nothing.
         next_length = 1 if model_kwargs.get("use_cache") and (cur_len > prompt_length or this_peer_finished) else None
         model_inputs = model.prepare_inputs_for_generation(flat_live, next_sequence_length=next_length, **model_kwargs)
@@ -797,26 +838,32 @@ def gnmt_beam_search(
         ends = candidates.end(stopping_criteria, step_scores)
         state.settle_finished(candidates, ends, cur_len + 1 - prompt_length, alpha)
         kept = state.keep_live(candidates, ends)
-        # Each kept hypothesis continues the cache row of the live hypothesis it extends.
-        source_beams, positions = candidates.origin.gather(1, kept), torch.arange(searched, device=device)
+        # Each row continues the cache row of the live hypothesis its new one extends.
+        sources, positions = state.follow(candidates.rows.gather(1, kept)), torch.arange(searched, device=device)
+        moved = sources != torch.arange(num_beams, device=device)
         if beam_steps is not None:
             beam_steps.append(BeamStep.of(state, candidates, ends, kept, prompt_length))
         done_now = state.settled(cur_len + 1 - prompt_length, alpha, num_return)
         if not can_drop:
             done |= done_now
-            this_peer_finished = bool(done.all())
+            all_done, moving = torch.stack((done.all().long(), moved.sum())).tolist()  # the step's one read
+            this_peer_finished = bool(all_done)
         else:
-            leaving = int(done_now.sum())  # the step's one read of the device
+            leaving, moving = torch.stack((done_now.sum(), moved.sum())).tolist()  # the step's one read
             this_peer_finished = leaving == searched
             if leaving and not this_peer_finished:
                 positions = state.leave(done_now, results)
-                source_beams = source_beams[positions]
+                sources = sources[positions]
                 logits_processor = rows_kept(logits_processor, positions)
                 select_batch_rows(model_kwargs, positions, num_beams)
-        if model_kwargs.get("cache") is not None and not this_peer_finished:
-            # Each kept hypothesis continues the cache row it came from, among the rows of the last step.
-            beam_rows = positions[:, None] * num_beams + source_beams
-            reorder_self_attention_cache(model_kwargs["cache"], beam_rows.view(-1), cur_len)
+        cache = model_kwargs.get("cache")
+        if cache is not None and not this_peer_finished:
+            sources = positions[:, None] * num_beams + sources  # rows of the last step
+            if positions.shape[0] < searched:
+                reorder_self_attention_cache(cache, sources.view(-1), cur_len)
+            elif moving:
+                targets = torch.nonzero_static(moved.view(-1), size=moving).view(-1)
+                copy_cache_rows(cache, sources.view(-1)[targets], targets, cur_len)
 
     for result, tensor in zip(results, state.returned):
         result[state.active] = tensor
