@@ -18,6 +18,13 @@ from vaswani.finetuning.trainer import FinetuningArguments
 
 
 PAGES = [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").glob("*.md"))]
+# The pages of docs/benchmarks/ written by hand; the others there are rendered from a record by benchmarks/.
+BENCHMARK_PAGES = [
+    REPO_ROOT / "docs" / "benchmarks" / name
+    for name in ("README.md", "tests.md", "gpu_h200_2026-12-04/README.md", "gpu_h200_2026-12-04b/README.md")
+]
+# The pages whose figures docs/figures.txt ties to records.
+FIGURE_PAGES = [*PAGES, *BENCHMARK_PAGES]
 # What a run creates, not the checkout.
 CREATED_BY_RUNS = ("outputs/",)
 # Commands whose flags go on to a library's own parser once theirs have parsed: its dataclasses.
@@ -56,7 +63,7 @@ def links(page):
             yield path, REPO_ROOT / path
 
 
-@pytest.mark.parametrize("page", PAGES, ids=page_id)
+@pytest.mark.parametrize("page", FIGURE_PAGES, ids=page_id)
 def test_every_link_and_path_names_what_the_checkout_holds(page):
     missing = [target for target, path in links(page) if not path.exists()]
     assert not missing, f"{page_id(page)} names what the checkout does not hold: {missing}"
@@ -188,10 +195,23 @@ TIES = figures.ties()
 
 
 def test_every_page_and_no_other_has_its_figures_tied():
-    assert set(TIES) == {page_id(page) for page in PAGES}, "docs/figures.txt names other pages than the docs' own"
+    assert set(TIES) == {page_id(page) for page in FIGURE_PAGES}, "docs/figures.txt names other pages than these"
 
 
-@pytest.mark.parametrize("page", PAGES, ids=page_id)
+def test_every_page_of_docs_benchmarks_is_rendered_from_a_record_or_has_its_figures_tied():
+    """A page beside its record (STEM.md by STEM.json) or named by a tool of benchmarks/ is that tool's rendering; any
+    other, a README among them, is written by hand and belongs in BENCHMARK_PAGES."""
+    tools = "".join(path.read_text() for path in sorted((REPO_ROOT / "benchmarks").glob("*.[ps][yh]")))
+    benchmark_pages = set((REPO_ROOT / "docs" / "benchmarks").rglob("*.md"))
+    rendered = {
+        page
+        for page in benchmark_pages
+        if page.with_suffix(".json").exists() or (page.name != "README.md" and page.name in tools)
+    }
+    assert benchmark_pages - rendered == set(BENCHMARK_PAGES), "a hand-written page of docs/benchmarks/ is untied"
+
+
+@pytest.mark.parametrize("page", FIGURE_PAGES, ids=page_id)
 def test_every_figure_a_page_quotes_shows_the_record_value_it_is_tied_to(page):
     """A figure no record holds is stale or unrecorded: measure it into a record, or move it to CHANGELOG.md as
     history. One that is no measurement (a setting, a name) is tied to `-`."""
@@ -204,7 +224,7 @@ def one_digit_off(printed):
     return printed[:-1] + str(int(printed[-1]) + 1 if printed[-1] != "9" else 8)
 
 
-@pytest.mark.parametrize("page", PAGES, ids=page_id)
+@pytest.mark.parametrize("page", FIGURE_PAGES, ids=page_id)
 def test_no_figure_one_digit_off_would_show_the_record_value(page):
     tied = zip(figures.figures(page.read_text()), TIES[page_id(page)], strict=True)
     passing = [
@@ -261,6 +281,16 @@ WRONG_FIGURES = [
     ("docs/exports.md", "fastest path: 0.45x", "fastest path: 0.54x"),
     ("docs/finetuning.md", "| 7,568,384 |", "| 7,586,384 |"),  # a parameter count
     ("docs/evaluation.md", "(BLEU 10.37)", "(BLEU 10.73)"),
+    ("docs/benchmarks/README.md", "the default takes 2.21x", "the default takes 2.12x"),  # a ratio of two rows
+    ("docs/benchmarks/README.md", "18.0 s at 1M", "18.9 s at 1M"),  # seconds
+    ("docs/benchmarks/README.md", "47.9% vs 36.8%", "47.9% vs 38.6%"),  # a percentage
+    ("docs/benchmarks/README.md", "1,578 of the 2,000", "1,587 of the 2,000"),  # a thousands count
+    ("docs/benchmarks/README.md", "726 to 756 MiB", "726 to 765 MiB"),  # a range's end, over a record's rows
+    ("docs/benchmarks/README.md", "| 0.98 GB |", "| 0.89 GB |"),  # a figure alone in a table's cell
+    ("docs/benchmarks/README.md", "about 59", "about 69"),  # approximate, derived from another record
+    ("docs/benchmarks/README.md", "lose 0.11 to 0.49", "lose 0.11 to 0.59"),  # a difference of a curve's points
+    ("docs/benchmarks/gpu_h200_2026-12-04/README.md", "took 8.2 minutes", "took 9.2 minutes"),  # a sum of records
+    ("docs/benchmarks/gpu_h200_2026-12-04b/README.md", "at 0.40 s each", "at 0.04 s each"),
 ]
 
 
