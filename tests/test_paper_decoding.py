@@ -11,12 +11,14 @@ from transformers import (
     GenerationConfig,
     GenerationMixin,
     LogitsProcessor,
+    LogitsProcessorList,
     StoppingCriteria,
     StoppingCriteriaList,
 )
 
 from vaswani import VaswaniConfig, VaswaniForConditionalGeneration
 from vaswani.evaluation.bleu import tokenized_bleu
+from vaswani.modeling import generation_vaswani
 from vaswani.modeling.generation_vaswani import gnmt_length_penalty
 
 
@@ -294,3 +296,43 @@ def test_beam_steps_show_the_search_at_work_without_changing_it(trained_tiny_mod
             if step.tokens.shape[2] == len(generated) and torch.equal(step.tokens[row, candidate], generated)
         ]
         assert found and found[0] / gnmt_length_penalty(len(generated), 0.6) == pytest.approx(score.item(), abs=1e-5)
+
+
+def test_a_hypothesis_keeps_the_cache_row_of_the_one_it_first_extends(
+    trained_tiny_model, translation_pairs, monkeypatch
+):
+    """Each step copies the cache only into rows whose new hypothesis extends another row's (a parent's second child
+    takes a row no hypothesis extends): fewer rows than the search holds, with the hypotheses, scores and beam indices
+    of a search without a cache."""
+    copied, searched_rows = [], []
+    copy_rows = generation_vaswani.copy_cache_rows
+
+    def counting(cache, sources, targets, filled):
+        assert not set(sources.tolist()) & set(targets.tolist())
+        copied.append(len(targets))
+        copy_rows(cache, sources, targets, filled)
+
+    monkeypatch.setattr(generation_vaswani, "copy_cache_rows", counting)
+    input_ids, attention_mask = padded_sources(translation_pairs)
+    options = {"attention_mask": attention_mask, "num_return_sequences": 4, "return_dict_in_generate": True}
+    options["output_scores"] = True
+    hook = trained_tiny_model.lm_head.register_forward_hook(lambda _, args, __: searched_rows.append(len(args[0])))
+    try:
+        cached = trained_tiny_model.generate(input_ids, **options)
+    finally:
+        hook.remove()
+    uncached = trained_tiny_model.generate(input_ids, use_cache=False, **options)
+    assert copied and sum(copied) < sum(searched_rows[1:]) / 2, (copied, searched_rows)
+    assert torch.equal(cached.sequences, uncached.sequences)
+    assert torch.equal(cached.beam_indices, uncached.beam_indices)
+    torch.testing.assert_close(cached.sequences_scores, uncached.sequences_scores)
+
+
+def test_follow_keeps_a_first_child_in_its_parents_row_and_gives_the_others_the_unextended_rows_in_order():
+    state = generation_vaswani.BeamSearchState.start(
+        torch.ones((8, 1), dtype=torch.long), GenerationConfig(num_beams=4, max_length=5), LogitsProcessorList()
+    )
+    # Best first, the new hypotheses extend rows [2, 2, 0, 2] and [1, 0, 3, 2]; no hypothesis extends rows 1, 3.
+    sources = state.follow(torch.tensor([[2, 2, 0, 2], [1, 0, 3, 2]]))
+    assert state.held.tolist() == [[2, 1, 0, 3], [1, 0, 3, 2]]  # the rank of the hypothesis each row holds
+    assert sources.tolist() == [[0, 2, 2, 2], [0, 1, 2, 3]]  # the row each row's cache comes from
