@@ -862,7 +862,7 @@ def gnmt_beam_search(
             if positions.shape[0] < searched:
                 reorder_self_attention_cache(cache, sources.view(-1), cur_len)
             elif moving:
-                targets = torch.nonzero_static(moved.view(-1), size=moving).view(-1)
+                targets = (~moved).view(-1).long().argsort(stable=True)[:moving]  # the moved rows, in order
                 copy_cache_rows(cache, sources.view(-1)[targets], targets, cur_len)
 
     for result, tensor in zip(results, state.returned):
