@@ -11,7 +11,9 @@ decodes this way when its generation config says `paper_decoding=True`: `gnmt_be
 unpadded tokens, `</s>` included.
 """
 
+import contextlib
 import copy
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -44,6 +46,14 @@ TRANSFORMERS_PRIVATE_NAMES = {
     "GenerationConfig._get_default_generation_params": "the table Seq2SeqTrainer (predict_with_generate) fills the "
     "model's generation config from: the only way to tell its filled-in max_length from one a user set; and the "
     "defaults generate() fills in before it chooses a decoding mode, which the paper's methods choose alike",
+}
+
+# torch's private operators this module uses, each with why no public one serves.
+TORCH_PRIVATE_NAMES = {
+    "torch.ops.mkldnn._reorder_linear_weight": "a linear layer's weight reordered once into the layout of oneDNN's "
+    "kernels, as torch's compiler reorders a frozen CPU model's (`packed_linear_layers`): torch's public linear "
+    "repacks the weight at every call, which at a decoding step's few rows costs as much as the product",
+    "torch.ops.mkldnn._linear_pointwise": "the linear layer of a weight so reordered: no public operator takes one",
 }
 
 
@@ -436,6 +446,51 @@ def decoding_step(model, model_kwargs, generation_config):
     return model.get_compiled_call(rounding_as_eager(generation_config.compile_config))
 
 
+def packs_linear_layers(model) -> bool:
+    """Whether `packed_linear_layers` computes the model's linear layers: on an x86 CPU with oneDNN, without
+    gradients, in float32, or bfloat16 where the CPU has its instructions (`torch.ops.mkldnn._reorder_linear_weight`
+    refuses it otherwise, and the layers stay torch's)."""
+    return (
+        model.device.type == "cpu"
+        and model.dtype in (torch.float32, torch.bfloat16)
+        and not torch.is_grad_enabled()
+        and torch.backends.mkldnn.is_available()
+        and torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
+    )
+
+
+def packed_linear(weight: torch.Tensor, bias: torch.Tensor | None, inputs: torch.Tensor) -> torch.Tensor:
+    """x W^T + b by oneDNN, from W packed for its kernels."""
+    return torch.ops.mkldnn._linear_pointwise(inputs, weight, bias, "none", [], "")  # TORCH_PRIVATE_NAMES
+
+
+@contextlib.contextmanager
+def packed_linear_layers(model, enabled: bool):
+    """The decoder's and output layer's linear layers computed from weights packed once for the CPU's matrix kernels,
+    within the block: a decoding step multiplies a few rows by every weight, and torch's linear layer repacks the
+    weight at every call, half the time of the step's products at the main job's sizes (docs/speed.md). The packed
+    copies, as large as the weights, live for the block only, so a change to the weights is never missed. A layer of
+    another kind (quantized, an adapter's) or with a forward of its own (a hook's) is left as it is; so is every
+    layer where `enabled` is false or `packs_linear_layers` says no."""
+    layers = []
+    if enabled and packs_linear_layers(model):
+        modules = [*model.get_decoder().modules(), model.get_output_embeddings()]
+        layers = [module for module in modules if type(module) is torch.nn.Linear and "forward" not in vars(module)]
+    packed = []
+    try:
+        for layer in layers:
+            try:
+                weight = torch.ops.mkldnn._reorder_linear_weight(layer.weight.detach(), None)  # TORCH_PRIVATE_NAMES
+            except RuntimeError:  # no bfloat16 instructions on this CPU
+                break
+            layer.forward = functools.partial(packed_linear, weight, layer.bias)
+            packed.append(layer)
+        yield
+    finally:
+        for layer in packed:
+            del layer.forward
+
+
 def returned_cache(cache):
     """The decoder's cache as transformers' decoding methods return it: the self-attention cache a plain
     `DynamicCache` of the keys and values held, so that every method of the cache API (crop, batch selection and
@@ -813,57 +868,62 @@ def gnmt_beam_search(
     step_scores = ()
 
     this_peer_finished = False
-    while any_peer_unfinished(this_peer_finished, synced_gpus, device):
-        searched, _, cur_len = state.live.shape
-        flat_live = state.in_rows().reshape(searched * num_beams, -1)
-        # A process done before the others (synced_gpus) feeds its last tokens again: a step that counts nothing.
-        next_length = 1 if model_kwargs.get("use_cache") and (cur_len > prompt_length or this_peer_finished) else None
-        model_inputs = model.prepare_inputs_for_generation(flat_live, next_sequence_length=next_length, **model_kwargs)
-        outputs = (compiled_step if cur_len > prompt_length else model)(**model_inputs, return_dict=True)
-        model_kwargs = next_step_kwargs(outputs, model_kwargs)
-        if synced_gpus and this_peer_finished:
-            continue
-        logits = outputs.logits[:, -1, :].float()
-        # A finished sentence kept in the batch has no continuation, as one that left it has none.
-        finished_rows = None if can_drop else done.repeat_interleave(num_beams)[:, None]
-        record_step(recorded, outputs, logits)
-        del outputs
-        log_probs = logits_processor(flat_live, torch.log_softmax(logits, dim=-1))
-        if finished_rows is not None:
-            log_probs = log_probs.masked_fill(finished_rows, -float("inf"))
-        if generation_config.return_dict_in_generate and generation_config.output_scores:
-            step_scores += (state.whole_batch(no_forced_ending(log_probs)),)
+    with packed_linear_layers(model, compiled_step == model.__call__):
+        while any_peer_unfinished(this_peer_finished, synced_gpus, device):
+            searched, _, cur_len = state.live.shape
+            flat_live = state.in_rows().reshape(searched * num_beams, -1)
+            # A process done before the others (synced_gpus) feeds its last tokens again: a step that counts nothing.
+            next_length = (
+                1 if model_kwargs.get("use_cache") and (cur_len > prompt_length or this_peer_finished) else None
+            )
+            model_inputs = model.prepare_inputs_for_generation(
+                flat_live, next_sequence_length=next_length, **model_kwargs
+            )
+            outputs = (compiled_step if cur_len > prompt_length else model)(**model_inputs, return_dict=True)
+            model_kwargs = next_step_kwargs(outputs, model_kwargs)
+            if synced_gpus and this_peer_finished:
+                continue
+            logits = outputs.logits[:, -1, :].float()
+            # A finished sentence kept in the batch has no continuation, as one that left it has none.
+            finished_rows = None if can_drop else done.repeat_interleave(num_beams)[:, None]
+            record_step(recorded, outputs, logits)
+            del outputs
+            log_probs = logits_processor(flat_live, torch.log_softmax(logits, dim=-1))
+            if finished_rows is not None:
+                log_probs = log_probs.masked_fill(finished_rows, -float("inf"))
+            if generation_config.return_dict_in_generate and generation_config.output_scores:
+                step_scores += (state.whole_batch(no_forced_ending(log_probs)),)
 
-        candidates = state.continuations(log_probs)
-        ends = candidates.end(stopping_criteria, step_scores)
-        state.settle_finished(candidates, ends, cur_len + 1 - prompt_length, alpha)
-        kept = state.keep_live(candidates, ends)
-        # Each row continues the cache row of the live hypothesis its new one extends.
-        sources, positions = state.follow(candidates.rows.gather(1, kept)), torch.arange(searched, device=device)
-        moved = sources != torch.arange(num_beams, device=device)
-        if beam_steps is not None:
-            beam_steps.append(BeamStep.of(state, candidates, ends, kept, prompt_length))
-        done_now = state.settled(cur_len + 1 - prompt_length, alpha, num_return)
-        if not can_drop:
-            done |= done_now
-            all_done, moving = torch.stack((done.all().long(), moved.sum())).tolist()  # the step's one read
-            this_peer_finished = bool(all_done)
-        else:
-            leaving, moving = torch.stack((done_now.sum(), moved.sum())).tolist()  # the step's one read
-            this_peer_finished = leaving == searched
-            if leaving and not this_peer_finished:
-                positions = state.leave(done_now, results)
-                sources = sources[positions]
-                logits_processor = rows_kept(logits_processor, positions)
-                select_batch_rows(model_kwargs, positions, num_beams)
-        cache = model_kwargs.get("cache")
-        if cache is not None and not this_peer_finished:
-            sources = positions[:, None] * num_beams + sources  # rows of the last step
-            if positions.shape[0] < searched:
-                reorder_self_attention_cache(cache, sources.view(-1), cur_len)
-            elif moving:
-                targets = (~moved).view(-1).long().argsort(stable=True)[:moving]  # the moved rows, in order
-                copy_cache_rows(cache, sources.view(-1)[targets], targets, cur_len)
+            candidates = state.continuations(log_probs)
+            ends = candidates.end(stopping_criteria, step_scores)
+            state.settle_finished(candidates, ends, cur_len + 1 - prompt_length, alpha)
+            kept = state.keep_live(candidates, ends)
+            # Each row continues the cache row of the live hypothesis its new one extends.
+            sources, positions = state.follow(candidates.rows.gather(1, kept)), torch.arange(searched, device=device)
+            moved = sources != torch.arange(num_beams, device=device)
+            if beam_steps is not None:
+                beam_steps.append(BeamStep.of(state, candidates, ends, kept, prompt_length))
+            done_now = state.settled(cur_len + 1 - prompt_length, alpha, num_return)
+            if not can_drop:
+                done |= done_now
+                all_done, moving = torch.stack((done.all().long(), moved.sum())).tolist()  # the step's one read
+                this_peer_finished = bool(all_done)
+            else:
+                leaving, moving = torch.stack((done_now.sum(), moved.sum())).tolist()  # the step's one read
+                this_peer_finished = leaving == searched
+                if leaving and not this_peer_finished:
+                    positions = state.leave(done_now, results)
+                    sources = sources[positions]
+                    logits_processor = rows_kept(logits_processor, positions)
+                    select_batch_rows(model_kwargs, positions, num_beams)
+            cache = model_kwargs.get("cache")
+            if cache is not None and not this_peer_finished:
+                sources = positions[:, None] * num_beams + sources  # rows of the last step
+                if positions.shape[0] < searched:
+                    reorder_self_attention_cache(cache, sources.view(-1), cur_len)
+                elif moving:
+                    targets = (~moved).view(-1).long().argsort(stable=True)[:moving]  # the moved rows, in order
+                    copy_cache_rows(cache, sources.view(-1)[targets], targets, cur_len)
 
     for result, tensor in zip(results, state.returned):
         result[state.active] = tensor
@@ -946,38 +1006,43 @@ def greedy_search(
     step_scores = ()
 
     this_peer_finished = False
-    while any_peer_unfinished(this_peer_finished, synced_gpus, device):
-        cur_len = batch.sequences.shape[1]
-        # The tokens the cache does not hold yet: the prompt at first (its end where the cache continues an earlier
-        # decoding), then the last token; a process done before the others (synced_gpus) feeds its last token again,
-        # a step that counts nothing.
-        held = model_kwargs["cache"].get_seq_length() if model_kwargs.get("cache") is not None else 0
-        next_length = (1 if this_peer_finished else cur_len - held) if model_kwargs.get("use_cache") and held else None
-        inputs = model.prepare_inputs_for_generation(batch.sequences, next_sequence_length=next_length, **model_kwargs)
-        outputs = model(**inputs, return_dict=True)
-        model_kwargs = next_step_kwargs(outputs, model_kwargs)
-        if synced_gpus and this_peer_finished:
-            continue
-        logits = outputs.logits[:, -1, :].float()
-        del outputs
-        if recorded["logits"] is not None:
-            recorded["logits"] += (logits.clone(),)
-        scores = logits_processor(batch.sequences, logits)
-        if return_scores:
-            step_scores += (scores,)
-        batch.append(scores.argmax(dim=-1))
-        batch.unfinished &= ~stopping_criteria(batch.sequences, step_scores or None)
-        if not can_drop:
-            this_peer_finished = not bool(batch.unfinished.any())
-            continue
-        leaving = int((~batch.unfinished).sum())  # the step's one read of the device
-        this_peer_finished = leaving == batch.active.shape[0]
-        if leaving and not this_peer_finished:
-            still = batch.leave()
-            logits_processor = rows_kept(logits_processor, still)
-            select_batch_rows(model_kwargs, still, 1)
-            if model_kwargs.get("cache") is not None:
-                reorder_self_attention_cache(model_kwargs["cache"], still, cur_len)
+    with packed_linear_layers(model, True):
+        while any_peer_unfinished(this_peer_finished, synced_gpus, device):
+            cur_len = batch.sequences.shape[1]
+            # The tokens the cache does not hold yet: the prompt at first (its end where the cache continues an earlier
+            # decoding), then the last token; a process done before the others (synced_gpus) feeds its last token again,
+            # a step that counts nothing.
+            held = model_kwargs["cache"].get_seq_length() if model_kwargs.get("cache") is not None else 0
+            next_length = (
+                (1 if this_peer_finished else cur_len - held) if model_kwargs.get("use_cache") and held else None
+            )
+            inputs = model.prepare_inputs_for_generation(
+                batch.sequences, next_sequence_length=next_length, **model_kwargs
+            )
+            outputs = model(**inputs, return_dict=True)
+            model_kwargs = next_step_kwargs(outputs, model_kwargs)
+            if synced_gpus and this_peer_finished:
+                continue
+            logits = outputs.logits[:, -1, :].float()
+            del outputs
+            if recorded["logits"] is not None:
+                recorded["logits"] += (logits.clone(),)
+            scores = logits_processor(batch.sequences, logits)
+            if return_scores:
+                step_scores += (scores,)
+            batch.append(scores.argmax(dim=-1))
+            batch.unfinished &= ~stopping_criteria(batch.sequences, step_scores or None)
+            if not can_drop:
+                this_peer_finished = not bool(batch.unfinished.any())
+                continue
+            leaving = int((~batch.unfinished).sum())  # the step's one read of the device
+            this_peer_finished = leaving == batch.active.shape[0]
+            if leaving and not this_peer_finished:
+                still = batch.leave()
+                logits_processor = rows_kept(logits_processor, still)
+                select_batch_rows(model_kwargs, still, 1)
+                if model_kwargs.get("cache") is not None:
+                    reorder_self_attention_cache(model_kwargs["cache"], still, cur_len)
     sequences = batch.every_row()
     if not generation_config.return_dict_in_generate:
         return sequences

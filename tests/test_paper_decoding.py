@@ -1,6 +1,7 @@
 """Section 6.1's decoding (modeling/generation_vaswani.py): beam search scored with the GNMT length penalty
 ((5 + |Y|) / 6) ** alpha, and each sentence's own limit of its source length + 50 tokens."""
 
+import copy
 import logging
 import math
 
@@ -336,3 +337,50 @@ def test_follow_keeps_a_first_child_in_its_parents_row_and_gives_the_others_the_
     sources = state.follow(torch.tensor([[2, 2, 0, 2], [1, 0, 3, 2]]))
     assert state.held.tolist() == [[2, 1, 0, 3], [1, 0, 3, 2]]  # the rank of the hypothesis each row holds
     assert sources.tolist() == [[0, 2, 2, 2], [0, 1, 2, 3]]  # the row each row's cache comes from
+
+
+def searched(model, input_ids, packed: bool, monkeypatch, **options):
+    """generate()'s output with the decoder's linear layers packed for oneDNN or torch's own, and the calls of a
+    packed layer it made."""
+    calls = []
+    packed_linear = generation_vaswani.packed_linear
+
+    def counting(weight, bias, inputs):
+        calls.append(inputs.shape[0])
+        return packed_linear(weight, bias, inputs)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(generation_vaswani, "packed_linear", counting)
+        if not packed:
+            patch.setattr(generation_vaswani, "packs_linear_layers", lambda model: False)
+        output = model.generate(input_ids, return_dict_in_generate=True, output_scores=True, **options)
+    return output, calls
+
+
+@pytest.mark.parametrize("num_beams", [4, 1])
+def test_packed_linear_layers_decode_as_torchs_and_see_every_change_of_the_weights(
+    trained_tiny_model, translation_pairs, monkeypatch, num_beams
+):
+    """On an x86 CPU the paper's searches compute the decoder's linear layers from weights packed for oneDNN, with
+    the translations and scores of torch's linear layers; the packed weights are made for each search, so weights
+    changed in place between two searches decode as changed, and every layer is torch's own again after a search."""
+    model = copy.deepcopy(trained_tiny_model)
+    with torch.no_grad():
+        if not generation_vaswani.packs_linear_layers(model):
+            pytest.skip("oneDNN's packed linear layers run on x86 CPUs with oneDNN")
+    input_ids, attention_mask = padded_sources(translation_pairs)
+    options = {"attention_mask": attention_mask, "num_beams": num_beams}
+    decoded = []
+    for change in (None, -1.0):
+        if change is not None:
+            with torch.no_grad():
+                for layer in model.model.decoder.layers:
+                    layer.feed_forward.fc2.weight.mul_(change)
+        packed, calls = searched(model, input_ids, True, monkeypatch, **options)
+        plain, no_calls = searched(model, input_ids, False, monkeypatch, **options)
+        assert calls and not no_calls
+        assert torch.equal(packed.sequences, plain.sequences)
+        torch.testing.assert_close(torch.stack(packed.scores), torch.stack(plain.scores))
+        assert not any("forward" in vars(module) for module in model.modules())
+        decoded.append(plain.sequences)
+    assert not torch.equal(*decoded)  # the change shows in the translations
