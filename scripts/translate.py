@@ -27,6 +27,7 @@ penalty is |Y| ** alpha, as transformers' beam search's), each batch limited to 
 file is shared, resumed and written whole as with the model.
 """
 
+import contextlib
 import os
 import sys
 import time
@@ -43,6 +44,7 @@ from vaswani.checks import (
 )
 from vaswani.cli import command, parse_arguments
 from vaswani.evaluation.arguments import DecodingArguments
+from vaswani.progress import progress_bar
 
 
 # --chunk_lines' default (vaswani.translation.files.CHUNK_LINES, which imports accelerate: --help answers without it).
@@ -75,23 +77,44 @@ class TranslateArguments:
 STANDARD_STREAM = "-"
 
 
-def read_lines(path: str, what: str) -> list[str]:
+def line_chunks(path: str, chunk_lines: int, flag: str):
+    """The lines of a file or of standard input (-), `chunk_lines` at a time, never all of them (a line ends at "\\n",
+    a "\\r" before it dropped, as in a file `translate_file` reads); a missing, empty or non-UTF-8 file is refused
+    before any work."""
+    from vaswani.translation.files import LineFile, stream_chunks
+
     if path == STANDARD_STREAM:
-        return sys.stdin.buffer.read().decode("utf-8").splitlines()
-    if not Path(path).is_file():
-        raise UsageError(f"{what} {path} does not exist.")
-    return Path(path).read_text(encoding="utf-8").splitlines()
+        yield from stream_chunks(sys.stdin.buffer, chunk_lines, "standard input")
+        return
+    file = LineFile.scan(path, chunk_lines, flag)
+    for index in range(file.chunks):
+        yield file.chunk(index)
 
 
-def write_lines(path: str, lines: list[str]):
-    """One line each (a newline inside a translation becomes a space), to the file or standard output."""
-    text = "".join(line.replace("\n", " ") + "\n" for line in lines).encode("utf-8")
+@contextlib.contextmanager
+def line_writer(path: str):
+    """A function that writes lines (a newline inside one becomes a space) to standard output at once, or to the file
+    `path`, which appears whole when the block ends without an error and not at all otherwise."""
     if path == STANDARD_STREAM:
         sys.stdout.flush()
-        sys.stdout.buffer.write(text)
-        sys.stdout.buffer.flush()
+        stream = sys.stdout.buffer
     else:
-        Path(path).write_bytes(text)
+        partial = Path(path).with_name(Path(path).name + ".partial")
+        stream = partial.open("wb")
+
+    def write(lines: list[str]):
+        stream.write("".join(line.replace("\n", " ") + "\n" for line in lines).encode("utf-8"))
+        stream.flush()
+
+    if path == STANDARD_STREAM:
+        yield write
+        return
+    try:
+        with stream:
+            yield write
+        partial.replace(path)
+    finally:
+        partial.unlink(missing_ok=True)
 
 
 def report(message: str):
@@ -210,53 +233,7 @@ def main(argv):
         raise UsageError(
             "standard input and output are one process's: under accelerate launch, give --input and --output files."
         )
-    sources = read_lines(args.input, "--input")
-    if not sources:
-        source = "standard input" if args.input == STANDARD_STREAM else f"--input {args.input}"
-        raise UsageError(f"{source} is empty: give one sentence per line (a blank line gives a blank one).")
-    prefixes = read_lines(args.prefixes, "--prefixes") if args.prefixes else None
-    if prefixes is not None and len(prefixes) != len(sources):
-        raise UsageError(f"--prefixes has {len(prefixes)} lines but --input {len(sources)}: give one per sentence.")
-    if args.ctranslate2:
-        engine = CTranslate2Engine(args, decoding, ctranslate2_device(args, decoding))
-        check_source_lengths(engine.tokenizer, sources, source_positions(args.model), None)
-        start = time.time()
-        answers = engine(sources)
-        write_lines(args.output, answers)
-        report(
-            f"Translated {len(sources)} sentences {engine.describe()}in {time.time() - start:.1f}s into "
-            f"{destination(args.output)}"
-        )
-        return answers
-    check_model_folder(args.model, model_types=seq2seq_model_types())
-    from vaswani.evaluation.bleu import load_translation_model, translations
-
-    model, tokenizer = load_translation_model(
-        args.model, device=decoding.device, int8=decoding.int8, dtype=decoding.dtype
-    )
-    limit = getattr(model.config, "max_position_embeddings", None)
-    check_source_lengths(tokenizer, sources, limit, decoding.max_source_length)
-
-    start = time.time()
-    answers = translations(
-        model, tokenizer, sources, prefixes=prefixes, progress=True, **answer_options(args, decoding)
-    )
-    seconds = time.time() - start
-    lines = [
-        format_answer(i, rank, answer, args)
-        for i, hypotheses in enumerate(answers)
-        for rank, answer in enumerate(hypotheses)
-    ]
-    write_lines(args.output, lines)
-    report_cut(
-        [i for i, hypotheses in enumerate(answers) if "source_tokens_dropped" in hypotheses[0]],
-        decoding.max_source_length,
-    )
-    report(
-        f"Translated {len(sources)} sentences in {seconds:.1f}s ({len(sources) / seconds:.1f}/s) into "
-        f"{destination(args.output)}"
-    )
-    return answers
+    return translate_stream(args, decoding)
 
 
 def answer_options(args: TranslateArguments, decoding: DecodingArguments) -> dict:
@@ -270,13 +247,82 @@ def answer_options(args: TranslateArguments, decoding: DecodingArguments) -> dic
     }
 
 
+def chunk_translator(args: TranslateArguments, decoding: DecodingArguments, device: str | None, cut: list, index=0):
+    """What translates a chunk of lines, `translate(lines, prefixes, first_line, on_batch)` (the chunk's output
+    lines; `on_batch(indices)` after each batch), with the tokenizer and the number of source positions its lines are
+    checked against, and the engine's name for the summary: --ctranslate2's on `device` (`index`: a launched
+    process's own GPU), or the model's. The line numbers of sources cut to --max_source_length join `cut`."""
+    if args.ctranslate2:
+        translator = CTranslate2Engine(args, decoding, device, index)
+
+        def translate(lines, prefixes, first_line, on_batch=None):
+            return translator(lines, on_batch)
+
+        return translate, translator.tokenizer, source_positions(args.model), translator.describe()
+
+    from vaswani.evaluation.bleu import load_translation_model, translations
+
+    model, tokenizer = load_translation_model(args.model, device=device, int8=decoding.int8, dtype=decoding.dtype)
+
+    def translate(lines, prefixes, first_line, on_batch=None):
+        answers = translations(
+            model, tokenizer, lines, prefixes=prefixes, on_batch=on_batch, **answer_options(args, decoding)
+        )
+        cut.extend(first_line + i for i, hypotheses in enumerate(answers) if "source_tokens_dropped" in hypotheses[0])
+        return [
+            format_answer(first_line + i, rank, answer, args)
+            for i, hypotheses in enumerate(answers)
+            for rank, answer in enumerate(hypotheses)
+        ]
+
+    return translate, tokenizer, getattr(model.config, "max_position_embeddings", None), ""
+
+
+def translate_stream(args: TranslateArguments, decoding: DecodingArguments) -> int:
+    """Standard input or output (-) in one process: --chunk_lines lines read at a time, as they come, each chunk
+    translated and written before the next is read, so that memory stays flat however long the stream. A chunk's
+    lines are checked before its work (too long for the model, prefixes that run out); a refusal there comes after the
+    earlier chunks reached standard output, and leaves no --output file. Returns the number of lines translated."""
+    if args.ctranslate2:
+        device = ctranslate2_device(args, decoding)
+    else:
+        check_model_folder(args.model, model_types=seq2seq_model_types())
+        device = decoding.device
+    cut = []
+    translate, tokenizer, limit, engine_name = chunk_translator(args, decoding, device, cut)
+    prefixes = line_chunks(args.prefixes, args.chunk_lines, "--prefixes") if args.prefixes else None
+    done, start = 0, time.time()
+    with line_writer(args.output) as write, progress_bar(desc="translating", unit="line") as bar:
+        for lines in line_chunks(args.input, args.chunk_lines, "--input"):
+            forced = next(prefixes, []) if prefixes is not None else None
+            if forced is not None and len(forced) != len(lines):
+                raise UsageError(
+                    f"--prefixes and --input differ in length from --input's line {done + 1} on: give one prefix "
+                    "per sentence."
+                )
+            check_source_lengths(tokenizer, lines, limit, decoding.max_source_length, first_line=done + 1)
+            write(translate(lines, forced, done, lambda indices: bar.update(len(indices))))
+            done += len(lines)
+        if not done:
+            source = "standard input" if args.input == STANDARD_STREAM else f"--input {args.input}"
+            raise UsageError(f"{source} is empty: give one sentence per line (a blank line gives a blank one).")
+        if prefixes is not None and next(prefixes, None) is not None:
+            raise UsageError(f"--prefixes has more lines than --input's {done}: give one per sentence.")
+    seconds = time.time() - start
+    report_cut(cut, decoding.max_source_length)
+    report(
+        f"Translated {done} sentences {engine_name}in {seconds:.1f}s ({done / seconds:.1f}/s) into "
+        f"{destination(args.output)}"
+    )
+    return done
+
+
 def translate_file(args: TranslateArguments, decoding: DecodingArguments) -> dict:
     """--input and --output files: translated chunk by chunk by every launched process, resumably
     (`FileTranslation`). Returns its summary."""
     import torch
     from accelerate.utils import gather_object
 
-    from vaswani.evaluation.bleu import load_translation_model, translations
     from vaswani.translation.files import FileTranslation, LineFile, launch
 
     if args.ctranslate2:
@@ -298,32 +344,11 @@ def translate_file(args: TranslateArguments, decoding: DecodingArguments) -> dic
         **{key: getattr(args, key) for key in ("nbest", "scores", "alignments", "alignment_layer")},
     }
     job = FileTranslation(source, args.output, settings, state, prefixes)
-    cut, engine_name = [], ""
-    if args.ctranslate2:
-        index = state.local_process_index if engine_device == "cuda" else 0  # each launched process its own GPU
-        translator = CTranslate2Engine(args, decoding, engine_device, index)
-        tokenizer, limit, engine_name = translator.tokenizer, source_positions(args.model), translator.describe()
-
-        def translate_chunk(lines, prefixes, first_line, on_batch):
-            return translator(lines, on_batch)
-
-    else:
-        model, tokenizer = load_translation_model(args.model, device=device, int8=decoding.int8, dtype=decoding.dtype)
-        limit = getattr(model.config, "max_position_embeddings", None)
-
-        def translate_chunk(lines, prefixes, first_line, on_batch):
-            answers = translations(
-                model, tokenizer, lines, prefixes=prefixes, on_batch=on_batch, **answer_options(args, decoding)
-            )
-            cut.extend(
-                first_line + i for i, hypotheses in enumerate(answers) if "source_tokens_dropped" in hypotheses[0]
-            )
-            return [
-                format_answer(first_line + i, rank, answer, args)
-                for i, hypotheses in enumerate(answers)
-                for rank, answer in enumerate(hypotheses)
-            ]
-
+    cut = []
+    index = state.local_process_index if args.ctranslate2 and engine_device == "cuda" else 0  # each process its GPU
+    translate_chunk, tokenizer, limit, engine_name = chunk_translator(
+        args, decoding, engine_device if args.ctranslate2 else device, cut, index
+    )
     job.check_lengths(tokenizer, limit, decoding.max_source_length)
     done = job.run(translate_chunk, tokenizer)
     cut = sorted(gather_object(cut))

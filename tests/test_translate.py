@@ -2,9 +2,12 @@
 lists with scores, a forced target prefix, word alignments, `max_source_length` that says what it cut, and the input
 order kept through length-sorted batches."""
 
+import select
+import subprocess
+
 import pytest
 import torch
-from helpers import PAIRS, run_command, script_command
+from helpers import PAIRS, REPO_ROOT, run_command, script_command, script_env
 from transformers import pipeline
 
 from vaswani import VaswaniTranslationPipeline
@@ -115,6 +118,48 @@ def test_a_pipe_translates_standard_input_to_standard_output(trained_text_model,
     with pytest.raises(SystemExit) as exit_info:
         translate.main(["--model", folder, "--prefixes", "-"])
     assert "--prefixes - and --input - would both read standard input" in str(exit_info.value.code)
+
+
+def test_a_pipe_is_translated_a_chunk_at_a_time_as_its_lines_come(trained_text_model, tmp_path):
+    """A long stream is never held whole: the first --chunk_lines lines are translated and on standard output while
+    standard input is still open; the lines end where a file's do ("\\n" only: a form feed or a line separator inside a
+    line keeps it one line), so the output equals --output's file for the same text."""
+    _, _, folder = trained_text_model
+    sources = [SOURCES[0], "Dios\x0ces amor\u2028y luz", *SOURCES[1:], "", SOURCES[2]]
+    lines = run(folder, tmp_path, sources, "--chunk_lines", "2")
+    assert len(lines) == len(sources)
+    command = [str(part) for part in script_command("translate", "--model", folder, "--device", "cpu")]
+    process = subprocess.Popen(
+        [*command, "--chunk_lines", "2"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        cwd=REPO_ROOT, env=script_env(),
+    )  # fmt: skip
+    text = "".join(line + "\n" for line in sources).encode("utf-8")
+    first_chunk = text.index(b"\n", text.index(b"\n") + 1) + 1
+    try:
+        process.stdin.write(text[:first_chunk])
+        process.stdin.flush()
+        assert select.select([process.stdout], [], [], 120)[0], "nothing was written before standard input ended"
+        first = [process.stdout.readline().decode("utf-8").removesuffix("\n") for _ in range(2)]
+        rest, errors = process.communicate(text[first_chunk:], timeout=300)
+    finally:
+        process.kill()
+    assert first == lines[:2]
+    assert process.returncode == 0, errors.decode()[-3000:]
+    assert first + rest.decode("utf-8").splitlines() == lines
+
+
+def test_a_line_too_long_in_a_later_chunk_is_refused_by_its_number_and_leaves_no_output_file(
+    trained_text_model, tmp_path
+):
+    _, _, folder = trained_text_model
+    sources = [*SOURCES, " ".join(SOURCES * 6)]
+    output = tmp_path / "out.txt"
+    command = script_command(
+        "translate", "--model", folder, "--device", "cpu", "--output", output, "--chunk_lines", "2"
+    )
+    done = run_command(command, input="".join(line + "\n" for line in sources))
+    assert done.returncode == 1 and f"line {len(sources)} of --input is" in done.stderr.splitlines()[-1]
+    assert not output.exists() and not list(tmp_path.iterdir())
 
 
 def test_the_pipeline_answers_as_translate_batch(trained_text_model):

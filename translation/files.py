@@ -57,6 +57,29 @@ def launch(device: str | None, int8: bool) -> tuple[PartialState, str]:
     return state, str(device if device and state.num_processes == 1 else state.device)
 
 
+def utf8_line(line: bytes, number: int, where: str) -> str:
+    """A line's text, refused by its number where it is not UTF-8."""
+    try:
+        return line.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise UsageError(
+            f"line {number} of {where} is not UTF-8 text (byte {error.start + 1} of the line): convert the file to UTF-8."
+        ) from None
+
+
+def stream_chunks(stream, chunk_lines: int, where: str):
+    """The lines of a binary stream (standard input), `chunk_lines` at a time as they arrive, never all of them;
+    a line ends as a `LineFile`'s does."""
+    chunk = []
+    for number, line in enumerate(stream, start=1):
+        chunk.append(utf8_line(line, number, where).removesuffix("\n").removesuffix("\r"))
+        if len(chunk) == chunk_lines:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
 @dataclass(frozen=True)
 class LineFile:
     """A UTF-8 text file read a chunk of lines at a time, never whole: its number of lines, a digest of its bytes,
@@ -80,13 +103,7 @@ class LineFile:
             for lines, line in enumerate(file, start=1):
                 if (lines - 1) % chunk_lines == 0:
                     offsets.append(position)
-                try:
-                    line.decode("utf-8")
-                except UnicodeDecodeError as error:
-                    raise UsageError(
-                        f"line {lines} of {flag} {path} is not UTF-8 text (byte {error.start + 1} of the line): "
-                        "convert the file to UTF-8."
-                    ) from None
+                utf8_line(line, lines, f"{flag} {path}")
                 digest.update(line)
                 position += len(line)
         if not lines:
