@@ -19,6 +19,7 @@ carry=$(cd "$(dirname "$0")" && pwd)
 [ -f pyproject.toml ] && [ -d benchmarks ] || { echo "run.sh: run it from the root of the checkout" >&2; exit 2; }
 
 site=$(mktemp -d "${TMPDIR:-/tmp}/vaswani-gpu-report-XXXXXX")
+trap 'rm -rf "$site"' EXIT  # 80 MB of installed wheels a run: gone when the run ends, however it ends
 shopt -s nullglob
 wheels=("$carry"/wheels/*.whl)
 # The checkout is built in an isolated environment from the carried build/ wheels, whatever setuptools python3 has.

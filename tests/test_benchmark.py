@@ -319,10 +319,13 @@ def test_the_carry_installs_offline_and_two_commands_write_every_section_and_the
     bin_dir = machine_like_environment(tmp_path / "machine", record)
     env = {key: value for key, value in script_env().items() if key not in ("PYTHONPATH", "VIRTUAL_ENV")}
     env["PATH"] = f"{bin_dir}:{env['PATH']}"
+    env["TMPDIR"] = str(temporary := tmp_path / "tmp")
+    temporary.mkdir()
     for part in ("1", "2"):  # the report's two commands
         command = ["bash", carry / "run.sh", output, "--part", part, "--device", "cpu", "--quick"]
         done = run_command(command, env=env, timeout=2700)
         assert done.returncode == 0, f"{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
+        assert not list(temporary.glob("vaswani-gpu-report-*")), "run.sh left its installed wheels behind"
 
     sections = ["correctness", "generation", "training", "time_to_bleu", "compiled_training", "profile", "chunk_sweep"]
     results = {name: json.loads((output / f"{name}.json").read_text()) for name in sections}
