@@ -5,8 +5,8 @@
                                         [--output_dir docs/benchmarks]
 
 Writes `decoding_steps.{json,md}` in --output_dir: for each search and thread count, the decoder's calls, its
-row-steps (the rows it computed, summed over its calls), the whole decoding's time and its time per row-step; and, at
-the first thread count, the operators' shares of the self time of one profiled decoding. How it measures:
+row-steps (the rows it computed, summed over its calls), the whole decoding's time and its time per row-step, the share
+of it in the model's calls and the rest of it per decoder call (vaswani's); and, at the first thread count, the operators' shares of the self time of one profiled decoding. How it measures:
 docs/benchmarks/README.md.
 """
 
@@ -38,6 +38,7 @@ GROUPS = {
     "topk and log_softmax": ("aten::topk", "log_softmax"),
 }
 TOP = 12  # operators listed by name
+COUNTS = ("decoder_calls", "row_steps", "first_step_rows")
 
 
 @dataclass
@@ -61,13 +62,17 @@ class DecodingStepsArguments:
 class DecoderSteps:
     """The decoder's calls and row-steps while a model decodes: each call's rows are its batch rows times the positions
     it computes (one a step with a cache). The first call after each encoding (the start token's step) is counted
-    too, and its rows apart (`first_step_rows`)."""
+    too, and its rows apart (`first_step_rows`). The wall time spent in the model's calls (the decoder and the output
+    layer) is summed too (`model_seconds`): the rest of a decoding is the search's own work between them, the
+    encoder and the tokenizer."""
 
     def __init__(self, model):
         self.calls = self.row_steps = self.first_rows = 0
-        self.first = False
+        self.first, self.in_model, self.started = False, 0.0, 0.0
         model.model.encoder.register_forward_pre_hook(self.encoded)
         model.model.decoder.register_forward_pre_hook(self.decoded, with_kwargs=True)
+        model.register_forward_pre_hook(self.model_starts)
+        model.register_forward_hook(self.model_ends)
 
     def encoded(self, module, args):
         self.first = True
@@ -79,8 +84,15 @@ class DecoderSteps:
         if self.first:
             self.first, self.first_rows = False, self.first_rows + rows
 
+    def model_starts(self, module, args):
+        self.started = time.perf_counter()
+
+    def model_ends(self, module, args, output):
+        self.in_model += time.perf_counter() - self.started
+
     def counts(self) -> dict:
-        return {"decoder_calls": self.calls, "row_steps": self.row_steps, "first_step_rows": self.first_rows}
+        counted = {"decoder_calls": self.calls, "row_steps": self.row_steps, "first_step_rows": self.first_rows}
+        return counted | {"model_seconds": self.in_model}
 
 
 def operator_shares(events: list[tuple[str, int, float]]) -> dict:
@@ -146,9 +158,11 @@ def estimated_steps(lengths: list[int], batch_size: int, decoding: dict) -> dict
 
 def markdown(results: dict) -> str:
     header = ["engine", "threads", "decoder calls", "row-steps", "seconds", "µs per row-step"]
+    header += ["in the model's calls", "the rest, ms per decoder call"]
     cells = [
         [row["engine"], row["threads"], f"{row['decoder_calls']:,}", f"{row['row_steps']:,}"]
         + [f"{row['seconds']:.2f}", f"{row['us_per_row_step']:.0f}"]
+        + ([f"{row['model_seconds'] / row['seconds']:.0%}", f"{row['rest_ms_per_call']:.2f}"] if row["counted"] else ["", ""])
         for row in results["rows"]
     ]
     groups, conditions = [*GROUPS, "other"], f"; {results['conditions']}" if results["conditions"] else ""
@@ -204,11 +218,15 @@ def main(argv=None) -> dict:
     results |= {"sentences": len(sentences), "batch_size": args.batch_size, "threads": args.threads}
     results |= {"rounds": args.rounds, "rows": [], "operators": profiles}
     for (name, threads), measured in rounds.items():
-        seconds = min(m["seconds"] for m in measured)
-        counts = {key: measured[-1][key] for key in ("decoder_calls", "row_steps", "first_step_rows")}
+        fastest = min(measured, key=lambda m: m["seconds"])
+        seconds, counts = fastest["seconds"], {key: fastest[key] for key in COUNTS}
         row = {"engine": name, "threads": threads, "counted": name in VASWANI_DECODINGS, **counts}
         row |= {"seconds": seconds, "times": [m["seconds"] for m in measured]}
-        results["rows"].append(row | {"us_per_row_step": seconds / counts["row_steps"] * 1e6})
+        row |= {"us_per_row_step": seconds / counts["row_steps"] * 1e6}
+        if "model_seconds" in fastest:  # vaswani's: the rest of the time, per decoder call
+            rest = seconds - fastest["model_seconds"]
+            row |= {"model_seconds": fastest["model_seconds"], "rest_ms_per_call": rest / counts["decoder_calls"] * 1e3}
+        results["rows"].append(row)
     harness.write_page(Path(args.output_dir) / "decoding_steps", results, markdown(results))
     return results
 

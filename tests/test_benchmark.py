@@ -103,7 +103,7 @@ def test_decoding_benchmark_times_every_engine_on_the_same_sentences(trained_tex
 # --- What the figures rest on, checked in one process from the checkout's root. ---
 
 PROBE = """
-import contextlib, copy, io, json, sys
+import contextlib, copy, io, json, sys, time
 from pathlib import Path
 import torch
 from torch.utils.flop_counter import FlopCounterMode
@@ -166,6 +166,12 @@ for beams in (1, 4):
     steps = decoding_steps.DecoderSteps(model)
     model.generate(input_ids=torch.randint(4, 500, (3, 7)), num_beams=beams, max_new_tokens=5, min_new_tokens=5)
     facts["decoder_steps"].append(steps.counts())
+# Its time in the model's calls: each call made 20 ms longer, the search between them as it is.
+steps, started = decoding_steps.DecoderSteps(model), time.perf_counter()
+slower = model.register_forward_pre_hook(lambda module, args: time.sleep(0.02))
+model.generate(input_ids=torch.randint(4, 500, (3, 7)), num_beams=4, max_new_tokens=5, min_new_tokens=5)
+facts["model_seconds"] = [steps.counts()["model_seconds"], time.perf_counter() - started]
+slower.remove()
 facts["estimated_steps"] = decoding_steps.estimated_steps([4, 2, 6], 2, {"beam_size": 4})
 
 # The worker's flags stay out of --help.
@@ -235,11 +241,17 @@ def test_the_benchmarks_training_measurement_takes_the_recipes_step(probed):
 
 def test_decoding_steps_counts_every_decoder_call_and_row_the_start_tokens_included(probed):
     """benchmarks/decoding_steps.py's counter: a call and a row per sentence and beam for each token, the first
-    step's apart; CTranslate2's estimate from lengths: each sentence's length + 1 steps on its beam's rows, a batch's
+    step's apart, and the time in the model's calls; CTranslate2's estimate from lengths: each sentence's length + 1 steps on its beam's rows, a batch's
     calls those of its longest."""
     greedy, beam = probed[0]["decoder_steps"]
-    assert greedy == {"decoder_calls": 5, "row_steps": 15, "first_step_rows": 3}
-    assert beam == {"decoder_calls": 5, "row_steps": 60, "first_step_rows": 12}
+    assert {key: value for key, value in greedy.items() if key != "model_seconds"} == {
+        "decoder_calls": 5, "row_steps": 15, "first_step_rows": 3
+    }  # fmt: skip
+    assert {key: value for key, value in beam.items() if key != "model_seconds"} == {
+        "decoder_calls": 5, "row_steps": 60, "first_step_rows": 12
+    }  # fmt: skip
+    in_model, whole = probed[0]["model_seconds"]  # 5 calls of at least 20 ms each, within the whole generate()
+    assert 5 * 0.02 <= in_model < whole
     estimated = {"decoder_calls": 5 + 7, "row_steps": 4 * (5 + 3 + 7), "first_step_rows": 12}
     assert probed[0]["estimated_steps"] == estimated
 
