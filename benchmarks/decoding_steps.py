@@ -162,7 +162,11 @@ def markdown(results: dict) -> str:
     cells = [
         [row["engine"], row["threads"], f"{row['decoder_calls']:,}", f"{row['row_steps']:,}"]
         + [f"{row['seconds']:.2f}", f"{row['us_per_row_step']:.0f}"]
-        + ([f"{row['model_seconds'] / row['seconds']:.0%}", f"{row['rest_ms_per_call']:.2f}"] if row["counted"] else ["", ""])
+        + (
+            [f"{row['model_seconds'] / row['seconds']:.0%}", f"{row['rest_ms_per_call']:.2f}"]
+            if row["counted"]
+            else ["", ""]
+        )
         for row in results["rows"]
     ]
     groups, conditions = [*GROUPS, "other"], f"; {results['conditions']}" if results["conditions"] else ""
@@ -225,7 +229,10 @@ def main(argv=None) -> dict:
         row |= {"us_per_row_step": seconds / counts["row_steps"] * 1e6}
         if "model_seconds" in fastest:  # vaswani's: the rest of the time, per decoder call
             rest = seconds - fastest["model_seconds"]
-            row |= {"model_seconds": fastest["model_seconds"], "rest_ms_per_call": rest / counts["decoder_calls"] * 1e3}
+            row |= {
+                "model_seconds": fastest["model_seconds"],
+                "rest_ms_per_call": rest / counts["decoder_calls"] * 1e3,
+            }
         results["rows"].append(row)
     harness.write_page(Path(args.output_dir) / "decoding_steps", results, markdown(results))
     return results
