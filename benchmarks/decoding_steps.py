@@ -6,8 +6,8 @@
 
 Writes `decoding_steps.{json,md}` in --output_dir: for each search and thread count, the decoder's calls, its
 row-steps (the rows it computed, summed over its calls), the whole decoding's time and its time per row-step, the share
-of it in the model's calls and the rest of it per decoder call (vaswani's); and, at the first thread count, the operators' shares of the self time of one profiled decoding. How it measures:
-docs/benchmarks/README.md.
+of it in the model's calls and the rest of it per decoder call (vaswani's); and, at the first thread count, the
+operators' shares of the self time of one profiled decoding. How it measures: docs/benchmarks/README.md.
 """
 
 import argparse
@@ -91,8 +91,12 @@ class DecoderSteps:
         self.in_model += time.perf_counter() - self.started
 
     def counts(self) -> dict:
-        counted = {"decoder_calls": self.calls, "row_steps": self.row_steps, "first_step_rows": self.first_rows}
-        return counted | {"model_seconds": self.in_model}
+        return {
+            "decoder_calls": self.calls,
+            "row_steps": self.row_steps,
+            "first_step_rows": self.first_rows,
+            "model_seconds": self.in_model,
+        }
 
 
 def operator_shares(events: list[tuple[str, int, float]]) -> dict:
@@ -227,7 +231,7 @@ def main(argv=None) -> dict:
         row = {"engine": name, "threads": threads, "counted": name in VASWANI_DECODINGS, **counts}
         row |= {"seconds": seconds, "times": [m["seconds"] for m in measured]}
         row |= {"us_per_row_step": seconds / counts["row_steps"] * 1e6}
-        if "model_seconds" in fastest:  # vaswani's: the rest of the time, per decoder call
+        if row["counted"]:  # vaswani's: the rest of the time, per decoder call
             rest = seconds - fastest["model_seconds"]
             row |= {
                 "model_seconds": fastest["model_seconds"],

@@ -241,8 +241,8 @@ def test_the_benchmarks_training_measurement_takes_the_recipes_step(probed):
 
 def test_decoding_steps_counts_every_decoder_call_and_row_the_start_tokens_included(probed):
     """benchmarks/decoding_steps.py's counter: a call and a row per sentence and beam for each token, the first
-    step's apart, and the time in the model's calls; CTranslate2's estimate from lengths: each sentence's length + 1 steps on its beam's rows, a batch's
-    calls those of its longest."""
+    step's apart, and the time in the model's calls; CTranslate2's estimate from lengths: each sentence's length + 1
+    steps on its beam's rows, a batch's calls those of its longest."""
     greedy, beam = probed[0]["decoder_steps"]
     assert {key: value for key, value in greedy.items() if key != "model_seconds"} == {
         "decoder_calls": 5, "row_steps": 15, "first_step_rows": 3
