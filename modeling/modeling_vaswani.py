@@ -252,6 +252,9 @@ class VaswaniAttention(nn.Module):
         # smaller gain). A mark, not a subclass: quantization tools replace the modules whose type is nn.Linear.
         for projection in (self.q_proj, self.k_proj, self.v_proj):
             projection.attention_input = True
+        # The attention function of one-token decoding steps, where the paper's searches set one
+        # (generation_vaswani.decoding_attention_kernel); transformers' attention interface otherwise.
+        self.step_attention = None
 
     def forward(
         self,
@@ -292,6 +295,12 @@ class VaswaniAttention(nn.Module):
         attention_interface: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
             self.config._attn_implementation, eager_attention_forward
         )
+        if (
+            self.step_attention is not None
+            and input_shape[-1] == 1
+            and (attention_mask is None or attention_mask.dtype == torch.bool)
+        ):
+            attention_interface = self.step_attention
         attn_output, attn_weights = attention_interface(
             self,
             query_states,

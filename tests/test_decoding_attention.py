@@ -1,0 +1,133 @@
+"""The CPU kernel of a decoding step's attention (vaswani/modeling/decoding_attention.py): torch's attention to
+within float32 rounding, on the shapes and layouts the paper's searches give it, and what a search does with it."""
+
+import copy
+import functools
+
+import pytest
+import torch
+import torch.nn.functional as F
+from test_paper_decoding import padded_sources
+
+from vaswani.modeling import decoding_attention, generation_vaswani
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    compiled = decoding_attention.compiled_kernel()
+    if compiled is None:
+        pytest.skip("no C++ compiler to build the kernel with")
+    return compiled
+
+
+def beam_cache(rows, heads, length, size, room=7):
+    """Keys or values as the beam search's cache holds them: the filled positions of a buffer with room after them."""
+    return torch.randn(rows, heads, length + room, size)[:, :, :length]
+
+
+@pytest.mark.parametrize("length", [1, 5, 37])
+@pytest.mark.parametrize("value_size", [8, 12])
+def test_self_attention_step_equals_torchs(kernel, length, value_size):
+    """One query per row against a cache with room after its positions (strided), d_v apart from d_k (Table 3, row
+    (B)), with and without a padding mask: torch's kernel's output, as (rows, 1, heads, d_v)."""
+    query = torch.randn(6, 1, 3 * 8).view(6, 1, 3, 8).transpose(1, 2)  # as the projection's view gives it
+    key, value = beam_cache(6, 3, length, 8), beam_cache(6, 3, length, value_size)
+    mask = torch.rand(6, 1, 1, length) > 0.3
+    mask[..., 0] = True
+    for attention_mask in (None, mask):
+        expected = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, scale=0.3)
+        got = kernel(query, key, value, attention_mask, 0.3)
+        assert got.shape == (6, 1, 3, value_size) and got.is_contiguous()
+        torch.testing.assert_close(got, expected.transpose(1, 2), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("mask_rows", [1, 4])
+def test_encoder_decoder_attention_of_a_sentences_hypotheses_equals_torchs(kernel, mask_rows):
+    """A sentence's 4 hypotheses as one sequence of queries against its encoder output's keys and values
+    (projections viewed per head), with a padding mask shared by the hypotheses or one per hypothesis."""
+    sentences, length = 5, 11
+    query = torch.randn(sentences, 4, 16).view(sentences, 4, 2, 8).transpose(1, 2)
+    key = torch.randn(sentences, length, 16).view(sentences, length, 2, 8).transpose(1, 2)
+    value = torch.randn(sentences, length, 16).view(sentences, length, 2, 8).transpose(1, 2)
+    mask = torch.ones(sentences, 1, mask_rows, length, dtype=torch.bool)
+    mask[1, ..., 7:] = False
+    mask[3, ..., -1] = False
+    expected = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=8**-0.5)
+    got = kernel(query, key, value, mask, 8**-0.5)
+    torch.testing.assert_close(got, expected.transpose(1, 2), rtol=1e-5, atol=1e-6)
+
+
+def test_the_kernel_names_what_it_refuses(kernel):
+    query, key = torch.randn(2, 2, 1, 8), torch.randn(2, 2, 3, 8)
+    with pytest.raises(RuntimeError, match="must be float32"):
+        kernel(query.double(), key.double(), key.double(), None, 1.0)
+    with pytest.raises(RuntimeError, match="bool"):
+        kernel(query, key, key, torch.zeros(2, 1, 1, 3), 1.0)
+    with pytest.raises(RuntimeError, match="shapes do not match"):
+        kernel(query, key, torch.randn(2, 2, 4, 8), None, 1.0)
+
+
+def searched(model, input_ids, monkeypatch, kernel_built=True, **options):
+    """generate()'s output, and the calls of the kernel it made; `kernel_built=False`: as where it cannot be built."""
+    calls = []
+
+    def counting(module, query, key, value, attention_mask, scaling, **kwargs):
+        calls.append(query.shape)
+        return decoding_attention.decoding_attention(module, query, key, value, attention_mask, scaling, **kwargs)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(generation_vaswani, "decoding_attention", counting)
+        if not kernel_built:
+            patch.setattr(generation_vaswani, "compiled_kernel", lambda: None)
+        output = model.generate(input_ids, return_dict_in_generate=True, output_scores=True, **options)
+    return output, calls
+
+
+@pytest.mark.parametrize("num_beams", [4, 1])
+def test_the_paper_searches_attend_with_the_kernel_at_each_step_and_decode_as_with_torchs(
+    kernel, trained_tiny_model, translation_pairs, monkeypatch, num_beams
+):
+    """The paper's searches on the CPU compute every one-token step's self-attention and encoder-decoder attention
+    with the kernel, a sentence's hypotheses together; the translations and scores are those of torch's kernel, and
+    the model's attention is transformers' own again after the search."""
+    input_ids, attention_mask = padded_sources(translation_pairs)
+    options = {"attention_mask": attention_mask, "num_beams": num_beams}
+    with torch.no_grad():
+        fast, calls = searched(trained_tiny_model, input_ids, monkeypatch, **options)
+        plain, no_calls = searched(trained_tiny_model, input_ids, monkeypatch, kernel_built=False, **options)
+    layers = trained_tiny_model.config.decoder_layers
+    assert not no_calls and len(calls) == 2 * layers * len(fast.scores)  # every step, the start token's too
+    assert {shape[2] for shape in calls} == {1, num_beams}  # one query a row; a sentence's hypotheses together
+    assert torch.equal(fast.sequences, plain.sequences)
+    torch.testing.assert_close(torch.stack(fast.scores), torch.stack(plain.scores))
+    assert all(
+        module.step_attention is None for module in trained_tiny_model.modules() if hasattr(module, "step_attention")
+    )
+
+
+def test_eager_attention_keeps_transformers_attention(trained_tiny_model, translation_pairs, monkeypatch):
+    """A model set to eager attention (for its weights) decodes with it, not with the kernel."""
+    input_ids, attention_mask = padded_sources(translation_pairs)
+    eager = copy.deepcopy(trained_tiny_model)
+    eager.set_attn_implementation("eager")
+    with torch.no_grad():
+        _, calls = searched(eager, input_ids, monkeypatch, attention_mask=attention_mask)
+    assert not calls
+
+
+def test_where_the_kernel_cannot_be_built_decoding_warns_once_and_uses_torchs(
+    trained_tiny_model, translation_pairs, monkeypatch
+):
+    """No compiler (torch's extension builder fails): a warning that names the cause, and the search decodes with
+    torch's attention."""
+
+    def no_compiler(*args, **kwargs):
+        raise RuntimeError("Error building extension: c++: command not found")
+
+    uncached = functools.cache(decoding_attention.compiled_kernel.__wrapped__)
+    monkeypatch.setattr(decoding_attention.cpp_extension, "load_inline", no_compiler)
+    monkeypatch.setattr(generation_vaswani, "compiled_kernel", uncached)
+    input_ids, attention_mask = padded_sources(translation_pairs)
+    with pytest.warns(UserWarning, match="c\\+\\+: command not found"), torch.no_grad():
+        output, calls = searched(trained_tiny_model, input_ids, monkeypatch, attention_mask=attention_mask)
+    assert not calls and output.sequences.shape[0] == input_ids.shape[0]
