@@ -10,6 +10,7 @@ uses torch's kernel, and says so once.
 """
 
 import functools
+import re
 import warnings
 
 import torch
@@ -114,9 +115,12 @@ INSTRUCTION_SETS = {
 def compiled_kernel():
     """The kernel's function, compiled and loaded once a process; None where it cannot be built (a warning says why)."""
     capability = torch.backends.cpu.get_cpu_capability()
+    # One build a torch version and instruction set: torch's extension cache tells builds apart by name and source
+    # only, and an extension built against another torch fails to load, or crashes.
+    torch_version = re.sub(r"\W", "_", torch.__version__)
     try:
         extension = cpp_extension.load_inline(
-            name=f"vaswani_decoding_attention_{capability.lower()}",
+            name=f"vaswani_decoding_attention_{torch_version}_{capability.lower()}",
             cpp_sources=[SOURCE],
             functions=["decoding_attention"],
             extra_cflags=FLAGS + INSTRUCTION_SETS.get(capability, []),

@@ -3,6 +3,7 @@ within float32 rounding, on the shapes and layouts the paper's searches give it,
 
 import copy
 import functools
+import types
 
 import pytest
 import torch
@@ -131,3 +132,20 @@ def test_where_the_kernel_cannot_be_built_decoding_warns_once_and_uses_torchs(
     with pytest.warns(UserWarning, match="c\\+\\+: command not found"), torch.no_grad():
         output, calls = searched(trained_tiny_model, input_ids, monkeypatch, attention_mask=attention_mask)
     assert not calls and output.sequences.shape[0] == input_ids.shape[0]
+
+
+def test_each_torch_version_and_instruction_set_builds_a_kernel_of_its_own(monkeypatch):
+    """torch's extension cache tells builds apart by name: a build for another torch (or other CPU instructions,
+    where a cache is shared by machines) must never be loaded, so each has a name of its own."""
+    names = []
+
+    def recording(name, **kwargs):
+        names.append(name)
+        return types.SimpleNamespace(decoding_attention=None)
+
+    monkeypatch.setattr(decoding_attention.cpp_extension, "load_inline", recording)
+    for version, capability in (("2.13.0+cpu", "AVX2"), ("2.15.0+cu128", "AVX2"), ("2.13.0+cpu", "AVX512")):
+        monkeypatch.setattr(torch, "__version__", version)
+        monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
+        decoding_attention.compiled_kernel.__wrapped__()
+    assert len(set(names)) == 3 and all(name.isidentifier() for name in names)
