@@ -33,7 +33,7 @@ VASWANI_ROWS, NAMES = [BEAM, GREEDY], [BEAM, GREEDY, CT2_BEAM, CT2_GREEDY]
 # its profiler (no `ctranslate2.init_profiling`), so its operators are not broken down.
 GROUPS = {
     "matrix products": ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "mkldnn::_linear_pointwise"),
-    "attention": ("scaled_dot_product",),
+    "attention": ("scaled_dot_product", "vaswani::decoding_attention"),
     "cache reorders and copies": ("aten::index_select", "aten::index_copy", "aten::copy_", "aten::cat"),
     "topk and log_softmax": ("aten::topk", "log_softmax"),
 }

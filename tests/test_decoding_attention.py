@@ -101,6 +101,10 @@ def test_the_paper_searches_attend_with_the_kernel_at_each_step_and_decode_as_wi
     assert {shape[2] for shape in calls} == {1, num_beams}  # one query a row; a sentence's hypotheses together
     assert torch.equal(fast.sequences, plain.sequences)
     torch.testing.assert_close(torch.stack(fast.scores), torch.stack(plain.scores))
+    with torch.profiler.profile() as profile:  # its time shows in a profile, as an operator's does
+        trained_tiny_model.generate(input_ids, **options)
+    kernel_events = [event for event in profile.key_averages() if event.key == "vaswani::decoding_attention"]
+    assert kernel_events and kernel_events[0].count == len(calls)
     assert all(
         module.step_attention is None for module in trained_tiny_model.modules() if hasattr(module, "step_attention")
     )
