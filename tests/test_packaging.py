@@ -12,7 +12,7 @@ from helpers import REPO_ROOT
 from packaging.requirements import Requirement
 
 
-BASE = {"torch", "transformers", "safetensors", "huggingface-hub", "tokenizers", "tqdm"}
+BASE = {"torch", "transformers", "safetensors", "huggingface-hub", "tokenizers", "tqdm", "ninja"}
 
 
 def requirements():
