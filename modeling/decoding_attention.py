@@ -10,11 +10,11 @@ uses torch's kernel, and says so once.
 """
 
 import functools
+import logging
 import re
 import warnings
 
 import torch
-from torch.utils import cpp_extension
 
 
 # Section 3.2.1's softmax(q K^T * scale) V for a decoding step. In this file, not one of its own, so that a saved
@@ -114,6 +114,15 @@ INSTRUCTION_SETS = {
 @functools.cache
 def compiled_kernel():
     """The kernel's function, compiled and loaded once a process; None where it cannot be built (a warning says why)."""
+    # Imported here, not with the model: a CUDA build of torch logs where it looked for CUDA when its extension builder
+    # is first imported, a line every command would print; quieted, as a CPU kernel needs no CUDA.
+    builder_log = logging.getLogger("torch.utils.cpp_extension")
+    level = builder_log.level
+    builder_log.setLevel(logging.ERROR)
+    try:
+        from torch.utils import cpp_extension
+    finally:
+        builder_log.setLevel(level)
     capability = torch.backends.cpu.get_cpu_capability()
     # One build a torch version and instruction set: torch's extension cache tells builds apart by name and source
     # only, and an extension built against another torch fails to load, or crashes.

@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from test_paper_decoding import padded_sources
+from torch.utils import cpp_extension
 
 from vaswani.modeling import decoding_attention, generation_vaswani
 
@@ -130,7 +131,7 @@ def test_where_the_kernel_cannot_be_built_decoding_warns_once_and_uses_torchs(
         raise RuntimeError("Error building extension: c++: command not found")
 
     uncached = functools.cache(decoding_attention.compiled_kernel.__wrapped__)
-    monkeypatch.setattr(decoding_attention.cpp_extension, "load_inline", no_compiler)
+    monkeypatch.setattr(cpp_extension, "load_inline", no_compiler)
     monkeypatch.setattr(generation_vaswani, "compiled_kernel", uncached)
     input_ids, attention_mask = padded_sources(translation_pairs)
     with pytest.warns(UserWarning, match="c\\+\\+: command not found"), torch.no_grad():
@@ -147,7 +148,7 @@ def test_each_torch_version_and_instruction_set_builds_a_kernel_of_its_own(monke
         names.append(name)
         return types.SimpleNamespace(decoding_attention=None)
 
-    monkeypatch.setattr(decoding_attention.cpp_extension, "load_inline", recording)
+    monkeypatch.setattr(cpp_extension, "load_inline", recording)
     for version, capability in (("2.13.0+cpu", "AVX2"), ("2.15.0+cu128", "AVX2"), ("2.13.0+cpu", "AVX512")):
         monkeypatch.setattr(torch, "__version__", version)
         monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
