@@ -108,8 +108,9 @@ from pathlib import Path
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 from accelerate import Accelerator
-from benchmarks import benchmark, decoding_steps, gpu_report_measure, gpu_report_prepare
+from benchmarks import benchmark, decoder_call, decoding_steps, gpu_report_measure, gpu_report_prepare
 from vaswani import VaswaniConfig, VaswaniForConditionalGeneration
+from vaswani.modeling.generation_vaswani import decoding_attention_kernel, packed_linear_layers
 from vaswani.modeling.modeling_vaswani import shift_tokens_right
 from vaswani.training import step
 
@@ -173,6 +174,19 @@ model.generate(input_ids=torch.randint(4, 500, (3, 7)), num_beams=4, max_new_tok
 facts["model_seconds"] = [steps.counts()["model_seconds"], time.perf_counter() - started]
 slower.remove()
 facts["estimated_steps"] = decoding_steps.estimated_steps([4, 2, 6], 2, {"beam_size": 4})
+
+# benchmarks/decoder_call.py: a step's operators alone, as the searches run them, against the model's call.
+with torch.no_grad(), packed_linear_layers(model, True), decoding_attention_kernel(model, True):
+    filled = decoder_call.FilledStep(model, 3, 4, 6)
+    filled.rewind()
+    called = filled.model_call()
+    filled.rewind()
+    alone = filled.operators_alone()
+    filled.rewind()
+    model.model.decoder.layers[-1].final_layer_norm.weight.mul_(2)  # a changed weight: both must see it
+    changed = [filled.model_call(), filled.rewind(), filled.operators_alone()]
+facts["decoder_call"] = [(alone - called).abs().max().item(), (changed[2] - changed[0]).abs().max().item()]
+facts["decoder_call"].append((changed[0] - called).abs().max().item())
 
 # The worker's flags stay out of --help.
 shown = io.StringIO()
@@ -254,6 +268,14 @@ def test_decoding_steps_counts_every_decoder_call_and_row_the_start_tokens_inclu
     assert 5 * 0.02 <= in_model < whole
     estimated = {"decoder_calls": 5 + 7, "row_steps": 4 * (5 + 3 + 7), "first_step_rows": 12}
     assert probed[0]["estimated_steps"] == estimated
+
+
+def test_a_decoder_calls_operators_alone_give_the_models_logits(probed):
+    """benchmarks/decoder_call.py times the model's own step: its operators alone give the model call's logits, and
+    follow a change to a weight as the model does."""
+    same, same_after_change, change = probed[0]["decoder_call"]
+    assert same < 1e-5 and same_after_change < 1e-5
+    assert change > 1e-3
 
 
 def test_worker_flags_stay_out_of_the_benchmarks_help(probed):
