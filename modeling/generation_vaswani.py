@@ -495,11 +495,11 @@ def packed_linear_layers(model, enabled: bool):
 
 def steps_attention_kernel(model) -> bool:
     """Whether `decoding_attention_kernel` computes the decoder's attention at one-token steps: on the CPU, without
-    gradients, in float32, where the model's attention is torch's kernel (`sdpa`, transformers' default) and
-    vaswani's kernel could be built (`compiled_kernel`). Eager attention, asked for its weights, stays eager."""
+    gradients, in float32 or bfloat16, where the model's attention is torch's kernel (`sdpa`, transformers' default)
+    and vaswani's kernel could be built (`compiled_kernel`). Eager attention, asked for its weights, stays eager."""
     return (
         model.device.type == "cpu"
-        and model.dtype == torch.float32
+        and model.dtype in (torch.float32, torch.bfloat16)
         and not torch.is_grad_enabled()
         and model.config._attn_implementation == "sdpa"
         and compiled_kernel() is not None
