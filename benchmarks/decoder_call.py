@@ -1,7 +1,7 @@
 """What the model's Python costs a one-token decoder step on the CPU: the model's call beside its operators alone.
 
     python -m benchmarks.decoder_call --model outputs/main_job/model [--rows 1 16 32 88 128] [--cached 20]
-                                      [--source_length 40] [--threads 2] [--calls 200] [--rounds 5]
+                                      [--source_length 40] [--threads 2] [--calls 300] [--rounds 9]
                                       [--output_dir docs/benchmarks]
 
 Writes `decoder_call.{json,md}` in --output_dir. For each number of rows, a step of one token a row, with --cached
@@ -35,8 +35,8 @@ class DecoderCallArguments:
     cached: int = field(default=20, metadata={"help": "positions held in the self-attention cache"})
     source_length: int = 40
     threads: int = 2
-    calls: int = field(default=200, metadata={"help": "calls timed a round"})
-    rounds: int = field(default=5, metadata={"help": "alternating rounds; each figure is the fastest"})
+    calls: int = field(default=300, metadata={"help": "calls timed a round"})
+    rounds: int = field(default=9, metadata={"help": "alternating rounds; each figure is the fastest"})
     output_dir: str = "docs/benchmarks"
 
 
