@@ -1,4 +1,5 @@
-"""What the model's Python costs a one-token decoder step on the CPU: the model's call beside its operators alone.
+"""What the decoder layers' kernel saves a one-token decoder step on the CPU: the model's call with the layers' modules
+beside the same call with the layers as one kernel call.
 
     python -m benchmarks.decoder_call --model outputs/main_job/model [--rows 1 16 32 88 128] [--cached 20]
                                       [--source_length 40] [--threads 2] [--calls 300] [--rounds 9]
@@ -6,9 +7,9 @@
 
 Writes `decoder_call.{json,md}` in --output_dir. For each number of rows, a step of one token a row, with --cached
 positions in the self-attention cache, as the paper's searches take it (packed weights, vaswani's attention kernel),
-is timed two ways: the model's call, and the same operators called one after another with no module, mask, check or
-output object between them (`operators_alone`). Both give the same logits (checked). The difference is what a step
-without Python between its operators would save a call. Fastest of alternating rounds of --calls calls each.
+is timed two ways: the model's call with the layers' modules, and with the layers as one call of vaswani's kernel
+(`DecoderLayersStep`), the Python between their operators gone. Both give the same logits bit for bit (checked).
+Fastest of alternating rounds of --calls calls each.
 """
 
 import time
@@ -21,8 +22,7 @@ from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
 from benchmarks import harness
 from vaswani.cli import command, parse_arguments
-from vaswani.modeling.decoding_attention import compiled_kernel
-from vaswani.modeling.generation_vaswani import BeamSearchCache, decoding_attention_kernel, packed_linear_layers
+from vaswani.modeling.generation_vaswani import BeamSearchCache, cpu_step_kernels
 
 
 @dataclass
@@ -60,42 +60,17 @@ class FilledStep:
             layer.filled = self.cached
             layer.show_filled()
 
-    def model_call(self) -> torch.Tensor:
-        return self.model(
-            decoder_input_ids=self.tokens, encoder_outputs=self.encoder_outputs, cache=self.cache, use_cache=True
-        ).logits
-
-    def operators_alone(self) -> torch.Tensor:
-        """The step's operators in the model's order, each linear layer its packed forward, with no module call."""
-        decoder, kernel = self.model.get_decoder(), compiled_kernel()
-        rows = self.tokens.shape[0]
-        positions = torch.full_like(self.tokens, self.cached)
-        hidden = torch.nn.functional.embedding(self.tokens, decoder.embed_tokens.weight) * decoder.embed_tokens.scale
-        hidden = hidden + decoder.embed_positions.forward(positions, hidden.dtype)
-
-        def heads(states, attention):
-            return states.view(rows, 1, -1, attention.head_dim).transpose(1, 2)
-
-        def add_and_norm(residual, output, norm):
-            return torch.nn.functional.layer_norm(
-                residual + output, norm.normalized_shape, norm.weight, norm.bias, norm.eps
-            )
-
-        for index, layer in enumerate(decoder.layers):
-            attention, cross = layer.self_attn, layer.encoder_attn
-            query = heads(attention.q_proj.forward(hidden), attention)
-            keys, values = self.cache.self_attention_cache.layers[index].update(
-                heads(attention.k_proj.forward(hidden), attention), heads(attention.v_proj.forward(hidden), attention)
-            )
-            output = kernel(query, keys, values, None, attention.scaling).view(rows, 1, -1)
-            hidden = add_and_norm(hidden, attention.out_proj.forward(output), layer.self_attn_layer_norm)
-            held = self.cache.cross_attention_cache.layers[index]
-            query = heads(cross.q_proj.forward(hidden), cross)
-            output = kernel(query, held.keys, held.values, None, cross.scaling).view(rows, 1, -1)
-            hidden = add_and_norm(hidden, cross.out_proj.forward(output), layer.encoder_attn_layer_norm)
-            inner = torch.relu(layer.feed_forward.fc1.forward(hidden))
-            hidden = add_and_norm(hidden, layer.feed_forward.fc2.forward(inner), layer.final_layer_norm)
-        return self.model.get_output_embeddings().forward(hidden)
+    def model_call(self, layers_kernel: bool = True) -> torch.Tensor:
+        """The model's logits for the step; its layers by their modules where `layers_kernel` is false."""
+        decoder = self.model.get_decoder()
+        kernel = decoder.step_layers
+        decoder.step_layers = kernel if layers_kernel else None
+        try:
+            return self.model(
+                decoder_input_ids=self.tokens, encoder_outputs=self.encoder_outputs, cache=self.cache, use_cache=True
+            ).logits
+        finally:
+            decoder.step_layers = kernel
 
 
 def seconds_a_call(call, rewind, calls: int) -> float:
@@ -110,12 +85,11 @@ def measure(model, args, rows: int) -> dict:
     """The model's call and its operators alone at `rows` rows: milliseconds a call, each the fastest round."""
     step = FilledStep(model, rows, args.cached, args.source_length)
     step.rewind()
-    expected = step.model_call()
+    expected = step.model_call(layers_kernel=False)
     step.rewind()
-    difference = (step.operators_alone() - expected).abs().max().item()
-    if difference > 1e-4:
-        raise AssertionError(f"the operators alone give other logits than the model's call ({difference:.2e})")
-    ways = {"model_call": step.model_call, "operators_alone": step.operators_alone}
+    if not torch.equal(step.model_call(), expected):
+        raise AssertionError("the layers kernel gives other logits than the layers' modules")
+    ways = {"modules": lambda: step.model_call(layers_kernel=False), "kernel": step.model_call}
     for call in ways.values():  # warm-up
         seconds_a_call(call, step.rewind, 10)
     rounds = harness.alternating_rounds(
@@ -125,18 +99,18 @@ def measure(model, args, rows: int) -> dict:
 
 
 def markdown(results: dict) -> str:
-    header = ["rows", "the model's call, ms", "its operators alone, ms", "operators alone / call", "saved a call, ms"]
+    header = ["rows", "the layers' modules, ms", "the layers kernel, ms", "kernel / modules", "saved a call, ms"]
     cells = [
-        [row["rows"], f"{row['model_call']:.2f}", f"{row['operators_alone']:.2f}"]
-        + [f"{row['operators_alone'] / row['model_call']:.2f}", f"{row['model_call'] - row['operators_alone']:.2f}"]
+        [row["rows"], f"{row['modules']:.2f}", f"{row['kernel']:.2f}"]
+        + [f"{row['kernel'] / row['modules']:.2f}", f"{row['modules'] - row['kernel']:.2f}"]
         for row in results["rows"]
     ]
     return (
         f"A one-token decoder step of `{results['model']}` on the CPU, {results['cached']} positions cached, a source "
         f"of {results['source_length']} tokens, {results['threads']} threads, packed weights and vaswani's attention "
         f"kernel; fastest of {results['rounds']} alternating rounds of {results['calls']} calls; "
-        f"{harness.describe(results)}. The operators alone are the model's own, called in its order without its "
-        f"modules, and give its logits (benchmarks/decoder_call.py).\n\n{harness.table(header, cells)}\n"
+        f"{harness.describe(results)}. Each is the model's call; the layers kernel runs the layers' operators in one "
+        f"C++ call and gives their logits bit for bit (benchmarks/decoder_call.py).\n\n{harness.table(header, cells)}\n"
     )
 
 
@@ -147,7 +121,9 @@ def main(argv=None) -> dict:
     model = AutoModelForSeq2SeqLM.from_pretrained(args.model).eval()
     results = {**harness.environment("torch", "transformers"), "model": args.model, "cached": args.cached}
     results |= {key: getattr(args, key) for key in ("source_length", "threads", "calls", "rounds")}
-    with torch.no_grad(), packed_linear_layers(model, True), decoding_attention_kernel(model, True):
+    with torch.no_grad(), cpu_step_kernels(model, True):
+        if model.get_decoder().step_layers is None:
+            raise SystemExit("The decoder layers' kernel does not apply here: no C++ compiler, or not an x86 CPU.")
         results["rows"] = [measure(model, args, rows) for rows in args.rows]
     harness.write_page(Path(args.output_dir) / "decoder_call", results, markdown(results))
     return results

@@ -277,7 +277,7 @@ def remote_code_files() -> dict[str, str]:
         "configuration_vaswani.py": Path(__file__).read_text(encoding="utf-8"),
         "modeling_vaswani.py": modeling_code.replace(PACKAGE_CONFIG_IMPORT, FLAT_CONFIG_IMPORT),
         "generation_vaswani.py": (modeling_dir / "generation_vaswani.py").read_text(encoding="utf-8"),
-        "decoding_attention.py": (modeling_dir / "decoding_attention.py").read_text(encoding="utf-8"),
+        "decoding_kernels.py": (modeling_dir / "decoding_kernels.py").read_text(encoding="utf-8"),
         "pipeline_vaswani.py": (modeling_dir / "pipeline_vaswani.py").read_text(encoding="utf-8"),
     }
 

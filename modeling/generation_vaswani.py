@@ -33,7 +33,7 @@ from transformers.generation import GenerateBeamEncoderDecoderOutput, GenerateEn
 from transformers.modeling_outputs import BaseModelOutput
 from transformers.utils.generic import is_flash_attention_requested
 
-from .decoding_attention import compiled_kernel, decoding_attention
+from .decoding_kernels import compiled_kernels, decoding_attention
 
 
 # Section 6.1: "maximum output length [of] input length + 50".
@@ -56,6 +56,16 @@ TORCH_PRIVATE_NAMES = {
     "kernels, as torch's compiler reorders a frozen CPU model's (`packed_linear_layers`): torch's public linear "
     "repacks the weight at every call, which at a decoding step's few rows costs as much as the product",
     "torch.ops.mkldnn._linear_pointwise": "the linear layer of a weight so reordered: no public operator takes one",
+    **dict.fromkeys(
+        (
+            "torch.nn.Module._forward_hooks",
+            "torch.nn.Module._forward_pre_hooks",
+            "torch.nn.modules.module._global_forward_hooks",
+            "torch.nn.modules.module._global_forward_pre_hooks",
+        ),
+        "the forward hooks and pre-hooks registered, a module's own and global: no public method lists them, and a "
+        "kernel that computes several modules at once must leave the step to the modules where a hook would run",
+    ),
 }
 
 
@@ -327,7 +337,16 @@ class BeamSearchCacheLayer(DynamicLayer):
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        end = self.filled + key_states.shape[-2]
+        positions = key_states.shape[-2]
+        self.make_room(key_states, value_states, positions)
+        self.buffer[0, :, :, self.filled : self.filled + positions, : self.key_size] = key_states
+        self.buffer[1, :, :, self.filled : self.filled + positions, : self.value_size] = value_states
+        self.advance(positions)
+        return self.keys, self.values
+
+    def make_room(self, key_states: torch.Tensor, value_states: torch.Tensor, positions: int) -> None:
+        """A buffer with room for `positions` more, of the rows, heads and sizes of `key_states` and `value_states`."""
+        end = self.filled + positions
         if self.buffer is None or end > self.buffer.shape[3]:
             rows, heads = key_states.shape[:2]
             shape = (2, rows, heads, end + self.room, max(key_states.shape[-1], value_states.shape[-1]))
@@ -336,11 +355,11 @@ class BeamSearchCacheLayer(DynamicLayer):
                 buffer[:, :, :, : self.filled] = self.buffer[:, :, :, : self.filled]
             self.buffer = buffer
             self.key_size, self.value_size = key_states.shape[-1], value_states.shape[-1]
-        self.buffer[0, :, :, self.filled : end, : self.key_size] = key_states
-        self.buffer[1, :, :, self.filled : end, : self.value_size] = value_states
-        self.filled = end
+
+    def advance(self, positions: int) -> None:
+        """Count `positions` more as filled (written in the buffer)."""
+        self.filled += positions
         self.show_filled()
-        return self.keys, self.values
 
     def show_filled(self) -> None:
         """Point `keys` and `values` at the filled positions of the buffer."""
@@ -478,7 +497,7 @@ def packed_linear_layers(model, enabled: bool):
     if enabled and packs_linear_layers(model):
         modules = [*model.get_decoder().modules(), model.get_output_embeddings()]
         layers = [module for module in modules if type(module) is torch.nn.Linear and "forward" not in vars(module)]
-    packed = []
+    packed = {}
     try:
         for layer in layers:
             try:
@@ -486,8 +505,8 @@ def packed_linear_layers(model, enabled: bool):
             except RuntimeError:  # no bfloat16 instructions on this CPU
                 break
             layer.forward = functools.partial(packed_linear, weight, layer.bias)
-            packed.append(layer)
-        yield
+            packed[layer] = weight
+        yield packed
     finally:
         for layer in packed:
             del layer.forward
@@ -496,20 +515,20 @@ def packed_linear_layers(model, enabled: bool):
 def steps_attention_kernel(model) -> bool:
     """Whether `decoding_attention_kernel` computes the decoder's attention at one-token steps: on the CPU, without
     gradients, in float32 or bfloat16, where the model's attention is torch's kernel (`sdpa`, transformers' default)
-    and vaswani's kernel could be built (`compiled_kernel`). Eager attention, asked for its weights, stays eager."""
+    and vaswani's kernels could be built (`compiled_kernels`). Eager attention, asked for its weights, stays eager."""
     return (
         model.device.type == "cpu"
         and model.dtype in (torch.float32, torch.bfloat16)
         and not torch.is_grad_enabled()
         and model.config._attn_implementation == "sdpa"
-        and compiled_kernel() is not None
+        and compiled_kernels() is not None
     )
 
 
 @contextlib.contextmanager
 def decoding_attention_kernel(model, enabled: bool):
     """The decoder's attention at one-token steps computed by vaswani's CPU kernel within the block
-    (modeling/decoding_attention.py): a step's self-attention and encoder-decoder attention read their keys and values
+    (modeling/decoding_kernels.py): a step's self-attention and encoder-decoder attention read their keys and values
     in one pass, where torch's kernel takes 1.6 to 1.9 times as long. Nothing changes where `enabled` is false or
     `steps_attention_kernel` says no."""
     attentions = []
@@ -522,6 +541,117 @@ def decoding_attention_kernel(model, enabled: bool):
     finally:
         for attention in attentions:
             attention.step_attention = None
+
+
+def hooked(modules) -> bool:
+    """Whether a forward hook or pre-hook, of a module's own or global, would run at any of `modules`' calls."""
+    hooks = torch.nn.modules.module  # TORCH_PRIVATE_NAMES
+    if hooks._global_forward_hooks or hooks._global_forward_pre_hooks:
+        return True
+    return any(module._forward_hooks or module._forward_pre_hooks for module in modules)
+
+
+class DecoderLayersStep:
+    """The decoder's layers at a one-token step as one call of vaswani's CPU kernel (`decoder_layers_step`,
+    modeling/decoding_kernels.py): the operators their modules call, in their order, with no module, mask or Python
+    between them, so that the step's output is theirs bit for bit. It takes a step where the layers' modules would
+    compute nothing else: nothing recorded (attentions, hidden states), the self-attention cache the searches' own
+    (`BeamSearchCacheLayer`), the encoder-decoder keys and values already projected, and masks the attention kernel
+    reads (none, or boolean); else it returns None and the modules compute the step."""
+
+    def __init__(self, decoder, packed: dict):
+        self.config, self.kernel = decoder.config, compiled_kernels().decoder_layers_step
+        self.linears = [tensor for linear in self.linear_layers(decoder) for tensor in (packed[linear], linear.bias)]
+        self.norms = [
+            tensor
+            for layer in decoder.layers
+            for norm in (layer.self_attn_layer_norm, layer.encoder_attn_layer_norm, layer.final_layer_norm)
+            for tensor in (norm.weight, norm.bias)
+        ]
+        attention = decoder.layers[0].self_attn
+        self.eps = decoder.layers[0].self_attn_layer_norm.eps
+        self.sizes = (self.config.decoder_attention_heads, attention.head_dim, attention.value_head_dim)
+        self.scaling = attention.scaling
+
+    @staticmethod
+    def linear_layers(decoder) -> list:
+        """The decoder layers' linear layers in the kernel's order, 8 a layer."""
+        linears = []
+        for layer in decoder.layers:
+            attention, cross, feed_forward = layer.self_attn, layer.encoder_attn, layer.feed_forward
+            linears += [attention.q_proj, attention.k_proj, attention.v_proj, attention.out_proj]
+            linears += [cross.q_proj, cross.out_proj, feed_forward.fc1, feed_forward.fc2]
+        return linears
+
+    def __call__(self, hidden_states, causal_mask, encoder_attention_mask, cache, **kwargs) -> torch.Tensor | None:
+        recording = any(
+            kwargs.get(flag, getattr(self.config, flag)) for flag in ("output_attentions", "output_hidden_states")
+        )
+        if recording or cache is None or len(cache.self_attention_cache.layers) != self.config.decoder_layers:
+            return None
+        layers = cache.self_attention_cache.layers
+        if any(type(layer) is not BeamSearchCacheLayer for layer in layers):
+            return None
+        if not all(cache.is_updated.get(index) for index in range(len(layers))):
+            return None
+        if any(mask is not None and mask.dtype != torch.bool for mask in (causal_mask, encoder_attention_mask)):
+            return None
+        for layer in layers:
+            layer.make_room(layer.keys, layer.values, 1)
+        cross = [tensor for layer in cache.cross_attention_cache.layers for tensor in (layer.keys, layer.values)]
+        hidden_states = self.kernel(
+            hidden_states,
+            self.linears,
+            self.norms,
+            self.eps,
+            [layer.buffer for layer in layers],
+            layers[0].filled,
+            cross,
+            causal_mask,
+            encoder_attention_mask,
+            *self.sizes,
+            self.scaling,
+        )
+        for layer in layers:
+            layer.advance(1)
+        return hidden_states
+
+
+@contextlib.contextmanager
+def decoder_layers_kernel(model, packed: dict, enabled: bool):
+    """The decoder's layers at one-token steps computed by one kernel call within the block (`DecoderLayersStep`):
+    at the few rows of a step, their modules' Python costs as much as their operators. Nothing changes where `enabled`
+    is false, the attention kernel does not apply (`steps_attention_kernel`), a linear layer of theirs is not packed
+    (`packed`, from `packed_linear_layers`: a quantized or an adapter's layer), their activation is not the paper's
+    ReLU, the model trains (dropout), or a hook would run at one of their modules."""
+    decoder = model.get_decoder()
+    modules = list(decoder.layers.modules())
+    usable = (
+        enabled
+        and steps_attention_kernel(model)
+        and not decoder.training
+        and model.config.activation_function == "relu"
+        and all(linear in packed for linear in DecoderLayersStep.linear_layers(decoder))
+        and not hooked(modules)
+    )
+    try:
+        if usable:
+            decoder.step_layers = DecoderLayersStep(decoder, packed)
+        yield
+    finally:
+        decoder.step_layers = None
+
+
+@contextlib.contextmanager
+def cpu_step_kernels(model, enabled: bool):
+    """The CPU's ways to a fast one-token step within the block, each where it applies: packed linear layers, the
+    attention kernel and the decoder layers' kernel."""
+    with (
+        packed_linear_layers(model, enabled) as packed,
+        decoding_attention_kernel(model, enabled),
+        decoder_layers_kernel(model, packed, enabled),
+    ):
+        yield
 
 
 def returned_cache(cache):
@@ -902,7 +1032,7 @@ def gnmt_beam_search(
 
     this_peer_finished = False
     eager = compiled_step == model.__call__
-    with packed_linear_layers(model, eager), decoding_attention_kernel(model, eager):
+    with cpu_step_kernels(model, eager):
         while any_peer_unfinished(this_peer_finished, synced_gpus, device):
             searched, _, cur_len = state.live.shape
             flat_live = state.in_rows().reshape(searched * num_beams, -1)
@@ -1040,7 +1170,7 @@ def greedy_search(
     step_scores = ()
 
     this_peer_finished = False
-    with packed_linear_layers(model, True), decoding_attention_kernel(model, True):
+    with cpu_step_kernels(model, True):
         while any_peer_unfinished(this_peer_finished, synced_gpus, device):
             cur_len = batch.sequences.shape[1]
             # The tokens the cache does not hold yet: the prompt at first (its end where the cache continues an earlier

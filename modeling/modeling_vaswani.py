@@ -506,6 +506,9 @@ class VaswaniDecoder(VaswaniPreTrainedModel):
         self.embed_positions = POSITIONAL_ENCODINGS[config.positional_encoding](config)
         self.dropout = config.dropout
         self.layers = nn.ModuleList([VaswaniDecoderLayer(config, i) for i in range(config.decoder_layers)])
+        # The layers of one-token decoding steps as one kernel call, where the paper's searches on the CPU set one
+        # (generation_vaswani.decoder_layers_kernel); it returns None at a step it leaves to the layers' modules.
+        self.step_layers = None
         self.post_init()
 
     @merge_with_config_defaults
@@ -567,6 +570,11 @@ class VaswaniDecoder(VaswaniPreTrainedModel):
             attention_mask=encoder_attention_mask,
             encoder_hidden_states=encoder_hidden_states,
         )
+        stepped = None
+        if self.step_layers is not None and length == 1:
+            stepped = self.step_layers(hidden_states, causal_mask, encoder_attention_mask, cache, **kwargs)
+        if stepped is not None:
+            return BaseModelOutputWithPastAndCrossAttentions(last_hidden_state=stepped, cache=cache)
         for layer in self.layers:
             hidden_states = layer(
                 hidden_states,

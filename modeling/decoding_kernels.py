@@ -1,13 +1,15 @@
-"""Scaled dot-product attention for a decoding step on the CPU: a C++ kernel, compiled on first use.
+"""The CPU kernels of a one-token decoding step, in C++, compiled on first use: its attention, and its decoder layers.
 
 At a decoding step each hypothesis has one query. torch's CPU attention kernel, built for long sequences of queries,
-takes 1.6 to 1.9 times as long there as this kernel (CHANGELOG.md), which reads each head's keys, then its values,
-once for all the queries that attend to them (a sentence's hypotheses, in the encoder-decoder attention). It computes
-what torch's kernel computes, with the additions in another order: in float32 (within 1e-6), from float32 or bfloat16
-keys and values. torch's extension
-builder compiles it with the machine's C++ compiler and ninja into torch's extension cache, once per torch version and
-CPU instruction set (a cache shared by machines of different CPUs stays valid). Where it cannot be built, decoding
-uses torch's kernel, and says so once.
+takes 1.6 to 1.9 times as long there as `decoding_attention`, which reads each head's keys, then its values, once for
+all the queries that attend to them (a sentence's hypotheses, in the encoder-decoder attention). It computes what
+torch's kernel computes, with the additions in another order: in float32 (within 1e-6), from float32 or bfloat16 keys
+and values. `decoder_layers_step` runs the decoder's layers of a step: the operators their modules call, in the same
+order, with no Python between them (a module's Python costs as much as its operators at the few rows of a step), so
+it gives their results bit for bit. torch's extension builder compiles the kernels with the machine's C++ compiler and
+ninja into torch's extension cache, once per torch version and CPU instruction set (a cache shared by machines of
+different CPUs stays valid). Where they cannot be built, decoding uses torch's attention kernel and the layers'
+modules, and says so once.
 """
 
 import functools
@@ -18,10 +20,12 @@ import warnings
 import torch
 
 
-# Section 3.2.1's softmax(q K^T * scale) V for a decoding step. In this file, not one of its own, so that a saved
-# model's folder, whose code transformers loads file by file (configuration_vaswani.remote_code_files), holds it.
+# Section 3.2.1's softmax(q K^T * scale) V for a decoding step, and section 3.1's decoder layers. In this file, not
+# one of their own, so that a saved model's folder, whose code transformers loads file by file
+# (configuration_vaswani.remote_code_files), holds them.
 SOURCE = r"""
 #include <ATen/Parallel.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/record_function.h>
 
 #include <algorithm>
@@ -89,11 +93,12 @@ void attend(const torch::Tensor& query, const torch::Tensor& key, const torch::T
 
 // query (B, H, Q, d_k), key (B, H, T, d_k), value (B, H, T, d_v), of one type, float32 or bfloat16, each with its
 // last dimension contiguous; mask, where given, a bool (B, 1, 1 or Q, T), true where a query may attend. Returns
-// (B, Q, H, d_v), contiguous, of their type. torch's profiler shows it as vaswani::decoding_attention.
+// (B, Q, H, d_v), contiguous, of their type. torch's profiler shows it as vaswani::decoding_attention, with its
+// inputs' shapes.
 torch::Tensor decoding_attention(
     const torch::Tensor& query, const torch::Tensor& key, const torch::Tensor& value,
     const std::optional<torch::Tensor>& mask, double scale) {
-  RECORD_FUNCTION("vaswani::decoding_attention", std::vector<c10::IValue>());
+  RECORD_FUNCTION("vaswani::decoding_attention", std::vector<c10::IValue>({query, key, value}));
   TORCH_CHECK(query.dim() == 4 && key.dim() == 4 && value.dim() == 4, "query, key and value must be 4-dimensional");
   const auto type = query.scalar_type();
   TORCH_CHECK((type == torch::kFloat || type == torch::kBFloat16) && key.scalar_type() == type &&
@@ -123,6 +128,68 @@ torch::Tensor decoding_attention(
     attend<at::BFloat16>(query, key, value, allowed, mask_batch, mask_query, mask_position, factor, output);
   return output;
 }
+
+// x W^T + b by oneDNN, from W packed for its kernels (generation_vaswani.packed_linear, the same operator).
+static torch::Tensor packed_linear(const torch::Tensor& x, const torch::Tensor& w,
+                                   const std::optional<torch::Tensor>& b) {
+  static const auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("mkldnn::_linear_pointwise", "")
+          .typed<torch::Tensor(const torch::Tensor&, const torch::Tensor&, const std::optional<torch::Tensor>&,
+                               c10::string_view, c10::List<std::optional<at::Scalar>>,
+                               std::optional<c10::string_view>)>();
+  return op.call(x, w, b, "none", c10::List<std::optional<at::Scalar>>(), c10::string_view(""));
+}
+
+// Section 3.1's decoder layers at a one-token step, as VaswaniDecoderLayer's modules compute them (post-norm
+// self-attention, encoder-decoder attention, ReLU feed-forward; no dropout). hidden (rows, 1, d_model); per layer, 16
+// packed linear weights and biases (query, key, value, output of the self-attention; query and output of the
+// encoder-decoder attention; the feed-forward's two), 6 layer norm weights and biases, its self-attention cache
+// buffer (2, rows, heads, room, size), whose position `filled` this step writes, and its encoder-decoder keys and
+// values (sentences, heads, length, size), one sentence's rows in a row where rows are its hypotheses.
+torch::Tensor decoder_layers_step(
+    torch::Tensor hidden, const std::vector<std::optional<torch::Tensor>>& linears,
+    const std::vector<torch::Tensor>& norms, double eps, const std::vector<torch::Tensor>& self_buffers,
+    int64_t filled, const std::vector<torch::Tensor>& cross, const std::optional<torch::Tensor>& self_mask,
+    const std::optional<torch::Tensor>& cross_mask, int64_t heads, int64_t key_size, int64_t value_size,
+    double scaling) {
+  RECORD_FUNCTION("vaswani::decoder_layers_step", std::vector<c10::IValue>({hidden}));
+  const int64_t layers = self_buffers.size();
+  TORCH_CHECK(hidden.dim() == 3 && hidden.size(1) == 1, "hidden must be (rows, 1, d_model)");
+  TORCH_CHECK(static_cast<int64_t>(linears.size()) == 16 * layers &&
+                  static_cast<int64_t>(norms.size()) == 6 * layers &&
+                  static_cast<int64_t>(cross.size()) == 2 * layers,
+              "16 linear tensors, 6 norm tensors and 2 encoder-decoder tensors a layer");
+  const int64_t rows = hidden.size(0);
+  const std::vector<int64_t> shape{hidden.size(2)};
+  const auto split = [&](const torch::Tensor& states, int64_t size) {
+    return states.view({rows, 1, heads, size}).transpose(1, 2);
+  };
+  for (int64_t l = 0; l < layers; ++l) {
+    const auto* p = linears.data() + 16 * l;
+    const auto* n = norms.data() + 6 * l;
+    const auto& buffer = self_buffers[l];
+    TORCH_CHECK(buffer.size(1) == rows && buffer.size(3) > filled, "a self-attention cache buffer without room");
+    auto query = split(packed_linear(hidden, *p[0], p[1]), key_size);
+    buffer.select(0, 0).narrow(2, filled, 1).narrow(3, 0, key_size).copy_(
+        split(packed_linear(hidden, *p[2], p[3]), key_size));
+    buffer.select(0, 1).narrow(2, filled, 1).narrow(3, 0, value_size).copy_(
+        split(packed_linear(hidden, *p[4], p[5]), value_size));
+    auto keys = buffer.select(0, 0).narrow(2, 0, filled + 1).narrow(3, 0, key_size);
+    auto values = buffer.select(0, 1).narrow(2, 0, filled + 1).narrow(3, 0, value_size);
+    auto output = decoding_attention(query, keys, values, self_mask, scaling).reshape({rows, 1, -1});
+    hidden = at::layer_norm(hidden + packed_linear(output, *p[6], p[7]), shape, n[0], n[1], eps);
+    query = split(packed_linear(hidden, *p[8], p[9]), key_size);
+    const int64_t sentences = cross[2 * l].size(0);
+    if (sentences < rows)  // a sentence's hypotheses attend to its encoder output as one sequence of queries
+      query = query.unflatten(0, {sentences, rows / sentences}).transpose(1, 2).flatten(2, 3);
+    output = decoding_attention(query, cross[2 * l], cross[2 * l + 1], cross_mask, scaling).reshape({rows, 1, -1});
+    hidden = at::layer_norm(hidden + packed_linear(output, *p[10], p[11]), shape, n[2], n[3], eps);
+    const auto inner = at::relu(packed_linear(hidden, *p[12], p[13]));
+    hidden = at::layer_norm(hidden + packed_linear(inner, *p[14], p[15]), shape, n[4], n[5], eps);
+  }
+  return hidden;
+}
 """
 
 # The reductions in the kernel's loops vectorize only where additions may be reordered; no flag assumes finite
@@ -135,8 +202,9 @@ INSTRUCTION_SETS = {
 
 
 @functools.cache
-def compiled_kernel():
-    """The kernel's function, compiled and loaded once a process; None where it cannot be built (a warning says why)."""
+def compiled_kernels():
+    """The kernels' module (`decoding_attention`, `decoder_layers_step`), compiled and loaded once a process; None where
+    they cannot be built (a warning says why)."""
     # Imported here, not with the model: a CUDA build of torch logs where it looked for CUDA when its extension builder
     # is first imported, a line every command would print; quieted, as a CPU kernel needs no CUDA.
     builder_log = logging.getLogger("torch.utils.cpp_extension")
@@ -152,19 +220,22 @@ def compiled_kernel():
     torch_version = re.sub(r"\W", "_", torch.__version__)
     try:
         extension = cpp_extension.load_inline(
-            name=f"vaswani_decoding_attention_{torch_version}_{capability.lower()}",
+            name=f"vaswani_decoding_kernels_{torch_version}_{capability.lower()}",
             cpp_sources=[SOURCE],
-            functions=["decoding_attention"],
+            functions=["decoding_attention", "decoder_layers_step"],
             extra_cflags=FLAGS + INSTRUCTION_SETS.get(capability, []),
             extra_ldflags=["-fopenmp"],
         )
     except (OSError, RuntimeError, ImportError) as error:  # no compiler, no ninja, a failed build
-        warnings.warn(f"Decoding on the CPU uses torch's attention kernel: vaswani's could not be built ({error}).")
+        warnings.warn(
+            f"Decoding on the CPU uses torch's attention kernel and the layers' modules: vaswani's kernels could not be "
+            f"built ({error})."
+        )
         return None
-    return extension.decoding_attention
+    return extension
 
 
 def decoding_attention(module, query, key, value, attention_mask, scaling, **kwargs):
     """An attention function as transformers' attention interface calls it: the output (batch, queries, heads, d_v)
     and no weights, as torch's kernel (`sdpa`) returns them."""
-    return compiled_kernel()(query, key, value, attention_mask, scaling), None
+    return compiled_kernels().decoding_attention(query, key, value, attention_mask, scaling), None

@@ -1,6 +1,7 @@
-"""The CPU kernel of a decoding step's attention (vaswani/modeling/decoding_attention.py): torch's attention to
-within float32 rounding (bfloat16's, from bfloat16 inputs), on the shapes and layouts the paper's searches give it,
-and what a search does with it."""
+"""The CPU kernels of a one-token decoding step (vaswani/modeling/decoding_kernels.py): the attention kernel is
+torch's attention to within float32 rounding (bfloat16's, from bfloat16 inputs), on the shapes and layouts the paper's
+searches give it; the decoder layers' kernel gives the layers' modules' output bit for bit; and what a search does
+with them."""
 
 import copy
 import functools
@@ -11,16 +12,17 @@ import torch
 import torch.nn.functional as F
 from test_paper_decoding import padded_sources
 from torch.utils import cpp_extension
+from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
-from vaswani.modeling import decoding_attention, generation_vaswani
+from vaswani.modeling import decoding_kernels, generation_vaswani
 
 
 @pytest.fixture(scope="module")
 def kernel():
-    compiled = decoding_attention.compiled_kernel()
+    compiled = decoding_kernels.compiled_kernels()
     if compiled is None:
-        pytest.skip("no C++ compiler to build the kernel with")
-    return compiled
+        pytest.skip("no C++ compiler to build the kernels with")
+    return compiled.decoding_attention
 
 
 def beam_cache(rows, heads, length, size, room=7):
@@ -89,20 +91,24 @@ def test_the_kernel_names_what_it_refuses(kernel):
         kernel(query, key, torch.randn(2, 2, 4, 8), None, 1.0)
 
 
-def searched(model, input_ids, monkeypatch, kernel_built=True, **options):
-    """generate()'s output, and the calls of the kernel it made; `kernel_built=False`: as where it cannot be built."""
-    calls = []
-
-    def counting(module, query, key, value, attention_mask, scaling, **kwargs):
-        calls.append(query.shape)
-        return decoding_attention.decoding_attention(module, query, key, value, attention_mask, scaling, **kwargs)
-
-    with monkeypatch.context() as patch:
-        patch.setattr(generation_vaswani, "decoding_attention", counting)
+def searched(model, input_ids, monkeypatch, kernel_built=True, layers_kernel=True, output_scores=True, **options):
+    """generate()'s output, and the shapes of the queries of the attention kernel's calls it made, with the number of
+    the layers kernel's calls (from torch's profiler, where the kernels show); `kernel_built=False`: as where they
+    cannot be built; `layers_kernel=False`: the layers' modules compute every step."""
+    with monkeypatch.context() as patch, torch.profiler.profile(record_shapes=True) as profile:
         if not kernel_built:
-            patch.setattr(generation_vaswani, "compiled_kernel", lambda: None)
-        output = model.generate(input_ids, return_dict_in_generate=True, output_scores=True, **options)
-    return output, calls
+            patch.setattr(generation_vaswani, "compiled_kernels", lambda: None)
+        if not layers_kernel:
+            patch.setattr(generation_vaswani.DecoderLayersStep, "__call__", lambda *args, **kwargs: None)
+        output = model.generate(input_ids, return_dict_in_generate=True, output_scores=output_scores, **options)
+    events = profile.key_averages(group_by_input_shape=True)
+    queries = [
+        event.input_shapes[0]
+        for event in events
+        for _ in range(event.count)
+        if event.key == "vaswani::decoding_attention"
+    ]
+    return output, queries, sum(event.count for event in events if event.key == "vaswani::decoder_layers_step")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -118,21 +124,82 @@ def test_the_paper_searches_attend_with_the_kernel_at_each_step_and_decode_as_wi
     options = {"attention_mask": attention_mask, "num_beams": num_beams}
     trained_tiny_model = copy.deepcopy(trained_tiny_model).to(dtype)
     with torch.no_grad():
-        fast, calls = searched(trained_tiny_model, input_ids, monkeypatch, **options)
-        plain, no_calls = searched(trained_tiny_model, input_ids, monkeypatch, kernel_built=False, **options)
+        fast, queries, _ = searched(trained_tiny_model, input_ids, monkeypatch, **options)
+        plain, no_queries, no_steps = searched(
+            trained_tiny_model, input_ids, monkeypatch, kernel_built=False, **options
+        )
     layers = trained_tiny_model.config.decoder_layers
-    assert not no_calls and len(calls) == 2 * layers * len(fast.scores)  # every step, the start token's too
-    assert {shape[2] for shape in calls} == {1, num_beams}  # one query a row; a sentence's hypotheses together
+    assert not no_queries and not no_steps and len(queries) == 2 * layers * len(fast.scores)  # the start token's too
+    assert {shape[2] for shape in queries} == {1, num_beams}  # one query a row; a sentence's hypotheses together
     assert torch.equal(fast.sequences, plain.sequences)
     if dtype == torch.float32:  # in bfloat16 the two kernels round apart, and the step's scores with them
         torch.testing.assert_close(torch.stack(fast.scores), torch.stack(plain.scores))
-    with torch.profiler.profile() as profile:  # its time shows in a profile, as an operator's does
-        trained_tiny_model.generate(input_ids, **options)
-    kernel_events = [event for event in profile.key_averages() if event.key == "vaswani::decoding_attention"]
-    assert kernel_events and kernel_events[0].count == len(calls)
     assert all(
         module.step_attention is None for module in trained_tiny_model.modules() if hasattr(module, "step_attention")
     )
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("num_beams", [4, 1])
+def test_the_paper_searches_step_the_decoder_layers_in_one_kernel_call_bit_for_bit(
+    kernel, trained_tiny_model, translation_pairs, monkeypatch, num_beams, dtype
+):
+    """Every step after the start token's runs the decoder's layers as one call of the layers kernel, sentences
+    leaving the search and the cache growing past its room meanwhile; the translations are those of the layers'
+    modules, and the beam search's scores of every step are theirs bit for bit, in float32 and bfloat16 (greedy
+    search returns scores for every row, which keeps the batch whole and the layers to their modules); the decoder's
+    layers are its modules again after the search."""
+    input_ids, attention_mask = padded_sources(translation_pairs)
+    options = {"attention_mask": attention_mask, "num_beams": num_beams, "output_scores": num_beams > 1}
+    trained_tiny_model = copy.deepcopy(trained_tiny_model).to(dtype)
+    monkeypatch.setattr(generation_vaswani.BeamSearchCacheLayer, "room", 2)
+    with torch.no_grad():
+        fast, _, steps = searched(trained_tiny_model, input_ids, monkeypatch, **options)
+        plain, _, no_steps = searched(trained_tiny_model, input_ids, monkeypatch, layers_kernel=False, **options)
+    # Greedy search's rows grow by a token a call, the start token's first.
+    decoder_calls = len(fast.scores) if num_beams > 1 else fast.sequences.shape[1] - 1
+    assert steps == decoder_calls - 1 and no_steps == 0
+    assert decoder_calls > 2 * generation_vaswani.BeamSearchCacheLayer.room  # the buffer grew, twice at least
+    assert torch.equal(fast.sequences, plain.sequences)
+    if num_beams > 1:
+        assert all(torch.equal(a, b) for a, b in zip(fast.scores, plain.scores, strict=True))
+    assert trained_tiny_model.get_decoder().step_layers is None
+
+
+def test_a_hook_or_recorded_hidden_states_leave_the_steps_to_the_layers_modules(
+    kernel, trained_tiny_model, translation_pairs, monkeypatch
+):
+    """A forward hook on one of the decoder's modules runs at every step of a search, and a step asked for the layers'
+    hidden states returns every layer's: the layers kernel, which would skip both, computes neither step."""
+    input_ids, attention_mask = padded_sources(translation_pairs)
+    calls = []
+    handle = (
+        trained_tiny_model.get_decoder()
+        .layers[-1]
+        .feed_forward.fc1.register_forward_hook(lambda *args: calls.append(1))
+    )
+    try:
+        with torch.no_grad():
+            hooked, _, steps = searched(trained_tiny_model, input_ids, monkeypatch, attention_mask=attention_mask)
+    finally:
+        handle.remove()
+    assert steps == 0 and len(calls) == len(hooked.scores)
+
+    cache = EncoderDecoderCache(generation_vaswani.BeamSearchCache(), DynamicCache())
+    with torch.no_grad(), generation_vaswani.cpu_step_kernels(trained_tiny_model, True):
+        encoder_outputs = trained_tiny_model.get_encoder()(input_ids=input_ids, attention_mask=attention_mask)
+        start = torch.ones(input_ids.shape[0], 1, dtype=torch.long)
+        step = {
+            "encoder_outputs": encoder_outputs,
+            "attention_mask": attention_mask,
+            "cache": cache,
+            "use_cache": True,
+        }
+        trained_tiny_model(decoder_input_ids=start, **step)
+        with torch.profiler.profile() as profile:
+            output = trained_tiny_model(decoder_input_ids=start, output_hidden_states=True, **step)
+    assert not [event for event in profile.key_averages() if event.key == "vaswani::decoder_layers_step"]
+    assert len(output.decoder_hidden_states) == trained_tiny_model.config.decoder_layers + 1
 
 
 def test_eager_attention_keeps_transformers_attention(trained_tiny_model, translation_pairs, monkeypatch):
@@ -141,8 +208,8 @@ def test_eager_attention_keeps_transformers_attention(trained_tiny_model, transl
     eager = copy.deepcopy(trained_tiny_model)
     eager.set_attn_implementation("eager")
     with torch.no_grad():
-        _, calls = searched(eager, input_ids, monkeypatch, attention_mask=attention_mask)
-    assert not calls
+        _, queries, _ = searched(eager, input_ids, monkeypatch, attention_mask=attention_mask)
+    assert not queries
 
 
 def test_where_the_kernel_cannot_be_built_decoding_warns_once_and_uses_torchs(
@@ -154,13 +221,13 @@ def test_where_the_kernel_cannot_be_built_decoding_warns_once_and_uses_torchs(
     def no_compiler(*args, **kwargs):
         raise RuntimeError("Error building extension: c++: command not found")
 
-    uncached = functools.cache(decoding_attention.compiled_kernel.__wrapped__)
+    uncached = functools.cache(decoding_kernels.compiled_kernels.__wrapped__)
     monkeypatch.setattr(cpp_extension, "load_inline", no_compiler)
-    monkeypatch.setattr(generation_vaswani, "compiled_kernel", uncached)
+    monkeypatch.setattr(generation_vaswani, "compiled_kernels", uncached)
     input_ids, attention_mask = padded_sources(translation_pairs)
     with pytest.warns(UserWarning, match="c\\+\\+: command not found"), torch.no_grad():
-        output, calls = searched(trained_tiny_model, input_ids, monkeypatch, attention_mask=attention_mask)
-    assert not calls and output.sequences.shape[0] == input_ids.shape[0]
+        output, queries, steps = searched(trained_tiny_model, input_ids, monkeypatch, attention_mask=attention_mask)
+    assert not queries and not steps and output.sequences.shape[0] == input_ids.shape[0]
 
 
 def test_each_torch_version_and_instruction_set_builds_a_kernel_of_its_own(monkeypatch):
@@ -170,11 +237,11 @@ def test_each_torch_version_and_instruction_set_builds_a_kernel_of_its_own(monke
 
     def recording(name, **kwargs):
         names.append(name)
-        return types.SimpleNamespace(decoding_attention=None)
+        return types.SimpleNamespace()
 
     monkeypatch.setattr(cpp_extension, "load_inline", recording)
     for version, capability in (("2.13.0+cpu", "AVX2"), ("2.15.0+cu128", "AVX2"), ("2.13.0+cpu", "AVX512")):
         monkeypatch.setattr(torch, "__version__", version)
         monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
-        decoding_attention.compiled_kernel.__wrapped__()
+        decoding_kernels.compiled_kernels.__wrapped__()
     assert len(set(names)) == 3 and all(name.isidentifier() for name in names)
