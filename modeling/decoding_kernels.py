@@ -4,7 +4,8 @@ At a decoding step each hypothesis has one query. torch's CPU attention kernel, 
 takes 1.6 to 1.9 times as long there as `decoding_attention`, which reads each head's keys, then its values, once for
 all the queries that attend to them (a sentence's hypotheses, in the encoder-decoder attention). It computes what
 torch's kernel computes, with the additions in another order: in float32 (within 1e-6), from float32 or bfloat16 keys
-and values. `decoder_layers_step` runs the decoder's layers of a step: the operators their modules call, in the same
+and values. `copy_cache_rows` copies the rows of a beam search's self-attention cache in one pass, each (row, head)
+one block. `decoder_layers_step` runs the decoder's layers of a step: the operators their modules call, in the same
 order, with no Python between them (a module's Python costs as much as its operators at the few rows of a step), so
 it gives their results bit for bit. torch's extension builder compiles the kernels with the machine's C++ compiler and
 ninja into torch's extension cache, once per torch version and CPU instruction set (a cache shared by machines of
@@ -30,6 +31,7 @@ SOURCE = r"""
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <optional>
 #include <vector>
@@ -190,6 +192,39 @@ torch::Tensor decoder_layers_step(
   }
   return hidden;
 }
+
+// Rows sources[i] of src, a self-attention cache buffer (2, rows, heads, room, size), copied into rows targets[i] of
+// dst, of the same layout, for their first `filled` positions; each (row, head) one contiguous block. Where src is dst,
+// no row may be both a source and a target (the beam search's moved rows never are).
+void copy_cache_rows(const torch::Tensor& src, const torch::Tensor& dst, const torch::Tensor& sources,
+                     const torch::Tensor& targets, int64_t filled) {
+  RECORD_FUNCTION("vaswani::copy_cache_rows", std::vector<c10::IValue>({src, sources}));
+  TORCH_CHECK(src.dim() == 5 && dst.dim() == 5 && src.size(0) == 2 && dst.size(0) == 2 && src.is_contiguous() &&
+                  dst.is_contiguous() && src.scalar_type() == dst.scalar_type() && src.size(2) == dst.size(2) &&
+                  src.size(4) == dst.size(4),
+              "src and dst must be contiguous cache buffers (2, rows, heads, room, size) of one type and shape");
+  TORCH_CHECK(filled >= 0 && filled <= src.size(3) && filled <= dst.size(3), "filled exceeds a buffer's room");
+  TORCH_CHECK(sources.scalar_type() == torch::kLong && targets.scalar_type() == torch::kLong && sources.dim() == 1 &&
+                  targets.dim() == 1 && sources.numel() == targets.numel() && sources.is_contiguous() &&
+                  targets.is_contiguous(),
+              "sources and targets must be int64 vectors of one length");
+  const int64_t pairs = sources.numel(), heads = src.size(2);
+  const int64_t* from_row = sources.data_ptr<int64_t>();
+  const int64_t* to_row = targets.data_ptr<int64_t>();
+  for (int64_t i = 0; i < pairs; ++i)
+    TORCH_CHECK(from_row[i] >= 0 && from_row[i] < src.size(1) && to_row[i] >= 0 && to_row[i] < dst.size(1),
+                "a source or target row out of the buffers' rows");
+  const int64_t item = src.element_size(), bytes = filled * src.size(4) * item;
+  const char* from = static_cast<const char*>(src.data_ptr());
+  char* to = static_cast<char*>(dst.data_ptr());
+  at::parallel_for(0, 2 * pairs * heads, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t half = task / (pairs * heads), i = task / heads % pairs, h = task % heads;
+      std::memcpy(to + (half * dst.stride(0) + to_row[i] * dst.stride(1) + h * dst.stride(2)) * item,
+                  from + (half * src.stride(0) + from_row[i] * src.stride(1) + h * src.stride(2)) * item, bytes);
+    }
+  });
+}
 """
 
 # The reductions in the kernel's loops vectorize only where additions may be reordered; no flag assumes finite
@@ -203,8 +238,8 @@ INSTRUCTION_SETS = {
 
 @functools.cache
 def compiled_kernels():
-    """The kernels' module (`decoding_attention`, `decoder_layers_step`), compiled and loaded once a process; None where
-    they cannot be built (a warning says why)."""
+    """The kernels' module (`decoding_attention`, `decoder_layers_step`, `copy_cache_rows`), compiled and loaded once a
+    process; None where they cannot be built (a warning says why)."""
     # Imported here, not with the model: a CUDA build of torch logs where it looked for CUDA when its extension builder
     # is first imported, a line every command would print; quieted, as a CPU kernel needs no CUDA.
     builder_log = logging.getLogger("torch.utils.cpp_extension")
@@ -222,7 +257,7 @@ def compiled_kernels():
         extension = cpp_extension.load_inline(
             name=f"vaswani_decoding_kernels_{torch_version}_{capability.lower()}",
             cpp_sources=[SOURCE],
-            functions=["decoding_attention", "decoder_layers_step"],
+            functions=["decoding_attention", "decoder_layers_step", "copy_cache_rows"],
             extra_cflags=FLAGS + INSTRUCTION_SETS.get(capability, []),
             extra_ldflags=["-fopenmp"],
         )

@@ -369,9 +369,19 @@ class BeamSearchCacheLayer(DynamicLayer):
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         """Keep row `beam_idx[i]` as row i (fewer rows where sentences left the batch)."""
         buffer = self.buffer.new_empty((2, beam_idx.shape[0], *self.buffer.shape[2:]))
-        torch.index_select(self.buffer[:, :, :, : self.filled], 1, beam_idx, out=buffer[:, :, :, : self.filled])
+        self.copy_rows(buffer, beam_idx, torch.arange(beam_idx.shape[0], device=beam_idx.device))
         self.buffer = buffer
         self.show_filled()
+
+    def copy_rows(self, buffer: torch.Tensor, sources: torch.Tensor, targets: torch.Tensor) -> None:
+        """Rows `sources` of the buffer's filled positions into rows `targets` of `buffer` (this one's, or another of
+        its layout; where this one's, no row both): on the CPU by vaswani's kernel, in one pass."""
+        kernels = compiled_kernels() if buffer.device.type == "cpu" else None
+        if kernels is not None:
+            kernels.copy_cache_rows(self.buffer, buffer, sources.contiguous(), targets.contiguous(), self.filled)
+        else:
+            held = buffer[:, :, :, : self.filled]
+            held.index_copy_(1, targets, self.buffer[:, :, :, : self.filled].index_select(1, sources))
 
 
 class BeamSearchCache(DynamicCache):
@@ -402,7 +412,9 @@ def copy_cache_rows(cache, sources: torch.Tensor, targets: torch.Tensor, filled:
     in place, for the `filled` positions it holds; the other rows keep theirs. A layer of a kind that holds its keys
     and values otherwise (quantized, offloaded) is reordered whole, by its own method."""
     for layer in cache.self_attention_cache.layers:
-        if layer.is_compileable or type(layer) in (DynamicLayer, BeamSearchCacheLayer):
+        if type(layer) is BeamSearchCacheLayer:
+            layer.copy_rows(layer.buffer, sources, targets)
+        elif layer.is_compileable or type(layer) is DynamicLayer:
             for states in (layer.keys, layer.values):
                 held = states[:, :, :filled]
                 held.index_copy_(0, targets, held.index_select(0, sources))

@@ -91,6 +91,28 @@ def test_the_kernel_names_what_it_refuses(kernel):
         kernel(query, key, torch.randn(2, 2, 4, 8), None, 1.0)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_copy_cache_rows_moves_the_filled_positions_of_the_rows_asked_and_nothing_else(kernel, dtype):
+    """Within a cache buffer (a beam search's moved rows) and into another (the rows kept where sentences leave), as
+    torch's index_copy_ and index_select do: the filled positions of every head, keys and values; the other rows and
+    the room after the filled positions untouched."""
+    copy_rows = decoding_kernels.compiled_kernels().copy_cache_rows
+    buffer = torch.randn(2, 6, 3, 9, 5).to(dtype)
+    expected = buffer.clone()
+    sources, targets = torch.tensor([4, 0, 4]), torch.tensor([1, 3, 5])
+    expected[:, targets, :, :7] = buffer[:, sources, :, :7]
+    copy_rows(buffer, buffer, sources, targets, 7)
+    assert torch.equal(buffer, expected)
+    kept = torch.tensor([5, 2, 2])
+    fewer = torch.zeros(2, 3, 3, 9, 5, dtype=dtype)
+    copy_rows(buffer, fewer, kept, torch.arange(3), 7)
+    assert torch.equal(fewer[:, :, :, :7], buffer[:, kept, :, :7]) and not fewer[:, :, :, 7:].any()
+    with pytest.raises(RuntimeError, match="out of the buffers' rows"):
+        copy_rows(buffer, fewer, torch.tensor([6]), torch.tensor([0]), 7)
+    with pytest.raises(RuntimeError, match="room"):
+        copy_rows(buffer, fewer, kept, torch.arange(3), 10)
+
+
 def searched(model, input_ids, monkeypatch, kernel_built=True, layers_kernel=True, output_scores=True, **options):
     """generate()'s output, and the shapes of the queries of the attention kernel's calls it made, with the number of
     the layers kernel's calls (from torch's profiler, where the kernels show); `kernel_built=False`: as where they
