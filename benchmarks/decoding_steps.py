@@ -34,7 +34,13 @@ VASWANI_ROWS, NAMES = [BEAM, GREEDY], [BEAM, GREEDY, CT2_BEAM, CT2_GREEDY]
 GROUPS = {
     "matrix products": ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "mkldnn::_linear_pointwise"),
     "attention": ("scaled_dot_product", "vaswani::decoding_attention"),
-    "cache reorders and copies": ("aten::index_select", "aten::index_copy", "aten::copy_", "aten::cat"),
+    "cache reorders and copies": (
+        "aten::index_select",
+        "aten::index_copy",
+        "aten::copy_",
+        "aten::cat",
+        "vaswani::copy_cache_rows",
+    ),
     "topk and log_softmax": ("aten::topk", "log_softmax"),
 }
 TOP = 12  # operators listed by name
