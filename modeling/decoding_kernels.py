@@ -1,16 +1,18 @@
-"""The CPU kernels of a one-token decoding step, in C++, compiled on first use: its attention, and its decoder layers.
+"""The CPU kernels of a one-token decoding step, in C++, compiled on first use: its attention, its decoder layers, and
+the beam search's choice of continuations.
 
 At a decoding step each hypothesis has one query. torch's CPU attention kernel, built for long sequences of queries,
-takes 1.6 to 1.9 times as long there as `decoding_attention`, which reads each head's keys, then its values, once for
-all the queries that attend to them (a sentence's hypotheses, in the encoder-decoder attention). It computes what
-torch's kernel computes, with the additions in another order: in float32 (within 1e-6), from float32 or bfloat16 keys
-and values. `copy_cache_rows` copies the rows of a beam search's self-attention cache in one pass, each (row, head)
-one block. `decoder_layers_step` runs the decoder's layers of a step: the operators their modules call, in the same
-order, with no Python between them (a module's Python costs as much as its operators at the few rows of a step), so
-it gives their results bit for bit. torch's extension builder compiles the kernels with the machine's C++ compiler and
-ninja into torch's extension cache, once per torch version and CPU instruction set (a cache shared by machines of
-different CPUs stays valid). Where they cannot be built, decoding uses torch's attention kernel and the layers'
-modules, and says so once.
+takes 1.7 to 3 times as long there as `decoding_attention`, which keeps its sums in registers, sixteen numbers at a
+time, and attends a sentence's hypotheses to its encoder output in one task. It computes what torch's kernel computes,
+with the additions in another order: in float32 (within 1e-6), from float32 or bfloat16 keys and values.
+`best_continuations` picks each sentence's best continuations in one pass over the step's log-probabilities, in a
+quarter of the time torch's top-k takes over them summed with the hypotheses' scores. `copy_cache_rows` copies the
+rows of a beam search's self-attention cache in one pass, each (row, head) one block. `decoder_layers_step` runs the
+decoder's layers of a step: the operators their modules call, in the same order, with no Python between them (a
+module's Python costs as much as its operators at the few rows of a step), so it gives their results bit for bit.
+torch's extension builder compiles the kernels with the machine's C++ compiler and ninja into torch's extension cache,
+once per torch version and CPU instruction set (a cache shared by machines of different CPUs stays valid). Where they
+cannot be built, decoding uses torch's attention kernel, the layers' modules and torch's top-k, and says so once.
 """
 
 import functools
@@ -21,8 +23,8 @@ import warnings
 import torch
 
 
-# Section 3.2.1's softmax(q K^T * scale) V for a decoding step, and section 3.1's decoder layers. In this file, not
-# one of their own, so that a saved model's folder, whose code transformers loads file by file
+# Section 3.2.1's softmax(q K^T * scale) V for a decoding step, section 3.1's decoder layers and section 6.1's beam.
+# In this file, not one of their own, so that a saved model's folder, whose code transformers loads file by file
 # (configuration_vaswani.remote_code_files), holds them.
 SOURCE = r"""
 #include <ATen/Parallel.h>
@@ -31,13 +33,54 @@ SOURCE = r"""
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <limits>
 #include <optional>
 #include <vector>
 
+// Sixteen floats, one AVX-512 register or two AVX2 ones: the unit of the loops below, which keep their sums in
+// registers (GCC's and Clang's vector extension, lowered to the instruction set the kernels are built for).
+typedef float floats16 __attribute__((vector_size(64)));
+typedef int32_t ints16 __attribute__((vector_size(64)));  // a comparison's lanes: -1 where true, 0 where not
+
+inline floats16 load16(const float* p) {
+  floats16 x;
+  std::memcpy(&x, p, sizeof x);
+  return x;
+}
+
+inline floats16 load16(const at::BFloat16* p) {  // a bfloat16 is a float's upper 16 bits
+  typedef uint16_t halves16 __attribute__((vector_size(32)));
+  typedef uint32_t words16 __attribute__((vector_size(64)));
+  halves16 h;
+  std::memcpy(&h, p, sizeof h);
+  const words16 w = __builtin_convertvector(h, words16) << 16;
+  floats16 x;
+  std::memcpy(&x, &w, sizeof x);
+  return x;
+}
+
+inline float sum16(floats16 x) {
+  float total = 0.f;
+  for (int u = 0; u < 16; ++u) total += x[u];
+  return total;
+}
+
+// q . k over `size` numbers: sixteen at a time, the rest one by one.
+template <typename scalar_t>
+inline float dot(const float* q, const scalar_t* k, int64_t size) {
+  floats16 partial = {};
+  int64_t j = 0;
+  for (; j + 16 <= size; j += 16) partial += load16(q + j) * load16(k + j);
+  float total = sum16(partial);
+  for (; j < size; ++j) total += q[j] * static_cast<float>(k[j]);
+  return total;
+}
+
 // The loops of one (batch row, head) per task, for query, key and value of one type: float, or bfloat16 read as float
-// (the sums are float either way).
+// (the sums are float either way). Each query's scores take four keys at a time, its weighted sum of the values 64
+// of their numbers at a time, so that independent sums overlap.
 template <typename scalar_t>
 void attend(const torch::Tensor& query, const torch::Tensor& key, const torch::Tensor& value, const bool* allowed,
             int64_t mask_batch, int64_t mask_query, int64_t mask_position, float factor, torch::Tensor& output) {
@@ -48,46 +91,63 @@ void attend(const torch::Tensor& query, const torch::Tensor& key, const torch::T
   const scalar_t* v = value.data_ptr<scalar_t>();
   scalar_t* out = output.data_ptr<scalar_t>();
   const float minus_inf = -std::numeric_limits<float>::infinity();
+  const int64_t key_stride = key.stride(2), value_stride = value.stride(2);
 
   at::parallel_for(0, batch * heads, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> query_values(queries * key_size), weights(queries * length), sums(queries * value_size);
+    std::vector<float> query_values(key_size), weights(length), sums(value_size);
     for (int64_t row = begin; row < end; ++row) {
       const int64_t b = row / heads, h = row % heads;
       const scalar_t* keys = k + b * key.stride(0) + h * key.stride(1);
       const scalar_t* values = v + b * value.stride(0) + h * value.stride(1);
-      for (int64_t i = 0; i < queries; ++i)
-        for (int64_t j = 0; j < key_size; ++j)
-          query_values[i * key_size + j] = static_cast<float>(q[b * query.stride(0) + h * query.stride(1) +
-                                                                i * query.stride(2) + j]);
-      for (int64_t t = 0; t < length; ++t) {  // each key read once, for every query
-        const scalar_t* key_t = keys + t * key.stride(2);
-        for (int64_t i = 0; i < queries; ++i) {
-          const float* query_i = query_values.data() + i * key_size;
-          float dot = 0.f;
-          for (int64_t j = 0; j < key_size; ++j) dot += query_i[j] * static_cast<float>(key_t[j]);
-          const bool keep = allowed == nullptr || allowed[b * mask_batch + i * mask_query + t * mask_position];
-          weights[i * length + t] = keep ? dot * factor : minus_inf;
-        }
-      }
-      for (int64_t i = 0; i < queries; ++i) {  // softmax over the positions
-        float* w = weights.data() + i * length;
-        const float largest = *std::max_element(w, w + length);
-        float total = 0.f;
-        for (int64_t t = 0; t < length; ++t) total += (w[t] = std::exp(w[t] - largest));
-        for (int64_t t = 0; t < length; ++t) w[t] /= total;
-      }
-      std::fill(sums.begin(), sums.end(), 0.f);
-      for (int64_t t = 0; t < length; ++t) {  // each value read once, for every query
-        const scalar_t* value_t = values + t * value.stride(2);
-        for (int64_t i = 0; i < queries; ++i) {
-          const float weight = weights[i * length + t];
-          float* sum = sums.data() + i * value_size;
-          for (int64_t j = 0; j < value_size; ++j) sum[j] += weight * static_cast<float>(value_t[j]);
-        }
-      }
       for (int64_t i = 0; i < queries; ++i) {
+        const float* query_i = query_values.data();
+        for (int64_t j = 0; j < key_size; ++j)
+          query_values[j] = static_cast<float>(q[b * query.stride(0) + h * query.stride(1) + i * query.stride(2) + j]);
+        float* w = weights.data();
+        int64_t t = 0;
+        if (key_size % 16 == 0) {
+          for (; t + 4 <= length; t += 4) {
+            floats16 s0 = {}, s1 = {}, s2 = {}, s3 = {};
+            const scalar_t* k0 = keys + t * key_stride;
+            for (int64_t j = 0; j < key_size; j += 16) {
+              const floats16 x = load16(query_i + j);
+              s0 += x * load16(k0 + j);
+              s1 += x * load16(k0 + key_stride + j);
+              s2 += x * load16(k0 + 2 * key_stride + j);
+              s3 += x * load16(k0 + 3 * key_stride + j);
+            }
+            w[t] = sum16(s0), w[t + 1] = sum16(s1), w[t + 2] = sum16(s2), w[t + 3] = sum16(s3);
+          }
+        }
+        for (; t < length; ++t) w[t] = dot(query_i, keys + t * key_stride, key_size);
+        float largest = minus_inf;
+        for (t = 0; t < length; ++t) {
+          const bool keep = allowed == nullptr || allowed[b * mask_batch + i * mask_query + t * mask_position];
+          w[t] = keep ? w[t] * factor : minus_inf;
+          largest = std::max(largest, w[t]);
+        }
+        float total = 0.f;
+        for (t = 0; t < length; ++t) total += (w[t] = std::exp(w[t] - largest));
+        const float normaliser = 1.f / total;
         scalar_t* target = out + ((b * queries + i) * heads + h) * value_size;
-        for (int64_t j = 0; j < value_size; ++j) target[j] = static_cast<scalar_t>(sums[i * value_size + j]);
+        int64_t j = 0;
+        for (; j + 64 <= value_size; j += 64) {
+          floats16 a0 = {}, a1 = {}, a2 = {}, a3 = {};
+          for (t = 0; t < length; ++t) {
+            const scalar_t* value_t = values + t * value_stride + j;
+            const float weight = w[t];
+            a0 += weight * load16(value_t), a1 += weight * load16(value_t + 16);
+            a2 += weight * load16(value_t + 32), a3 += weight * load16(value_t + 48);
+          }
+          const floats16 parts[4] = {a0, a1, a2, a3};
+          for (int p = 0; p < 4; ++p)
+            for (int u = 0; u < 16; ++u) target[j + 16 * p + u] = static_cast<scalar_t>(parts[p][u] * normaliser);
+        }
+        for (; j < value_size; ++j) {
+          float sum = 0.f;
+          for (t = 0; t < length; ++t) sum += w[t] * static_cast<float>(values[t * value_stride + j]);
+          target[j] = static_cast<scalar_t>(sum * normaliser);
+        }
       }
     }
   });
@@ -129,6 +189,89 @@ torch::Tensor decoding_attention(
   else
     attend<at::BFloat16>(query, key, value, allowed, mask_batch, mask_query, mask_position, factor, output);
   return output;
+}
+
+// Section 6.1's beam at one step, for each sentence searched: log_probs holds `width` rows a sentence, one for each
+// of its live hypotheses (row r extends hypothesis held[s][r], of summed log-probability row_scores[s][r]). Returns
+// the `count` best one-token continuations of each sentence, as generation_vaswani.best_continuations computes them:
+// their summed scores (-inf at or below the lowest float: an ending forced where no processor allowed one), best
+// first, equal ones by hypothesis, then token; the row each extends; and their ids, hypothesis * vocabulary + token.
+// Chosen by the summed score (NaN above every number, as torch's top-k ranks it), then the id. 64 tokens at a time
+// are compared with the worst one kept, and placed one by one only where one of them is not below it.
+std::vector<torch::Tensor> best_continuations(const torch::Tensor& log_probs, const torch::Tensor& row_scores,
+                                              const torch::Tensor& held, int64_t count) {
+  RECORD_FUNCTION("vaswani::best_continuations", std::vector<c10::IValue>({log_probs}));
+  TORCH_CHECK(log_probs.dim() == 3 && log_probs.scalar_type() == torch::kFloat && log_probs.stride(2) == 1,
+              "log_probs must be a float32 (sentences, width, vocabulary) tensor, contiguous in its last dimension");
+  const int64_t sentences = log_probs.size(0), width = log_probs.size(1), vocab = log_probs.size(2);
+  TORCH_CHECK(row_scores.scalar_type() == torch::kFloat && held.scalar_type() == torch::kLong &&
+                  row_scores.sizes() == held.sizes() && row_scores.dim() == 2 && row_scores.size(0) == sentences &&
+                  row_scores.size(1) == width,
+              "row_scores (float32) and held (int64) must be (sentences, width)");
+  TORCH_CHECK(count >= 1 && count <= width * vocab, "count must be between 1 and width * vocabulary");
+  const auto scores_in = row_scores.contiguous();
+  const auto held_in = held.contiguous();
+  auto scores = torch::empty({sentences, count}, log_probs.options());
+  auto rows = torch::empty({sentences, count}, held.options());
+  auto ids = torch::empty({sentences, count}, held.options());
+  const float* lp = log_probs.data_ptr<float>();
+  const float* rs = scores_in.data_ptr<float>();
+  const int64_t* hs = held_in.data_ptr<int64_t>();
+  float* out_scores = scores.data_ptr<float>();
+  int64_t* out_rows = rows.data_ptr<int64_t>();
+  int64_t* out_ids = ids.data_ptr<int64_t>();
+  const float lowest = std::numeric_limits<float>::lowest();
+  struct Candidate {
+    float score;
+    int64_t id, row;
+  };
+  // a before b: NaN first, then the higher score, then the lower id
+  const auto before = [](const Candidate& a, const Candidate& b) {
+    const bool a_nan = std::isnan(a.score), b_nan = std::isnan(b.score);
+    if (a_nan != b_nan) return a_nan;
+    if (!a_nan && a.score != b.score) return a.score > b.score;
+    return a.id < b.id;
+  };
+  at::parallel_for(0, sentences, 1, [&](int64_t begin, int64_t end) {
+    std::vector<Candidate> kept;
+    kept.reserve(count + 1);
+    for (int64_t s = begin; s < end; ++s) {
+      kept.clear();
+      for (int64_t r = 0; r < width; ++r) {
+        const float* row = lp + s * log_probs.stride(0) + r * log_probs.stride(1);
+        const float base = rs[s * width + r];
+        const int64_t first_id = hs[s * width + r] * vocab;
+        const auto place = [&](int64_t token) {
+          const Candidate candidate{base + row[token], first_id + token, r};
+          if (static_cast<int64_t>(kept.size()) == count && !before(candidate, kept.back())) return;
+          kept.insert(std::upper_bound(kept.begin(), kept.end(), candidate, before), candidate);
+          if (static_cast<int64_t>(kept.size()) > count) kept.pop_back();
+        };
+        int64_t token = 0;
+        for (; token + 64 <= vocab; token += 64) {
+          if (static_cast<int64_t>(kept.size()) == count) {  // not one of the 64 below the worst kept: none placed
+            const float worst = kept.back().score;
+            const ints16 below = (base + load16(row + token) < worst) & (base + load16(row + token + 16) < worst) &
+                                 (base + load16(row + token + 32) < worst) & (base + load16(row + token + 48) < worst);
+            int all = -1;
+            for (int u = 0; u < 16; ++u) all &= below[u];
+            if (all) continue;
+          }
+          for (int64_t u = token; u < token + 64; ++u) place(u);
+        }
+        for (; token < vocab; ++token) place(token);
+      }
+      for (auto& candidate : kept)
+        if (candidate.score <= lowest) candidate.score = -std::numeric_limits<float>::infinity();
+      std::stable_sort(kept.begin(), kept.end(), before);
+      for (int64_t c = 0; c < count; ++c) {
+        out_scores[s * count + c] = kept[c].score;
+        out_rows[s * count + c] = kept[c].row;
+        out_ids[s * count + c] = kept[c].id;
+      }
+    }
+  });
+  return {scores, rows, ids};
 }
 
 // x W^T + b by oneDNN, from W packed for its kernels (generation_vaswani.packed_linear, the same operator).
@@ -238,8 +381,8 @@ INSTRUCTION_SETS = {
 
 @functools.cache
 def compiled_kernels():
-    """The kernels' module (`decoding_attention`, `decoder_layers_step`, `copy_cache_rows`), compiled and loaded once a
-    process; None where they cannot be built (a warning says why)."""
+    """The kernels' module (`decoding_attention`, `decoder_layers_step`, `copy_cache_rows`, `best_continuations`),
+    compiled and loaded once a process; None where they cannot be built (a warning says why)."""
     # Imported here, not with the model: a CUDA build of torch logs where it looked for CUDA when its extension builder
     # is first imported, a line every command would print; quieted, as a CPU kernel needs no CUDA.
     builder_log = logging.getLogger("torch.utils.cpp_extension")
@@ -257,7 +400,7 @@ def compiled_kernels():
         extension = cpp_extension.load_inline(
             name=f"vaswani_decoding_kernels_{torch_version}_{capability.lower()}",
             cpp_sources=[SOURCE],
-            functions=["decoding_attention", "decoder_layers_step", "copy_cache_rows"],
+            functions=["decoding_attention", "decoder_layers_step", "copy_cache_rows", "best_continuations"],
             extra_cflags=FLAGS + INSTRUCTION_SETS.get(capability, []),
             extra_ldflags=["-fopenmp"],
         )

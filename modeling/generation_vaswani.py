@@ -568,8 +568,9 @@ class DecoderLayersStep:
     modeling/decoding_kernels.py): the operators their modules call, in their order, with no module, mask or Python
     between them, so that the step's output is theirs bit for bit. It takes a step where the layers' modules would
     compute nothing else: nothing recorded (attentions, hidden states), the self-attention cache the searches' own
-    (`BeamSearchCacheLayer`), the encoder-decoder keys and values already projected, and masks the attention kernel
-    reads (none, or boolean); else it returns None and the modules compute the step."""
+    (`BeamSearchCacheLayer`), the encoder-decoder keys and values already projected, and padding masks (none, or
+    (batch, length)); else it returns None and the modules compute the step. A single query's causal mask is its
+    padding mask, so the masks are read as given, as transformers' masks for torch's kernel would hold them."""
 
     def __init__(self, decoder, packed: dict):
         self.config, self.kernel = decoder.config, compiled_kernels().decoder_layers_step
@@ -595,7 +596,7 @@ class DecoderLayersStep:
             linears += [cross.q_proj, cross.out_proj, feed_forward.fc1, feed_forward.fc2]
         return linears
 
-    def __call__(self, hidden_states, causal_mask, encoder_attention_mask, cache, **kwargs) -> torch.Tensor | None:
+    def __call__(self, hidden_states, attention_mask, encoder_attention_mask, cache, **kwargs) -> torch.Tensor | None:
         recording = any(
             kwargs.get(flag, getattr(self.config, flag)) for flag in ("output_attentions", "output_hidden_states")
         )
@@ -606,7 +607,7 @@ class DecoderLayersStep:
             return None
         if not all(cache.is_updated.get(index) for index in range(len(layers))):
             return None
-        if any(mask is not None and mask.dtype != torch.bool for mask in (causal_mask, encoder_attention_mask)):
+        if any(mask is not None and mask.dim() != 2 for mask in (attention_mask, encoder_attention_mask)):
             return None
         for layer in layers:
             layer.make_room(layer.keys, layer.values, 1)
@@ -619,8 +620,10 @@ class DecoderLayersStep:
             [layer.buffer for layer in layers],
             layers[0].filled,
             cross,
-            causal_mask,
-            encoder_attention_mask,
+            *(
+                None if mask is None else mask[:, None, None, :].bool()
+                for mask in (attention_mask, encoder_attention_mask)
+            ),
             *self.sizes,
             self.scaling,
         )
@@ -707,6 +710,24 @@ def no_forced_ending(scores: torch.Tensor) -> torch.Tensor:
     return scores.masked_fill(scores <= torch.finfo(scores.dtype).min, -float("inf"))
 
 
+def best_continuations(log_probs, row_scores, held, count) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The `count` best one-token continuations of each sentence's live hypotheses: `log_probs` (sentences, width,
+    vocabulary), where row r of a sentence extends its hypothesis `held[:, r]`, of summed log-probability
+    `row_scores[:, r]`. Returns their summed scores, best first (`no_forced_ending`); the row each extends; and their
+    ids, hypothesis * vocabulary + token, which order equal scores (the earlier hypothesis, then the lower token). On
+    the CPU, vaswani's kernel (modeling/decoding_kernels.py) reads the log-probabilities once and gives the same,
+    choosing among candidates equal at the last place by id, where torch's top-k leaves the choice to its kernel."""
+    kernels = compiled_kernels() if log_probs.device.type == "cpu" and log_probs.dtype == torch.float32 else None
+    if kernels is not None:
+        return tuple(kernels.best_continuations(log_probs, row_scores, held, count))
+    sentences, width, vocab_size = log_probs.shape
+    scores, positions = (row_scores[:, :, None] + log_probs).view(sentences, -1).topk(count, dim=1)
+    rows, tokens = positions // vocab_size, positions % vocab_size
+    ids, by_id = (held.gather(1, rows) * vocab_size + tokens).sort(dim=1)
+    scores, order = best_first(no_forced_ending(scores.gather(1, by_id)), count)
+    return scores, rows.gather(1, by_id).gather(1, order), ids.gather(1, order)
+
+
 @dataclass
 class Candidates:
     """The 2k best one-token continuations of a sentence's k live hypotheses, best first, per sentence searched:
@@ -791,13 +812,9 @@ class BeamSearchState:
         searched, num_beams, cur_len = self.live.shape
         vocab_size = log_probs.shape[-1]
         row_scores = self.live_scores.gather(1, self.held)
-        totals = (row_scores[:, :, None] + log_probs.view(searched, num_beams, vocab_size)).view(searched, -1)
-        scores, ids = totals.topk(2 * num_beams, dim=1)
-        rows, tokens = ids // vocab_size, ids % vocab_size
-        # In candidate order (the hypothesis extended, best first, then the token), which breaks a tie.
-        ids, by_id = (self.held.gather(1, rows) * vocab_size + tokens).sort(dim=1)
-        scores, order = best_first(no_forced_ending(scores.gather(1, by_id)), 2 * num_beams)
-        ids, rows = ids.gather(1, order), rows.gather(1, by_id).gather(1, order)
+        scores, rows, ids = best_continuations(
+            log_probs.view(searched, num_beams, vocab_size), row_scores, self.held, 2 * num_beams
+        )
         origin, tokens = ids // vocab_size, ids % vocab_size
         sequences = torch.cat((self.live.gather(1, origin[:, :, None].expand(-1, -1, cur_len)), tokens[:, :, None]), 2)
         history = self.live_beams.gather(1, origin[:, :, None].expand(-1, -1, self.live_beams.shape[2]))

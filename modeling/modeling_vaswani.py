@@ -507,7 +507,8 @@ class VaswaniDecoder(VaswaniPreTrainedModel):
         self.dropout = config.dropout
         self.layers = nn.ModuleList([VaswaniDecoderLayer(config, i) for i in range(config.decoder_layers)])
         # The layers of one-token decoding steps as one kernel call, where the paper's searches on the CPU set one
-        # (generation_vaswani.decoder_layers_kernel); it returns None at a step it leaves to the layers' modules.
+        # (generation_vaswani.decoder_layers_kernel). It reads the padding masks as given, since a single query's causal
+        # mask is its padding mask; it returns None at a step it leaves to the layers' modules.
         self.step_layers = None
         self.post_init()
 
@@ -558,6 +559,10 @@ class VaswaniDecoder(VaswaniPreTrainedModel):
             position_ids = positions_of(attention_mask, length, past_length, inputs_embeds.device)
         positions = self.embed_positions(position_ids, inputs_embeds.dtype)
         hidden_states = nn.functional.dropout(inputs_embeds + positions, p=self.dropout, training=self.training)
+        if self.step_layers is not None and length == 1:
+            stepped = self.step_layers(hidden_states, attention_mask, encoder_attention_mask, cache, **kwargs)
+            if stepped is not None:
+                return BaseModelOutputWithPastAndCrossAttentions(last_hidden_state=stepped, cache=cache)
         causal_mask = create_causal_mask(
             config=self.config,
             inputs_embeds=inputs_embeds,
@@ -570,11 +575,6 @@ class VaswaniDecoder(VaswaniPreTrainedModel):
             attention_mask=encoder_attention_mask,
             encoder_hidden_states=encoder_hidden_states,
         )
-        stepped = None
-        if self.step_layers is not None and length == 1:
-            stepped = self.step_layers(hidden_states, causal_mask, encoder_attention_mask, cache, **kwargs)
-        if stepped is not None:
-            return BaseModelOutputWithPastAndCrossAttentions(last_hidden_state=stepped, cache=cache)
         for layer in self.layers:
             hidden_states = layer(
                 hidden_states,

@@ -31,12 +31,13 @@ def beam_cache(rows, heads, length, size, room=7):
 
 
 @pytest.mark.parametrize("length", [1, 5, 37])
-@pytest.mark.parametrize("value_size", [8, 12])
-def test_self_attention_step_equals_torchs(kernel, length, value_size):
+@pytest.mark.parametrize("key_size, value_size", [(8, 8), (8, 12), (64, 64), (48, 80)])
+def test_self_attention_step_equals_torchs(kernel, length, key_size, value_size):
     """One query per row against a cache with room after its positions (strided), d_v apart from d_k (Table 3, row
-    (B)), with and without a padding mask: torch's kernel's output, as (rows, 1, heads, d_v)."""
-    query = torch.randn(6, 1, 3 * 8).view(6, 1, 3, 8).transpose(1, 2)  # as the projection's view gives it
-    key, value = beam_cache(6, 3, length, 8), beam_cache(6, 3, length, value_size)
+    (B)), with and without a padding mask: torch's kernel's output, as (rows, 1, heads, d_v). Sizes the kernel takes
+    sixteen or 64 numbers at a time (the paper's 64), with and without a rest, and sizes below them."""
+    query = torch.randn(6, 1, 3 * key_size).view(6, 1, 3, key_size).transpose(1, 2)  # as the projection's view gives
+    key, value = beam_cache(6, 3, length, key_size), beam_cache(6, 3, length, value_size)
     mask = torch.rand(6, 1, 1, length) > 0.3
     mask[..., 0] = True
     for attention_mask in (None, mask):
@@ -62,14 +63,15 @@ def test_encoder_decoder_attention_of_a_sentences_hypotheses_equals_torchs(kerne
     torch.testing.assert_close(got, expected.transpose(1, 2), rtol=1e-5, atol=1e-6)
 
 
-def test_bfloat16_attention_is_float32_attention_of_the_same_values_rounded_once(kernel):
+@pytest.mark.parametrize("size", [8, 64])
+def test_bfloat16_attention_is_float32_attention_of_the_same_values_rounded_once(kernel, size):
     """From bfloat16 queries, keys and values, a step's self-attention and a sentence's hypotheses' encoder-decoder
     attention, as the bfloat16 searches give them: float32 attention of the same values, rounded once to bfloat16
     (within that rounding: the float32 sums, added in another order, may fall on either side of it)."""
-    query = torch.randn(6, 1, 3 * 8).view(6, 1, 3, 8).transpose(1, 2).bfloat16()
-    key, value = beam_cache(6, 3, 21, 8).bfloat16(), beam_cache(6, 3, 21, 12).bfloat16()
-    cross = torch.randn(3, 4, 16).view(3, 4, 2, 8).transpose(1, 2).bfloat16()
-    source = torch.randn(3, 9, 16).view(3, 9, 2, 8).transpose(1, 2).bfloat16()
+    query = torch.randn(6, 1, 3 * size).view(6, 1, 3, size).transpose(1, 2).bfloat16()
+    key, value = beam_cache(6, 3, 21, size).bfloat16(), beam_cache(6, 3, 21, size + 4).bfloat16()
+    cross = torch.randn(3, 4, 2 * size).view(3, 4, 2, size).transpose(1, 2).bfloat16()
+    source = torch.randn(3, 9, 2 * size).view(3, 9, 2, size).transpose(1, 2).bfloat16()
     mask = torch.ones(3, 1, 1, 9, dtype=torch.bool)
     mask[1, ..., 5:] = False
     for q, k, v, m in ((query, key, value, None), (cross, source, source, mask)):
@@ -111,6 +113,51 @@ def test_copy_cache_rows_moves_the_filled_positions_of_the_rows_asked_and_nothin
         copy_rows(buffer, fewer, torch.tensor([6]), torch.tensor([0]), 7)
     with pytest.raises(RuntimeError, match="room"):
         copy_rows(buffer, fewer, kept, torch.arange(3), 10)
+
+
+def torch_continuations(monkeypatch, *args):
+    """`best_continuations` as torch's operators compute it, where the kernels cannot be built."""
+    with monkeypatch.context() as patch:
+        patch.setattr(generation_vaswani, "compiled_kernels", lambda: None)
+        return generation_vaswani.best_continuations(*args)
+
+
+@pytest.mark.parametrize("width, vocab_size, count", [(4, 8000, 8), (4, 37, 8), (3, 130, 5), (1, 64, 2), (2, 3, 6)])
+def test_the_best_continuations_kernel_gives_torchs_scores_rows_and_ids(kernel, monkeypatch, width, vocab_size, count):
+    """Without equal scores, the kernel's best continuations are torch's top-k's, ordered as the search orders them:
+    the same scores, best first, rows and ids (hypothesis * vocabulary + token), each row extending the hypothesis it
+    holds; vocabularies the kernel reads 64 tokens at a time, with and without a rest, and below that."""
+    generator = torch.Generator().manual_seed(width * vocab_size + count)
+    sentences = 5
+    log_probs = torch.randn(sentences, width, vocab_size, generator=generator).log_softmax(-1)
+    row_scores = -torch.rand(sentences, width, generator=generator) * 10
+    row_scores[0, 1:] = -float("inf")  # the first step: one live hypothesis
+    held = torch.stack([torch.randperm(width, generator=generator) for _ in range(sentences)])
+    got = generation_vaswani.best_continuations(log_probs, row_scores, held, count)
+    expected = torch_continuations(monkeypatch, log_probs, row_scores, held, count)
+    for got_tensor, expected_tensor in zip(got, expected, strict=True):
+        assert torch.equal(got_tensor, expected_tensor)
+    scores, rows, ids = got
+    assert torch.equal(held.gather(1, rows), ids // vocab_size)
+    sentence = torch.arange(sentences)[:, None]
+    assert torch.equal(scores, row_scores[sentence, rows] + log_probs[sentence, rows, ids % vocab_size])
+    assert (scores[:, :-1] >= scores[:, 1:]).all()
+
+
+def test_equal_continuations_come_by_hypothesis_then_token_and_forced_endings_score_minus_infinity(kernel):
+    """Where scores are equal, also at the last place kept, the earlier hypothesis, then the lower token, comes first:
+    rows that hold the hypotheses in another order do not change it. An ending forced where no processor allowed one
+    (the lowest float) is a candidate of no probability: -inf, after every real one, ordered as the others."""
+    log_probs = torch.full((1, 3, 5), -1.0)
+    held = torch.tensor([[2, 0, 1]])
+    scores, rows, ids = generation_vaswani.best_continuations(log_probs, torch.zeros(1, 3), held, 7)
+    assert torch.equal(ids, torch.arange(7)[None]) and torch.equal(rows, torch.tensor([[1, 1, 1, 1, 1, 2, 2]]))
+    assert torch.equal(scores, torch.full((1, 7), -1.0))
+    lowest = torch.finfo(torch.float32).min
+    log_probs = torch.tensor([[[-0.5, lowest, -float("inf")], [lowest, -2.0, lowest]]])
+    scores, rows, ids = generation_vaswani.best_continuations(log_probs, torch.tensor([[-1.0, 0.0]]), held[:, 1:], 5)
+    assert scores.tolist() == [[-1.5, -2.0, -float("inf"), -float("inf"), -float("inf")]]
+    assert ids.tolist() == [[0, 4, 1, 3, 5]] and rows.tolist() == [[0, 1, 0, 1, 1]]
 
 
 def searched(model, input_ids, monkeypatch, kernel_built=True, layers_kernel=True, output_scores=True, **options):
@@ -222,6 +269,41 @@ def test_a_hook_or_recorded_hidden_states_leave_the_steps_to_the_layers_modules(
             output = trained_tiny_model(decoder_input_ids=start, output_hidden_states=True, **step)
     assert not [event for event in profile.key_averages() if event.key == "vaswani::decoder_layers_step"]
     assert len(output.decoder_hidden_states) == trained_tiny_model.config.decoder_layers + 1
+
+
+def test_a_step_reads_the_padding_masks_as_the_modules_masks_and_leaves_a_4d_mask_to_them(
+    kernel, trained_tiny_model, translation_pairs, monkeypatch
+):
+    """A one-token step of decoder prompts of unequal lengths (left-padded) against padded sources: the layers kernel
+    reads the two padding masks as the causal and encoder masks transformers builds for the modules, so the step's
+    logits are the modules' bit for bit. A 4D mask of the caller's own is left to the modules."""
+    input_ids, attention_mask = padded_sources(translation_pairs)
+    rows = input_ids.shape[0]
+    prompts = torch.tensor([[0, 0, 1], [1, 5, 6], [0, 1, 7]])
+    prompt_mask = (torch.arange(3) >= torch.tensor([[2], [0], [1]])).long()
+    step_mask = torch.cat((prompt_mask, torch.ones(rows, 1, dtype=torch.long)), 1)
+
+    def step(layers_kernel, mask):
+        cache = EncoderDecoderCache(generation_vaswani.BeamSearchCache(), DynamicCache())
+        with monkeypatch.context() as patch, torch.no_grad():
+            if not layers_kernel:
+                patch.setattr(generation_vaswani.DecoderLayersStep, "__call__", lambda *args, **kwargs: None)
+            with generation_vaswani.cpu_step_kernels(trained_tiny_model, True):
+                encoder_outputs = trained_tiny_model.get_encoder()(input_ids=input_ids, attention_mask=attention_mask)
+                inputs = {"encoder_outputs": encoder_outputs, "attention_mask": attention_mask, "cache": cache}
+                trained_tiny_model(decoder_input_ids=prompts, decoder_attention_mask=prompt_mask, **inputs)
+                with torch.profiler.profile() as profile:
+                    output = trained_tiny_model(
+                        decoder_input_ids=torch.tensor([[8], [9], [10]]), decoder_attention_mask=mask, **inputs
+                    )
+        calls = sum(event.count for event in profile.key_averages() if event.key == "vaswani::decoder_layers_step")
+        return output.logits, calls
+
+    (fast, calls), (plain, no_calls) = step(True, step_mask), step(False, step_mask)
+    assert calls == 1 and no_calls == 0 and torch.equal(fast, plain)
+    additive = torch.zeros(rows, 1, 1, 4).masked_fill(step_mask[:, None, None, :] == 0, -float("inf"))
+    (four_d, calls), (modules, _) = step(True, additive), step(False, additive)
+    assert calls == 0 and torch.equal(four_d, modules)
 
 
 def test_eager_attention_keeps_transformers_attention(trained_tiny_model, translation_pairs, monkeypatch):
