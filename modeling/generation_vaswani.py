@@ -717,7 +717,9 @@ def best_continuations(log_probs, row_scores, held, count) -> tuple[torch.Tensor
     ids, hypothesis * vocabulary + token, which order equal scores (the earlier hypothesis, then the lower token). On
     the CPU, vaswani's kernel (modeling/decoding_kernels.py) reads the log-probabilities once and gives the same,
     choosing among candidates equal at the last place by id, where torch's top-k leaves the choice to its kernel."""
-    kernels = compiled_kernels() if log_probs.device.type == "cpu" and log_probs.dtype == torch.float32 else None
+    fits = log_probs.device.type == "cpu" and log_probs.stride(-1) == 1
+    fits &= log_probs.dtype == row_scores.dtype == torch.float32  # float64 scores, under float64 as torch's default
+    kernels = compiled_kernels() if fits else None
     if kernels is not None:
         return tuple(kernels.best_continuations(log_probs, row_scores, held, count))
     sentences, width, vocab_size = log_probs.shape

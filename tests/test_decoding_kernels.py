@@ -142,6 +142,9 @@ def test_the_best_continuations_kernel_gives_torchs_scores_rows_and_ids(kernel, 
     sentence = torch.arange(sentences)[:, None]
     assert torch.equal(scores, row_scores[sentence, rows] + log_probs[sentence, rows, ids % vocab_size])
     assert (scores[:, :-1] >= scores[:, 1:]).all()
+    # Scores in float64 (torch's default dtype set so) are summed in float64, by torch.
+    wide = generation_vaswani.best_continuations(log_probs, row_scores.double(), held, count)
+    assert wide[0].dtype == torch.float64 and torch.equal(wide[2], ids)
 
 
 def test_equal_continuations_come_by_hypothesis_then_token_and_forced_endings_score_minus_infinity(kernel):
