@@ -94,7 +94,7 @@ void attend(const torch::Tensor& query, const torch::Tensor& key, const torch::T
   const int64_t key_stride = key.stride(2), value_stride = value.stride(2);
 
   at::parallel_for(0, batch * heads, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> query_values(key_size), weights(length), sums(value_size);
+    std::vector<float> query_values(key_size), weights(length);
     for (int64_t row = begin; row < end; ++row) {
       const int64_t b = row / heads, h = row % heads;
       const scalar_t* keys = k + b * key.stride(0) + h * key.stride(1);
