@@ -498,16 +498,17 @@ def packed_linear(weight: torch.Tensor, bias: torch.Tensor | None, inputs: torch
 
 
 @contextlib.contextmanager
-def packed_linear_layers(model, enabled: bool):
-    """The decoder's and output layer's linear layers computed from weights packed once for the CPU's matrix kernels,
-    within the block: a decoding step multiplies a few rows by every weight, and torch's linear layer repacks the
-    weight at every call, half the time of the step's products at the main job's sizes (docs/speed.md). The packed
-    copies, as large as the weights, live for the block only, so a change to the weights is never missed. A layer of
-    another kind (quantized, an adapter's) or with a forward of its own (a hook's) is left as it is; so is every
-    layer where `enabled` is false or `packs_linear_layers` says no."""
+def packed_linear_layers(model, parts: list, enabled: bool):
+    """The linear layers of `parts` (modules of `model`) computed from weights packed once for the CPU's matrix
+    kernels, within the block: torch's linear layer repacks the weight at every call, half the time of a decoding
+    step's products at the main job's sizes and a sixth of the encoder's (docs/speed.md). generate() packs the
+    encoder's for its one call (`VaswaniForConditionalGeneration.generate`), the paper's searches the decoder's and the
+    output layer's for their steps. The packed copies, as large as the weights, live for the block only, so a change
+    to the weights is never missed. A layer of another kind (quantized, an adapter's) or with a forward of its own (a
+    hook's) is left as it is; so is every layer where `enabled` is false or `packs_linear_layers` says no."""
     layers = []
     if enabled and packs_linear_layers(model):
-        modules = [*model.get_decoder().modules(), model.get_output_embeddings()]
+        modules = [module for part in parts for module in part.modules()]
         layers = [module for module in modules if type(module) is torch.nn.Linear and "forward" not in vars(module)]
     packed = {}
     try:
@@ -662,7 +663,7 @@ def cpu_step_kernels(model, enabled: bool):
     """The CPU's ways to a fast one-token step within the block, each where it applies: packed linear layers, the
     attention kernel and the decoder layers' kernel."""
     with (
-        packed_linear_layers(model, enabled) as packed,
+        packed_linear_layers(model, [model.get_decoder(), model.get_output_embeddings()], enabled) as packed,
         decoding_attention_kernel(model, enabled),
         decoder_layers_kernel(model, packed, enabled),
     ):

@@ -40,6 +40,7 @@ from .generation_vaswani import (
     gnmt_beam_search,
     greedy_search,
     holds_library_defaults,
+    packed_linear_layers,
     section_6_1_limit,
 )
 
@@ -843,6 +844,7 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
         return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
 
     @deprecate_kwarg("past_key_values", "6.0.0", new_name="cache")  # as GenerationMixin.generate takes it
+    @torch.no_grad()
     def generate(
         self, inputs: torch.Tensor | None = None, generation_config: GenerationConfig | None = None, **kwargs
     ):
@@ -857,7 +859,8 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
         `save_model` saves) is no limit: `holds_library_defaults`.
 
         The decoding method follows from the settings as generate() merges them: a given config, the model's where it
-        leaves a setting unset, then the arguments (`_decoding_method`).
+        leaves a setting unset, then the arguments (`_decoding_method`). On the CPU the encoder computes its linear
+        layers from weights packed for this call (`packed_linear_layers`).
         """
         base = copy.deepcopy(generation_config if generation_config is not None else self.generation_config)
         if generation_config is not None:  # as generate() fills a given config: the model's settings where it has none
@@ -929,7 +932,9 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
             if method is not None:
                 # generate() hands a callable custom_generate none of its own arguments, synced_gpus among them.
                 kwargs["custom_generate"] = functools.partial(method, synced_gpus=synced_gpus)
-        return super().generate(inputs, generation_config=generation_config, **kwargs)
+        encoding = kwargs.get("encoder_outputs") is None
+        with packed_linear_layers(self, [self.get_encoder()], encoding):
+            return super().generate(inputs, generation_config=generation_config, **kwargs)
 
     @staticmethod
     def _decoding_method(config: GenerationConfig, kwargs: dict):

@@ -340,13 +340,14 @@ def test_follow_keeps_a_first_child_in_its_parents_row_and_gives_the_others_the_
 
 
 def searched(model, input_ids, packed: bool, monkeypatch, **options):
-    """generate()'s output with the decoder's linear layers packed for oneDNN or torch's own, and the calls of a
-    packed layer it made."""
+    """generate()'s output with the linear layers packed for oneDNN or torch's own, and the layers whose packed
+    weights it multiplied by, in the order it did."""
     calls = []
     packed_linear = generation_vaswani.packed_linear
+    layers = [layer for layer in model.modules() if isinstance(layer, torch.nn.Linear)]
 
     def counting(weight, bias, inputs):
-        calls.append(inputs.shape[0])
+        calls.append(next(layer for layer in layers if torch.equal(layer.weight, weight.to_dense())))
         return packed_linear(weight, bias, inputs)
 
     with monkeypatch.context() as patch:
@@ -358,27 +359,30 @@ def searched(model, input_ids, packed: bool, monkeypatch, **options):
 
 
 @pytest.mark.parametrize("num_beams", [4, 1])
+@pytest.mark.parametrize("part", ["encoder", "decoder"])
 def test_packed_linear_layers_decode_as_torchs_and_see_every_change_of_the_weights(
-    trained_tiny_model, translation_pairs, monkeypatch, num_beams
+    trained_tiny_model, translation_pairs, monkeypatch, num_beams, part
 ):
-    """On an x86 CPU the paper's searches compute the decoder's linear layers from weights packed for oneDNN, with
-    the translations and scores of torch's linear layers; the packed weights are made for each search, so weights
-    changed in place between two searches decode as changed, and every layer is torch's own again after a search."""
+    """On an x86 CPU generate() computes the encoder's linear layers, and the paper's searches the decoder's, from
+    weights packed for oneDNN, with the translations and scores of torch's linear layers; the packed weights are made
+    for each call, so weights changed in place between two calls decode as changed, and every layer is torch's own
+    again after a call."""
     model = copy.deepcopy(trained_tiny_model)
     with torch.no_grad():
         if not generation_vaswani.packs_linear_layers(model):
             pytest.skip("oneDNN's packed linear layers run on x86 CPUs with oneDNN")
     input_ids, attention_mask = padded_sources(translation_pairs)
     options = {"attention_mask": attention_mask, "num_beams": num_beams}
+    changed = getattr(model.model, part).layers
     decoded = []
     for change in (None, -1.0):
         if change is not None:
             with torch.no_grad():
-                for layer in model.model.decoder.layers:
+                for layer in changed:
                     layer.feed_forward.fc2.weight.mul_(change)
         packed, calls = searched(model, input_ids, True, monkeypatch, **options)
         plain, no_calls = searched(model, input_ids, False, monkeypatch, **options)
-        assert calls and not no_calls
+        assert all(any(call is layer.feed_forward.fc2 for call in calls) for layer in changed) and not no_calls
         assert torch.equal(packed.sequences, plain.sequences)
         torch.testing.assert_close(torch.stack(packed.scores), torch.stack(plain.scores))
         assert not any("forward" in vars(module) for module in model.modules())
