@@ -31,6 +31,7 @@ from transformers import (
 from transformers.cache_utils import DynamicCache, DynamicLayer, EncoderDecoderCache
 from transformers.generation import GenerateBeamEncoderDecoderOutput, GenerateEncoderDecoderOutput
 from transformers.modeling_outputs import BaseModelOutput
+from transformers.utils import is_torchdynamo_compiling
 from transformers.utils.generic import is_flash_attention_requested
 
 from .decoding_kernels import compiled_kernels, decoding_attention
@@ -291,6 +292,15 @@ def rounding_as_eager(compile_config: CompileConfig | None) -> CompileConfig:
     rounded = copy.copy(compile_config)
     rounded.mode, rounded.options = None, options
     return rounded
+
+
+def on_host(tensor: torch.Tensor) -> bool:
+    """Whether the values of `tensor` can be read without the host waiting for a device: a CPU tensor, outside
+    `torch.compile`. The model checks the values of its ids only then (a read of a GPU tensor stalls the host until
+    the GPU catches up, on every call); the training recipe checks its batches on the host before they move to a
+    device (`vaswani.training.padding.batch_to_device`); the paper's beam search skips a step's settling where no
+    candidate ends."""
+    return tensor.device.type == "cpu" and not is_torchdynamo_compiling()
 
 
 def any_peer_unfinished(this_peer_finished: bool, synced_gpus: bool, device: torch.device) -> bool:
@@ -1092,7 +1102,10 @@ def gnmt_beam_search(
 
             candidates = state.continuations(log_probs)
             ends = candidates.end(stopping_criteria, step_scores)
-            state.settle_finished(candidates, ends, cur_len + 1 - prompt_length, alpha)
+            # A step where no candidate ends leaves the finished hypotheses as they are: where `ends` can be read for
+            # free, such a step skips settling them.
+            if not on_host(ends) or ends.any():
+                state.settle_finished(candidates, ends, cur_len + 1 - prompt_length, alpha)
             kept = state.keep_live(candidates, ends)
             # Each row continues the cache row of the live hypothesis its new one extends.
             sources, positions = state.follow(candidates.rows.gather(1, kept)), torch.arange(searched, device=device)

@@ -40,6 +40,7 @@ from .generation_vaswani import (
     gnmt_beam_search,
     greedy_search,
     holds_library_defaults,
+    on_host,
     packed_linear_layers,
     section_6_1_limit,
 )
@@ -77,14 +78,6 @@ def positions_of(
         return torch.arange(length, device=device) + past_length
     real = attention_mask.bool()
     return ((real.cumsum(-1) - 1) * real)[:, -length:]
-
-
-def on_host(tensor: torch.Tensor) -> bool:
-    """Whether the values of `tensor` can be read without the host waiting for a device: a CPU tensor, outside
-    `torch.compile`. The model checks the values of its ids only then (a read of a GPU tensor stalls the host until
-    the GPU catches up, on every call); the training recipe checks its batches on the host before they move to a
-    device (`vaswani.training.padding.batch_to_device`)."""
-    return tensor.device.type == "cpu" and not is_torchdynamo_compiling()
 
 
 def check_token_ids(input_ids: torch.Tensor, vocab_size: int) -> None:

@@ -24,7 +24,7 @@ from transformers import MarianMTModel
 
 from benchmarks.benchmark import marian_config
 from vaswani import VaswaniForConditionalGeneration
-from vaswani.modeling import modeling_vaswani
+from vaswani.modeling import generation_vaswani, modeling_vaswani
 from vaswani.training.padding import batch_to_device, pair_batch
 from vaswani.training.step import recipe_adam, train_step
 
@@ -83,7 +83,8 @@ def device_tensors(monkeypatch, device):
     """The model reads its tensors as on a GPU: on the CPU, as if they were a GPU's (it skips the checks of values
     it would have to wait for)."""
     if device.type == "cpu":
-        monkeypatch.setattr(modeling_vaswani, "on_host", lambda tensor: False)
+        for module in (modeling_vaswani, generation_vaswani):
+            monkeypatch.setattr(module, "on_host", lambda tensor: False)
     return device
 
 
@@ -162,7 +163,8 @@ def beam_search_reads(model, device, max_new_tokens, **options):
 
 def test_the_papers_beam_search_reads_no_more_per_step_than_transformers_beam_search_on_marian(device_tensors):
     """Each step of the default decoding waits for the device no more often than transformers' beam search does
-    for MarianMTModel: counted over the steps that a longer decoding adds."""
+    for MarianMTModel, and once at most (its read of the sentences done and the rows moved): counted over the steps
+    that a longer decoding adds."""
     options = {"vaswani": {"paper_decoding": True}, "marian": {}}
     per_step = {}
     for name, model in both_models(device_tensors).items():
@@ -172,7 +174,7 @@ def test_the_papers_beam_search_reads_no_more_per_step_than_transformers_beam_se
         assert long_steps > short_steps, name
         per_step[name] = (long_reads - short_reads) / (long_steps - short_steps)
     print(per_step)
-    assert per_step["vaswani"] <= per_step["marian"], per_step
+    assert per_step["vaswani"] <= min(per_step["marian"], 1), per_step
 
 
 def test_train_step_reads_once_per_step_after_its_last_backward(device_tensors):
