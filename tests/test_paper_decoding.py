@@ -19,7 +19,7 @@ from transformers import (
 
 from vaswani import VaswaniConfig, VaswaniForConditionalGeneration
 from vaswani.evaluation.bleu import tokenized_bleu
-from vaswani.modeling import generation_vaswani
+from vaswani.modeling import generation_vaswani, modeling_vaswani
 from vaswani.modeling.generation_vaswani import gnmt_length_penalty
 
 
@@ -372,6 +372,7 @@ def test_packed_linear_layers_decode_as_torchs_and_see_every_change_of_the_weigh
         if not generation_vaswani.packs_linear_layers(model):
             pytest.skip("oneDNN's packed linear layers run on x86 CPUs with oneDNN")
     input_ids, attention_mask = padded_sources(translation_pairs)
+    monkeypatch.setattr(modeling_vaswani, "PACKED_ENCODER_TOKENS", input_ids.numel())  # a source just long enough
     options = {"attention_mask": attention_mask, "num_beams": num_beams}
     changed = getattr(model.model, part).layers
     decoded = []
@@ -388,3 +389,22 @@ def test_packed_linear_layers_decode_as_torchs_and_see_every_change_of_the_weigh
         assert not any("forward" in vars(module) for module in model.modules())
         decoded.append(plain.sequences)
     assert not torch.equal(*decoded)  # the change shows in the translations
+
+
+def test_a_source_shorter_than_packing_repays_leaves_the_encoder_layers_to_torch(
+    trained_tiny_model, translation_pairs, monkeypatch
+):
+    """Packing a weight takes a fixed time, which the encoder's one call repays only on enough tokens: generate()
+    packs the encoder's weights for a source of at least `PACKED_ENCODER_TOKENS` tokens (rows times positions,
+    padding included), and leaves a shorter one's layers to torch."""
+    with torch.no_grad():
+        if not generation_vaswani.packs_linear_layers(trained_tiny_model):
+            pytest.skip("oneDNN's packed linear layers run on x86 CPUs with oneDNN")
+    input_ids, attention_mask = padded_sources(translation_pairs)
+    encoder_layers = [
+        module for module in trained_tiny_model.model.encoder.modules() if type(module) is torch.nn.Linear
+    ]
+    for threshold, packs in ((input_ids.numel(), True), (input_ids.numel() + 1, False)):
+        monkeypatch.setattr(modeling_vaswani, "PACKED_ENCODER_TOKENS", threshold)
+        _, calls = searched(trained_tiny_model, input_ids, True, monkeypatch, attention_mask=attention_mask)
+        assert any(call is layer for call in calls for layer in encoder_layers) == packs, threshold
